@@ -1,0 +1,1 @@
+"""Tokenize, mix and pack curated documents into self-describing Arrow shards."""

@@ -1,0 +1,1 @@
+"""Curation of long documents (books, papers, code repositories) as datatrove pipeline stages."""

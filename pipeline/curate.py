@@ -1,0 +1,305 @@
+"""The curation job: sources -> readable -> token length -> exact and near dedup -> Parquet + ledger.
+
+Stages (each a datatrove executor; completed tasks are skipped when the job runs again):
+
+1. ``read`` (N tasks): readers, input tally, unreadable and length filters, intermediate
+   documents, dedup index and MinHash signatures.
+2. ``buckets`` (one task per MinHash bucket): datatrove's LSH candidate pairs.
+3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which.
+4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
+5. ``finalize`` (1 task): merged ledger checked against the inputs, stats and figure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
+
+from pipeline.config import ConfigError, RootConfig, SourceConfig
+from pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
+from pipeline.docstore import DocumentWriter, RankDocumentReader
+from pipeline.executors import make_executor
+from pipeline.filters import ReadableFilter, TokenLengthFilter
+from pipeline.ledger import InputTally, LedgerWriter, merge_ledger, write_table_atomic
+from pipeline.stats import plot_summary, summarize_ledger, write_json_atomic
+
+INPUT_SUBFOLDERS = ("books", "papers", "code")
+
+
+@dataclass(frozen=True)
+class CurationLayout:
+    """Where a curation run writes. Everything under ``work/`` is intermediate."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work" / "curate"
+
+    @property
+    def documents(self) -> Path:
+        return self.root / "documents"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer.json"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.parquet"
+
+    @property
+    def stats(self) -> Path:
+        return self.root / "stats.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "stats.png"
+
+    @property
+    def default_corpus(self) -> Path:
+        return self.root / "corpus"
+
+
+def resolve_sources(cfg: RootConfig, layout: CurationLayout) -> list[SourceConfig]:
+    """The sources of a run: ``curate.input``'s ``books/``, ``papers/``, ``code/`` subfolders, then
+    ``curate.sources``; the embedded default corpus when neither is given."""
+    sources: list[SourceConfig] = []
+    if cfg.curate.input is not None:
+        found = [sub for sub in INPUT_SUBFOLDERS if (cfg.curate.input / sub).is_dir()]
+        if not found:
+            raise ConfigError(
+                f"curate.input: {cfg.curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
+            )
+        sources += [SourceConfig(name=sub, kind=sub, path=cfg.curate.input / sub) for sub in found]
+    sources += cfg.curate.sources
+    if not sources:
+        from pipeline.default_corpus import build_default_corpus
+
+        sources = build_default_corpus(layout.default_corpus)
+    names = [s.name for s in sources]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ConfigError(f"curate.sources: source names must be unique; repeated: {', '.join(repeated)}")
+    return sources
+
+
+def make_reader(source: SourceConfig, max_file_bytes: int) -> PipelineStep:
+    """The datatrove reader step for one source."""
+    if source.kind == "books":
+        from pipeline.readers.books import BookFolderReader
+
+        return BookFolderReader(source.path, source.name, strip_gutenberg=source.strip_gutenberg, limit=source.limit)
+    if source.kind == "papers":
+        from pipeline.readers.papers import PaperReader
+
+        return PaperReader(source.path, source=source.name, limit=source.limit)
+    if source.kind == "code":
+        from pipeline.readers.code import CodeRepoReader
+
+        return CodeRepoReader(source.path, source=source.name, max_file_bytes=max_file_bytes, limit=source.limit)
+    from pipeline.readers.tabular import make_tabular_reader
+
+    return make_tabular_reader(
+        source.kind, source.path, source.name, source.text_key, source.id_key, source.glob, source.limit
+    )
+
+
+def length_bounds(cfg: RootConfig, sources: list[SourceConfig]) -> dict[str, tuple[int, int | None]]:
+    """Per source ``(min_tokens, max_tokens)``: the source's own bounds, else at least
+    ``min_fraction_of_target`` of the target context and no upper bound."""
+    default_min = math.ceil(cfg.curate.min_fraction_of_target * cfg.context.target)
+    return {
+        s.name: (s.min_tokens if s.min_tokens is not None else default_min, s.max_tokens) for s in sources
+    }
+
+
+def prepare_tokenizer(cfg: RootConfig, layout: CurationLayout, sources: list[SourceConfig]) -> Path:
+    """Put the run's tokenizer at ``<output>/tokenizer.json``: a copy of ``tokenizer.path``, or a
+    byte-level BPE trained on a sample of every source (kept across reruns)."""
+    if cfg.tokenizer.path is not None:
+        from pipeline.tokenizer import load_tokenizer
+
+        load_tokenizer(cfg.tokenizer.path)  # fail early on a malformed file
+        if not layout.tokenizer.exists() or layout.tokenizer.read_bytes() != cfg.tokenizer.path.read_bytes():
+            layout.root.mkdir(parents=True, exist_ok=True)
+            tmp = layout.tokenizer.with_name("tokenizer.json.tmp")
+            shutil.copyfile(cfg.tokenizer.path, tmp)
+            os.replace(tmp, layout.tokenizer)
+        return layout.tokenizer
+    if not layout.tokenizer.exists():
+        from pipeline.tokenizer import train_bpe
+
+        print(f"training a {cfg.tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
+        train_bpe(
+            _sample_texts(sources, cfg.curate.max_file_bytes, cfg.tokenizer.train_sample_bytes),
+            cfg.tokenizer.train_vocab_size,
+            layout.tokenizer,
+        )
+    return layout.tokenizer
+
+
+def _sample_texts(sources: list[SourceConfig], max_file_bytes: int, budget: int):
+    """Up to ``budget / len(sources)`` characters of readable text from each source, in pieces."""
+    per_source = budget // max(1, len(sources))
+    for source in sources:
+        taken = 0
+        for doc in make_reader(source, max_file_bytes).run(None, 0, 1):
+            if doc.metadata.get("skip_reason"):
+                continue
+            piece = doc.text[: per_source - taken]
+            for start in range(0, len(piece), 100_000):
+                yield piece[start : start + 100_000]
+            taken += len(piece)
+            if taken >= per_source:
+                break
+
+
+class FinalizeCuration(PipelineStep):
+    """Single task: merged ledger (checked against the inputs), ``stats.json`` and ``stats.png``."""
+
+    type = "🧾 - LEDGER"
+    name = "🏁 Finalize"
+
+    def __init__(self, layout: CurationLayout, run_info: dict[str, Any]) -> None:
+        super().__init__()
+        self.layout = layout
+        self.run_info = run_info
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
+        write_table_atomic(ledger, self.layout.ledger)
+        summary = summarize_ledger(ledger) | {"run": self.run_info}
+        write_json_atomic(summary, self.layout.stats)
+        plot_summary(summary, self.layout.plot)
+        if data:
+            yield from data
+
+
+def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path: Path) -> dict[str, Any]:
+    """What determines the output: resolved sources, bounds, dedup settings, tokenizer, task count."""
+    from pipeline.tokenizer import tokenizer_fingerprint
+
+    return {
+        "sources": [json.loads(s.model_dump_json()) for s in sources],
+        "bounds": {k: list(v) for k, v in length_bounds(cfg, sources).items()},
+        "dedup": json.loads(cfg.curate.dedup.model_dump_json()),
+        "max_file_bytes": cfg.curate.max_file_bytes,
+        "tasks": cfg.curate.executor.tasks,
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer_path),
+    }
+
+
+def _check_same_run(layout: CurationLayout, fingerprint: dict[str, Any]) -> None:
+    """Refuse to resume into an output that an earlier, different configuration started."""
+    path = layout.work / "run.json"
+    if path.exists():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k))
+        if changed:
+            raise ConfigError(
+                f"{layout.root} holds a curation run made with a different configuration (differs in: "
+                f"{', '.join(changed)}); choose another --output or delete {layout.root}"
+            )
+    else:
+        write_json_atomic(fingerprint, path)
+
+
+def build_stages(
+    cfg: RootConfig, layout: CurationLayout, sources: list[SourceConfig], tokenizer_path: Path, run_info: dict[str, Any]
+) -> list[tuple[str, list[PipelineStep], int]]:
+    """The job's stages in order, as ``(name, pipeline, tasks)``."""
+    work = layout.work
+    mh = cfg.curate.dedup.minhash
+    minhash = MinhashConfig(
+        n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
+    )
+    read: list[PipelineStep] = [make_reader(s, cfg.curate.max_file_bytes) for s in sources]
+    read += [
+        InputTally(work / "inputs"),
+        ReadableFilter(exclusion_writer=LedgerWriter(work / "ledger" / "unreadable", "filtered")),
+        TokenLengthFilter(
+            tokenizer_path,
+            length_bounds(cfg, sources),
+            exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
+        ),
+        DocumentWriter(work / "filtered"),
+        DedupIndex(work / "dedup" / "index"),
+    ]
+    if mh.enabled:
+        read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
+    tasks = cfg.curate.executor.tasks
+    stages: list[tuple[str, list[PipelineStep], int]] = [("read", read, tasks)]
+    if mh.enabled:
+        buckets = MinhashDedupBuckets(str(work / "dedup" / "sigs"), str(work / "dedup" / "buckets"), config=minhash)
+        stages.append(("buckets", [buckets], mh.num_buckets))
+    dups_folder = work / "dedup" / "buckets" if mh.enabled else None
+    resolver = DuplicateResolver(work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", cfg.curate.dedup.exact)
+    stages.append(("resolve", [resolver], 1))
+    write: list[PipelineStep] = [
+        RankDocumentReader(work / "filtered"),
+        DuplicateFilter(
+            work / "dedup" / "decisions.parquet",
+            exclusion_writer=LedgerWriter(work / "ledger" / "duplicate", "duplicate"),
+        ),
+        DocumentWriter(layout.documents, "${source}/${rank}.parquet"),
+        LedgerWriter(work / "ledger" / "kept", "kept"),
+    ]
+    stages.append(("write", write, tasks))
+    stages.append(("finalize", [FinalizeCuration(layout, run_info)], 1))
+    return stages
+
+
+def execute_stages(cfg: RootConfig, layout: CurationLayout, stages: list[tuple[str, list[PipelineStep], int]]) -> None:
+    """Run the stages. Locally (and on Ray) one after the other with a progress line each; on
+    Slurm as a chain of dependent job arrays submitted at once."""
+    ecfg = cfg.curate.executor
+    previous = None
+    for number, (name, pipeline, tasks) in enumerate(stages, start=1):
+        executor = make_executor(
+            ecfg,
+            pipeline,
+            tasks=tasks,
+            logging_dir=layout.work / "logs" / f"{number}_{name}",
+            job_name=f"curate_{name}",
+            depends=previous if ecfg.kind == "slurm" else None,
+        )
+        if ecfg.kind == "slurm":
+            previous = executor
+            continue
+        print(f"[curate {number}/{len(stages)}] {name}: {tasks} task(s)", flush=True)
+        executor.run()
+    if previous is not None:
+        previous.run()
+
+
+def run_curation(cfg: RootConfig) -> dict[str, Any] | None:
+    """Run (or resume) curation. Returns the summary written to ``stats.json`` once the stages have
+    run (local and Ray executors); None when they were submitted to Slurm."""
+    layout = CurationLayout(cfg.output)
+    sources = resolve_sources(cfg, layout)
+    tokenizer_path = prepare_tokenizer(cfg, layout, sources)
+    fingerprint = run_fingerprint(cfg, sources, tokenizer_path)
+    _check_same_run(layout, fingerprint)
+    config_hash = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    run_info = {
+        "config_hash": config_hash,
+        "tokenizer_sha256": fingerprint["tokenizer_sha256"],
+        "context": {"original": cfg.context.original, "target": cfg.context.target},
+        "bounds": fingerprint["bounds"],
+        "minhash_threshold": round(cfg.curate.dedup.minhash.threshold, 3) if cfg.curate.dedup.minhash.enabled else None,
+    }
+    execute_stages(cfg, layout, build_stages(cfg, layout, sources, tokenizer_path, run_info))
+    if cfg.curate.executor.kind == "slurm":
+        return None
+    return json.loads(layout.stats.read_text(encoding="utf-8"))

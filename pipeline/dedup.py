@@ -1,0 +1,223 @@
+"""Exact and near-duplicate removal.
+
+Near duplicates are found by datatrove's MinHash stages 1 and 2 (signatures, then LSH buckets that
+emit candidate pairs). Exact duplicates are found by hashing normalized text. Both kinds of pair
+are joined in one union-find by :class:`DuplicateResolver` (a single task), which keeps the
+document with the smallest id in each cluster and records, for every other member, the id it
+duplicates. datatrove's own cluster and filter stages (MinHash stages 3 and 4) say only *that* a
+document is a duplicate, not *of what*, which the ledger needs; hence this resolver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.dedup.minhash import MinhashDedupSignature, _mersenne_prime
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.pipeline.writers.disk_base import DiskWriter
+from datatrove.utils.word_tokenizers import WordTokenizer
+
+from pipeline.ledger import write_table_atomic
+
+INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
+DECISIONS_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("kind", pa.string())])
+_WHITESPACE = re.compile(r"\s+")
+_WORD = re.compile(r"\w+")
+
+
+def normalize_for_exact(text: str) -> str:
+    """NFKC, all whitespace runs to one space, trimmed: two copies of a text that differ only in
+    line wrapping, line endings or Unicode compatibility forms normalize to the same string."""
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
+
+
+def exact_hash(text: str) -> str:
+    """128-bit hash of the normalized text, as hex."""
+    return xxhash.xxh3_128_hexdigest(normalize_for_exact(text).encode("utf-8"))
+
+
+class RegexWordTokenizer(WordTokenizer):
+    """Language-agnostic word splitter (``\\w+``) for MinHash shingles.
+
+    datatrove's default word tokenizers need spaCy or NLTK models; code and mixed-language books
+    are served as well by a plain regex, and it needs no download.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("regex")
+
+    def word_tokenize(self, text: str) -> list[str]:
+        return _WORD.findall(text)
+
+    def sent_tokenize(self, text: str) -> list[str]:
+        return [line for line in text.split("\n") if line.strip()]
+
+    def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in re.finditer(r"[^\n]+", text)]
+
+
+class LongDocMinhashSignature(MinhashDedupSignature):
+    """datatrove's MinHash stage 1, with a signature computed over unique shingles in chunks.
+
+    The parent builds a (shingles x hashes) uint64 matrix at once: for a 2 MB book that is about
+    300 MB, for a large repository several GB. Taking the minimum chunk by chunk gives the same
+    signature in bounded memory.
+    """
+
+    chunk_rows = 32_768
+
+    def __init__(self, output_folder: str | os.PathLike, config, skip_existing_sigs: bool = False) -> None:
+        super().__init__(str(output_folder), config=config, language=RegexWordTokenizer(), skip_existing_sigs=skip_existing_sigs)
+
+    def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
+        a, b = self.parameters
+        unique = np.unique(shingles.reshape(-1)).reshape(-1, 1)
+        mins = np.full((self.num_hashes,), np.iinfo(np.uint64).max, dtype=np.uint64)
+        for start in range(0, unique.shape[0], self.chunk_rows):
+            phv = (unique[start : start + self.chunk_rows] * a + b) % _mersenne_prime
+            if self.config.hash_config.precision == 32:
+                phv = np.bitwise_and(phv, self.config.hash_config.max)
+            np.minimum(mins, phv.min(axis=0), out=mins)
+        return [x.tolist() for x in np.split(mins.astype(self.config.hash_config.np_dtype), self.config.num_buckets)]
+
+
+class DedupIndex(PipelineStep):
+    """Records, for each document in the order MinHash stage 1 sees them, its id and exact hash.
+
+    The position ``idx`` is what MinHash's candidate pairs refer to, so this step must sit right
+    before :class:`LongDocMinhashSignature` in the same pipeline.
+    """
+
+    type = "🫂 - DEDUP"
+    name = "🔑 Dedup index"
+
+    def __init__(self, output_folder: str | os.PathLike) -> None:
+        super().__init__()
+        self.output_folder = Path(output_folder)
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        ids: list[str] = []
+        hashes: list[str] = []
+        for doc in data:
+            ids.append(doc.id)
+            hashes.append(exact_hash(doc.text))
+            yield doc
+        table = pa.table({"idx": list(range(len(ids))), "id": ids, "text_hash": hashes}, schema=INDEX_SCHEMA)
+        write_table_atomic(table, self.output_folder / f"{rank:05d}.parquet")
+
+
+def _find(parent: dict[str, str], node: str) -> str:
+    root = node
+    while parent[root] != root:
+        root = parent[root]
+    while parent[node] != root:  # path compression
+        parent[node], node = root, parent[node]
+    return root
+
+
+def _union(parent: dict[str, str], a: str, b: str) -> None:
+    root_a, root_b = _find(parent, a), _find(parent, b)
+    if root_a != root_b:  # the smaller id becomes the root: the kept document is the smallest id
+        keep, drop = sorted((root_a, root_b))
+        parent[drop] = keep
+
+
+def resolve_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, int]], use_exact: bool) -> pa.Table:
+    """Cluster documents connected by an exact-hash match or a MinHash candidate pair.
+
+    ``index`` has columns ``rank``, ``idx``, ``id``, ``text_hash``; ``pairs`` are MinHash pairs
+    ``(rank1, idx1, rank2, idx2)``. Returns one row per non-kept member: its id, the id of the
+    cluster's kept document (the smallest id), and ``exact_duplicate`` when its normalized text
+    equals the kept one's, else ``near_duplicate``.
+    """
+    ids = index.column("id").to_pylist()
+    hashes = index.column("text_hash").to_pylist()
+    position = {(r, i): doc_id for r, i, doc_id in zip(index.column("rank").to_pylist(), index.column("idx").to_pylist(), ids)}
+    hash_of = dict(zip(ids, hashes))
+    parent = {doc_id: doc_id for doc_id in ids}
+    if use_exact:
+        first_with_hash: dict[str, str] = {}
+        for doc_id, text_hash in zip(ids, hashes):
+            if text_hash in first_with_hash:
+                _union(parent, first_with_hash[text_hash], doc_id)
+            else:
+                first_with_hash[text_hash] = doc_id
+    for r1, i1, r2, i2 in pairs:
+        a, b = position.get((r1, i1)), position.get((r2, i2))
+        if a is None or b is None:
+            raise RuntimeError(f"MinHash pair ({r1},{i1})-({r2},{i2}) names a document missing from the dedup index")
+        _union(parent, a, b)
+    rows = {"id": [], "duplicate_of": [], "kind": []}
+    for doc_id in sorted(ids):
+        root = _find(parent, doc_id)
+        if root != doc_id:
+            rows["id"].append(doc_id)
+            rows["duplicate_of"].append(root)
+            rows["kind"].append("exact_duplicate" if hash_of[doc_id] == hash_of[root] else "near_duplicate")
+    return pa.table(rows, schema=DECISIONS_SCHEMA)
+
+
+class DuplicateResolver(PipelineStep):
+    """Single task: read the dedup index of every rank and MinHash stage 2's ``.dups`` files,
+    and write ``decisions.parquet`` (see :func:`resolve_duplicates`)."""
+
+    type = "🫂 - DEDUP"
+    name = "🔗 Resolve duplicates"
+
+    def __init__(self, index_folder: str | os.PathLike, dups_folder: str | os.PathLike | None, output_file: str | os.PathLike, use_exact: bool) -> None:
+        super().__init__()
+        self.index_folder = Path(index_folder)
+        self.dups_folder = Path(dups_folder) if dups_folder else None
+        self.output_file = Path(output_file)
+        self.use_exact = use_exact
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        if world_size != 1:
+            raise ValueError("DuplicateResolver runs as a single task")
+        tables = []
+        for path in sorted(self.index_folder.glob("*.parquet")):
+            table = pq.read_table(path, schema=INDEX_SCHEMA)
+            tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
+        index = pa.concat_tables(tables) if tables else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
+        pairs: list[tuple[int, int, int, int]] = []
+        if self.dups_folder is not None:
+            for path in sorted(self.dups_folder.glob("*.dups")):
+                raw = np.fromfile(path, dtype="<u4").reshape(-1, 4)
+                pairs.extend(tuple(int(v) for v in row) for row in raw)
+        decisions = resolve_duplicates(index, pairs, self.use_exact)
+        self.stat_update("duplicates", value=len(decisions))
+        write_table_atomic(decisions, self.output_file)
+        if data:
+            yield from data
+
+
+class DuplicateFilter(BaseFilter):
+    """Drops the documents the resolver marked, setting ``metadata["duplicate_of"]``."""
+
+    name = "🫂 Duplicates"
+
+    def __init__(self, decisions_file: str | os.PathLike, exclusion_writer: DiskWriter | None = None) -> None:
+        super().__init__(exclusion_writer=exclusion_writer)
+        self.decisions_file = Path(decisions_file)
+        self._decisions: dict[str, tuple[str, str]] | None = None
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        if self._decisions is None:
+            table = pq.read_table(self.decisions_file, schema=DECISIONS_SCHEMA)
+            self._decisions = {
+                i: (d, k) for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
+            }
+        decision = self._decisions.get(doc.id)
+        if decision is None:
+            return True
+        doc.metadata["duplicate_of"] = decision[0]
+        return False, decision[1]

@@ -1,0 +1,77 @@
+"""The embedded default corpus: text that every Python installation ships.
+
+With no internet, the demo cannot download books or repositories. Instead it lays out, in the
+same ``books/``, ``code/`` layout that ``longctx curate --input DIR`` reads:
+- ``code/<package>/``: the running interpreter's standard-library packages, one repository each
+  (copied as files; never imported or run);
+- ``books/python_language_reference.txt``: the language reference bundled for ``pydoc``
+  (``pydoc_data.topics``), one long document, and the interpreter's ``LICENSE.txt``;
+- ``anchor/topics.jsonl``: the same reference topics one per row, as a short-document
+  "anchor" source (long-only mixes regress short-context skills).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sysconfig
+from pathlib import Path
+
+from pipeline.config import SourceConfig
+
+# Packages left out: the test suite (120 MB), bundled wheels, and trees that are mostly data or
+# legacy copies. What remains is about 5 MB of code in ~30 repositories.
+EXCLUDED_PACKAGES = frozenset(
+    {"test", "idlelib", "ensurepip", "lib2to3", "distutils", "encodings", "site-packages", "pydoc_data", "__phello__"}
+)
+ANCHOR_BOUNDS = (32, 1024)  # tokens: the anchor source's own length bounds
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _copy_package(src: Path, dest: Path) -> None:
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        return {n for n in names if n == "__pycache__" or os.path.islink(os.path.join(folder, n))}
+
+    shutil.copytree(src, dest, symlinks=True, ignore=ignore)
+
+
+def build_default_corpus(dest: str | os.PathLike) -> list[SourceConfig]:
+    """Materialize the default corpus under ``dest`` (once; a complete copy is reused) and
+    return its sources: ``books``, ``code`` and a short ``anchor`` source with its own bounds."""
+    dest = Path(dest)
+    done = dest / ".complete"
+    if not done.exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "books").mkdir(parents=True)
+        (tmp / "code").mkdir()
+        (tmp / "anchor").mkdir()
+        root = stdlib_dir()
+        for package in sorted(root.iterdir()):
+            if package.is_dir() and not package.is_symlink() and (package / "__init__.py").is_file() and package.name not in EXCLUDED_PACKAGES:
+                _copy_package(package, tmp / "code" / package.name)
+        from pydoc_data.topics import topics
+
+        reference = "\n\n".join(f"{name}\n{'=' * len(name)}\n\n{text.strip()}" for name, text in sorted(topics.items()))
+        (tmp / "books" / "python_language_reference.txt").write_text(
+            "The Python Language Reference (as bundled for pydoc)\n\n" + reference + "\n", encoding="utf-8"
+        )
+        license_file = root / "LICENSE.txt"
+        if license_file.is_file():
+            shutil.copyfile(license_file, tmp / "books" / "python_license.txt")
+        with open(tmp / "anchor" / "topics.jsonl", "w", encoding="utf-8") as f:
+            for name, text in sorted(topics.items()):
+                f.write(json.dumps({"id": name, "text": text.strip()}) + "\n")
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    low, high = ANCHOR_BOUNDS
+    return [
+        SourceConfig(name="books", kind="books", path=dest / "books"),
+        SourceConfig(name="code", kind="code", path=dest / "code"),
+        SourceConfig(name="anchor", kind="jsonl", path=dest / "anchor", min_tokens=low, max_tokens=high),
+    ]

@@ -1,0 +1,66 @@
+"""Filters of the curation pipeline. Each drops documents with a reason that the ledger records."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from datatrove.data import Document
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.pipeline.writers.disk_base import DiskWriter
+
+from pipeline.tokenizer import count_tokens, load_tokenizer
+
+
+class ReadableFilter(BaseFilter):
+    """Drops the placeholder documents that readers emit for inputs they could not read
+    (binary, not UTF-8, empty, no main .tex file, ...); the reason is the reader's."""
+
+    name = "🚫 Unreadable"
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        reason = doc.metadata.get("skip_reason")
+        return (False, str(reason)) if reason else True
+
+
+class TokenLengthFilter(BaseFilter):
+    """Counts tokens with the run's tokenizer and keeps documents within their source's bounds.
+
+    ``bounds`` maps a source name to ``(min_tokens, max_tokens)`` (``max_tokens`` may be None).
+    The count is stored as ``metadata["token_count"]`` for every document, dropped or kept.
+    Documents are encoded in batches, which ``tokenizers`` runs in parallel.
+    """
+
+    name = "📏 Token length"
+
+    def __init__(
+        self,
+        tokenizer_path: str | os.PathLike,
+        bounds: dict[str, tuple[int, int | None]],
+        exclusion_writer: DiskWriter | None = None,
+        batch_size: int = 16,
+    ) -> None:
+        super().__init__(exclusion_writer=exclusion_writer, batch_size=batch_size)
+        self.tokenizer_path = Path(tokenizer_path)
+        self.bounds = dict(bounds)
+        self._tokenizer = None
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        return self.filter_batch([doc])[0]
+
+    def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
+        counts = count_tokens(self._tokenizer, [doc.text for doc in batch])
+        results: list[bool | tuple[bool, str]] = []
+        for doc, n_tokens in zip(batch, counts):
+            doc.metadata["token_count"] = n_tokens
+            self.stat_update("tokens", value=n_tokens)
+            low, high = self.bounds[doc.metadata["source"]]
+            if n_tokens < low:
+                results.append((False, "too_short"))
+            elif high is not None and n_tokens > high:
+                results.append((False, "too_long"))
+            else:
+                results.append(True)
+        return results

@@ -1,0 +1,112 @@
+"""Summary of a curation run from its ledger: outcomes per source, token totals, and the
+distribution of kept document lengths (power-of-two buckets), as JSON and as a figure."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+def pow2_bucket(n_tokens: int) -> int:
+    """Lower edge of the power-of-two bucket holding ``n_tokens`` (0 for 0)."""
+    return 0 if n_tokens <= 0 else 1 << (int(n_tokens).bit_length() - 1)
+
+
+def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
+    """Per-source counts by outcome and reason, kept tokens and a length histogram.
+
+    ``totals`` checks itself: inputs == kept + filtered + duplicate for every source.
+    """
+    rows = ledger.select(["source", "outcome", "reason", "tokens"]).to_pylist()
+    per_source: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"inputs": 0, "kept": 0, "filtered": 0, "duplicate": 0, "reasons": Counter(), "kept_tokens": 0,
+                 "length_histogram": Counter()}
+    )
+    for row in rows:
+        s = per_source[row["source"]]
+        s["inputs"] += 1
+        s[row["outcome"]] += 1
+        if row["outcome"] == "kept":
+            s["kept_tokens"] += row["tokens"]
+            s["length_histogram"][pow2_bucket(row["tokens"])] += 1
+        else:
+            s["reasons"][row["reason"]] += 1
+    sources = {}
+    for name in sorted(per_source):
+        s = per_source[name]
+        sources[name] = {
+            **{k: s[k] for k in ("inputs", "kept", "filtered", "duplicate", "kept_tokens")},
+            "reasons": dict(sorted(s["reasons"].items())),
+            "length_histogram": {str(k): v for k, v in sorted(s["length_histogram"].items())},
+        }
+    totals = {k: sum(s[k] for s in sources.values()) for k in ("inputs", "kept", "filtered", "duplicate", "kept_tokens")}
+    return {"sources": sources, "totals": totals}
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def plot_summary(summary: dict[str, Any], path: Path) -> None:
+    """Two panels: outcomes per source (stacked bars) and kept-length histograms (log2 buckets)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = list(summary["sources"])
+    fig, (ax_out, ax_len) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bottom = [0] * len(sources)
+    for outcome, colour in (("kept", "tab:green"), ("filtered", "tab:orange"), ("duplicate", "tab:red")):
+        values = [summary["sources"][s][outcome] for s in sources]
+        ax_out.bar(sources, values, bottom=bottom, label=outcome, color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax_out.set_title("documents by outcome")
+    ax_out.set_ylabel("documents")
+    ax_out.legend()
+    buckets = sorted({int(b) for s in sources for b in summary["sources"][s]["length_histogram"]})
+    width = 0.8 / max(1, len(sources))
+    for i, s in enumerate(sources):
+        hist = summary["sources"][s]["length_histogram"]
+        ax_len.bar([j + i * width for j in range(len(buckets))], [hist.get(str(b), 0) for b in buckets], width, label=s)
+    ax_len.set_xticks([j + 0.4 - width / 2 for j in range(len(buckets))])
+    ax_len.set_xticklabels([_short(b) for b in buckets], rotation=45)
+    ax_len.set_title("kept documents by length (tokens, power-of-two buckets)")
+    ax_len.set_ylabel("documents")
+    if sources:
+        ax_len.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _short(n: int) -> str:
+    for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
+        if n >= size:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A table for the console."""
+    header = f"{'source':<12} {'inputs':>7} {'kept':>6} {'filtered':>9} {'dup':>5} {'kept tokens':>13}  reasons"
+    lines = [header, "-" * len(header)]
+    for name, s in summary["sources"].items():
+        reasons = ", ".join(f"{r}={n}" for r, n in s["reasons"].items()) or "-"
+        lines.append(
+            f"{name:<12} {s['inputs']:>7} {s['kept']:>6} {s['filtered']:>9} {s['duplicate']:>5} {s['kept_tokens']:>13,}  {reasons}"
+        )
+    t = summary["totals"]
+    lines.append(f"{'total':<12} {t['inputs']:>7} {t['kept']:>6} {t['filtered']:>9} {t['duplicate']:>5} {t['kept_tokens']:>13,}")
+    return "\n".join(lines)

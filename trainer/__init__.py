@@ -1,0 +1,1 @@
+"""Long-context continued pretraining with ring attention and RoPE scaling."""
