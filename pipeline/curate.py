@@ -12,6 +12,7 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from pipeline.docstore import DocumentWriter, RankDocumentReader
 from pipeline.executors import make_executor
 from pipeline.filters import ReadableFilter, TokenLengthFilter
 from pipeline.ledger import InputTally, LedgerWriter, merge_ledger, write_table_atomic
+from pipeline.progress import stderr_to_file, tail, task_progress
 from pipeline.stats import plot_summary, summarize_ledger, write_json_atomic
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
@@ -260,35 +262,51 @@ def build_stages(
     return stages
 
 
-def execute_stages(cfg: RootConfig, layout: CurationLayout, stages: list[tuple[str, list[PipelineStep], int]]) -> None:
-    """Run the stages. Locally (and on Ray) one after the other with a progress line each; on
-    Slurm as a chain of dependent job arrays submitted at once."""
+def execute_stages(
+    cfg: RootConfig, layout: CurationLayout, stages: list[tuple[str, list[PipelineStep], int]], verbose: bool = False
+) -> None:
+    """Run the stages. Locally (and on Ray) one after the other, printing a line per stage and per
+    finished task, with datatrove's logs in ``work/curate/logs/console.log`` unless ``verbose``;
+    on Slurm as a chain of dependent job arrays submitted at once."""
     ecfg = cfg.curate.executor
+    console_log = layout.work / "logs" / "console.log"
     previous = None
     for number, (name, pipeline, tasks) in enumerate(stages, start=1):
+        logging_dir = layout.work / "logs" / f"{number}_{name}"
         executor = make_executor(
             ecfg,
             pipeline,
             tasks=tasks,
-            logging_dir=layout.work / "logs" / f"{number}_{name}",
+            logging_dir=logging_dir,
             job_name=f"curate_{name}",
             depends=previous if ecfg.kind == "slurm" else None,
         )
         if ecfg.kind == "slurm":
             previous = executor
             continue
-        print(f"[curate {number}/{len(stages)}] {name}: {tasks} task(s)", flush=True)
-        executor.run()
+        label = f"[curate {number}/{len(stages)}] {name}"
+        completions = logging_dir / "completions"
+        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
+        print(f"{label}: {tasks} task(s)" + (f", {done} done in an earlier run" if done else ""), flush=True)
+        quiet = contextlib.nullcontext() if verbose else stderr_to_file(console_log)
+        try:
+            with quiet, task_progress(label, completions, tasks):
+                executor.run()
+        except Exception as err:
+            raise RuntimeError(
+                f"curation stage '{name}' failed: {err}\n--- last lines of {console_log} ---\n{tail(console_log)}"
+            ) from err
     if previous is not None:
         previous.run()
 
 
-def run_curation(cfg: RootConfig) -> dict[str, Any] | None:
+def run_curation(cfg: RootConfig, verbose: bool = False) -> dict[str, Any] | None:
     """Run (or resume) curation. Returns the summary written to ``stats.json`` once the stages have
     run (local and Ray executors); None when they were submitted to Slurm."""
     layout = CurationLayout(cfg.output)
     sources = resolve_sources(cfg, layout)
-    tokenizer_path = prepare_tokenizer(cfg, layout, sources)
+    with contextlib.nullcontext() if verbose else stderr_to_file(layout.work / "logs" / "console.log"):
+        tokenizer_path = prepare_tokenizer(cfg, layout, sources)
     fingerprint = run_fingerprint(cfg, sources, tokenizer_path)
     _check_same_run(layout, fingerprint)
     config_hash = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
@@ -299,7 +317,7 @@ def run_curation(cfg: RootConfig) -> dict[str, Any] | None:
         "bounds": fingerprint["bounds"],
         "minhash_threshold": round(cfg.curate.dedup.minhash.threshold, 3) if cfg.curate.dedup.minhash.enabled else None,
     }
-    execute_stages(cfg, layout, build_stages(cfg, layout, sources, tokenizer_path, run_info))
+    execute_stages(cfg, layout, build_stages(cfg, layout, sources, tokenizer_path, run_info), verbose)
     if cfg.curate.executor.kind == "slurm":
         return None
     return json.loads(layout.stats.read_text(encoding="utf-8"))

@@ -23,6 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides curate.executor.tasks)")
     parser.add_argument("--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)")
+    parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
     parser.set_defaults(func=run)
 
 
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     start = time.monotonic()
-    summary = run_curation(cfg)
+    summary = run_curation(cfg, verbose=args.verbose)
     if summary is None:
         print(f"curation submitted; results will be in {cfg.output}")
         return 0
