@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from pipeline.readers.papers import METADATA_ARROW_FIELDS, PaperReader, find_main_markdown
+from pipeline.readers.papers import PaperReader, find_main_markdown
 
 METADATA_TYPES = {
     "format": str,
@@ -124,16 +123,6 @@ def test_metadata_keys_and_types_are_uniform(papers):
         for problem in doc.metadata["problems"]:
             assert set(problem) == {"kind", "path", "detail"}
             assert all(isinstance(value, str) for value in problem.values())
-
-
-def test_metadata_fits_the_declared_arrow_schema(papers):
-    docs = sorted(read_all(papers).values(), key=lambda doc: len(doc.metadata.get("problems", [])))
-    assert docs[-1].metadata["problems"], "fixture must contain a paper with problems"
-    schema = pa.schema(METADATA_ARROW_FIELDS)
-    rows = [{field.name: doc.metadata.get(field.name) for field in schema} for doc in docs]
-    batch = pa.RecordBatch.from_pylist(rows, schema=schema)
-    assert batch.num_rows == len(docs)
-    assert batch.to_pylist() == rows
 
 
 def test_sharding_covers_every_unit_exactly_once(papers):

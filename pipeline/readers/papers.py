@@ -8,7 +8,7 @@ Units, directly under the input folder (sorted, hidden entries and symlinks skip
 * ``*.md`` / ``*.markdown`` / ``*.txt`` file: one paper, passed through with newlines normalized.
 
 LaTeX papers are flattened statically (comments dropped, includes inlined; nothing is executed).
-Every document carries the same metadata keys with the same types, as Parquet needs:
+Every document carries the same metadata keys with the same types:
 
 * ``format`` (str): ``"latex"``, ``"markdown"`` or ``"text"``;
 * ``main_file`` (str): the file the text comes from, relative to the unit's folder;
@@ -16,10 +16,6 @@ Every document carries the same metadata keys with the same types, as Parquet ne
   ``"preferred_name"``, ``"not_included"``, ``"first_by_path"``);
 * ``problems`` (list of ``{"kind": str, "path": str, "detail": str}``): includes left as written;
 * ``included_count`` (int): number of files inlined.
-
-:data:`METADATA_ARROW_FIELDS` gives their Arrow types: a Parquet writer that infers its schema
-from the first document would otherwise type an empty ``problems`` list as ``list<null>`` and
-then fail on the first real problem.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pyarrow as pa
 from datatrove.data import Document
 
 from pipeline.latex import (
@@ -39,15 +34,6 @@ from pipeline.latex import (
     is_within,
 )
 from pipeline.readers.base import SourceReader, UnreadableInput, read_text_file
-
-PROBLEM_ARROW_TYPE = pa.struct([("kind", pa.string()), ("path", pa.string()), ("detail", pa.string())])
-METADATA_ARROW_FIELDS = (
-    pa.field("format", pa.string()),
-    pa.field("main_file", pa.string()),
-    pa.field("main_choice", pa.string()),
-    pa.field("problems", pa.list_(PROBLEM_ARROW_TYPE)),
-    pa.field("included_count", pa.int64()),
-)
 
 LATEX_SUFFIXES = frozenset({".tex"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
