@@ -149,6 +149,7 @@ class CurateConfig(StrictModel):
     sources: list[SourceConfig] = Field(default_factory=list)
     min_fraction_of_target: float = Field(default=0.5, ge=0.0)
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")
+    max_book_bytes: int = Field(default=64 * 2**20, gt=0, description="book files above this are refused as too_large")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 

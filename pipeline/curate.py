@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 
-from pipeline.config import ConfigError, RootConfig, SourceConfig
+from pipeline.config import ConfigError, CurateConfig, RootConfig, SourceConfig
 from pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
 from pipeline.docstore import DocumentWriter, RankDocumentReader
 from pipeline.executors import make_executor
@@ -96,12 +97,14 @@ def resolve_sources(cfg: RootConfig, layout: CurationLayout) -> list[SourceConfi
     return sources
 
 
-def make_reader(source: SourceConfig, max_file_bytes: int) -> PipelineStep:
+def make_reader(source: SourceConfig, cfg: CurateConfig) -> PipelineStep:
     """The datatrove reader step for one source."""
     if source.kind == "books":
         from pipeline.readers.books import BookFolderReader
 
-        return BookFolderReader(source.path, source.name, strip_gutenberg=source.strip_gutenberg, limit=source.limit)
+        return BookFolderReader(
+            source.path, source.name, source.strip_gutenberg, max_bytes=cfg.max_book_bytes, limit=source.limit
+        )
     if source.kind == "papers":
         from pipeline.readers.papers import PaperReader
 
@@ -109,7 +112,7 @@ def make_reader(source: SourceConfig, max_file_bytes: int) -> PipelineStep:
     if source.kind == "code":
         from pipeline.readers.code import CodeRepoReader
 
-        return CodeRepoReader(source.path, source=source.name, max_file_bytes=max_file_bytes, limit=source.limit)
+        return CodeRepoReader(source.path, source=source.name, max_file_bytes=cfg.max_file_bytes, limit=source.limit)
     from pipeline.readers.tabular import make_tabular_reader
 
     return make_tabular_reader(
@@ -144,19 +147,19 @@ def prepare_tokenizer(cfg: RootConfig, layout: CurationLayout, sources: list[Sou
 
         print(f"training a {cfg.tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
         train_bpe(
-            _sample_texts(sources, cfg.curate.max_file_bytes, cfg.tokenizer.train_sample_bytes),
+            _sample_texts(sources, cfg.curate, cfg.tokenizer.train_sample_bytes),
             cfg.tokenizer.train_vocab_size,
             layout.tokenizer,
         )
     return layout.tokenizer
 
 
-def _sample_texts(sources: list[SourceConfig], max_file_bytes: int, budget: int):
+def _sample_texts(sources: list[SourceConfig], cfg: CurateConfig, budget: int) -> Iterator[str]:
     """Up to ``budget / len(sources)`` characters of readable text from each source, in pieces."""
     per_source = budget // max(1, len(sources))
     for source in sources:
         taken = 0
-        for doc in make_reader(source, max_file_bytes).run(None, 0, 1):
+        for doc in make_reader(source, cfg).run(None, 0, 1):
             if doc.metadata.get("skip_reason"):
                 continue
             piece = doc.text[: per_source - taken]
@@ -197,6 +200,7 @@ def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path
         "bounds": {k: list(v) for k, v in length_bounds(cfg, sources).items()},
         "dedup": json.loads(cfg.curate.dedup.model_dump_json()),
         "max_file_bytes": cfg.curate.max_file_bytes,
+        "max_book_bytes": cfg.curate.max_book_bytes,
         "tasks": cfg.curate.executor.tasks,
         "tokenizer_sha256": tokenizer_fingerprint(tokenizer_path),
     }
@@ -226,7 +230,7 @@ def build_stages(
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
     )
-    read: list[PipelineStep] = [make_reader(s, cfg.curate.max_file_bytes) for s in sources]
+    read: list[PipelineStep] = [make_reader(s, cfg.curate) for s in sources]
     read += [
         InputTally(work / "inputs"),
         ReadableFilter(exclusion_writer=LedgerWriter(work / "ledger" / "unreadable", "filtered")),

@@ -316,3 +316,30 @@ def test_repository_vendored_twice_collapses(tmp_path: Path, tokenizer_file) -> 
     assert ledger["code/requests"]["duplicate_of"] == "code/pip_vendored_requests"
     assert ledger["code/json"]["outcome"] == "kept"
     assert summary["totals"]["duplicate"] == 1
+
+
+@pytest.mark.slow
+def test_four_tasks_on_two_workers_keep_the_same_set_as_one_task(tmp_path: Path, tokenizer_file) -> None:
+    build_input(tmp_path / "input")
+    outputs = {}
+    for tasks, workers in ((1, 1), (4, 2)):
+        out = tmp_path / f"out_{tasks}"
+        cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, out)
+        cfg["curate"]["executor"] = {"tasks": tasks, "workers": workers}
+        run_curation(parse_config(cfg))
+        outputs[tasks] = _snapshot(out)
+    assert outputs[1] == outputs[4]
+    assert len(list((tmp_path / "out_4" / "work" / "curate" / "inputs").glob("*.parquet"))) == 4
+
+
+def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None:
+    books = tmp_path / "input" / "books"
+    books.mkdir(parents=True)
+    (books / "ok.txt").write_text(wrap(prose(1, 400), 70))
+    with open(books / "huge.txt", "wb") as f:
+        f.truncate(3 * 2**20)  # sparse: 3 MiB that are never read
+    cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out", max_book_bytes=2**20)
+    run_curation(parse_config(cfg))
+    ledger = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
+    assert (ledger["books/huge.txt"]["outcome"], ledger["books/huge.txt"]["reason"]) == ("filtered", "too_large")
+    assert ledger["books/ok.txt"]["outcome"] == "kept"

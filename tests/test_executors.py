@@ -1,0 +1,68 @@
+"""The same stages are handed to datatrove's local, Slurm or Ray executor as the config says."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
+
+from pipeline import curate
+from pipeline.config import parse_config
+from pipeline.curate import CurationLayout, build_stages, execute_stages, resolve_sources
+from pipeline.executors import make_executor
+from pipeline.tokenizer import train_bpe
+
+SLURM = {"kind": "slurm", "tasks": 3, "slurm": {"partition": "cpu", "time": "01:00:00", "cpus_per_task": 4}}
+
+
+def _config(tmp_path: Path, executor: dict):
+    (tmp_path / "in" / "books").mkdir(parents=True)
+    (tmp_path / "in" / "books" / "a.txt").write_text("some words " * 50)
+    tok = tmp_path / "tok.json"
+    train_bpe(["some words"] * 10, 270, tok)
+    return parse_config({
+        "output": str(tmp_path / "out"), "context": {"original": 8, "target": 16},
+        "tokenizer": {"path": str(tok)}, "curate": {"input": str(tmp_path / "in"), "executor": executor},
+    })
+
+
+def test_local_executor_caps_workers_at_tasks(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"tasks": 2, "workers": 8})
+    ex = make_executor(cfg.curate.executor, [], tasks=2, logging_dir=tmp_path / "logs", job_name="x")
+    assert isinstance(ex, LocalPipelineExecutor) and ex.workers == 2 and ex.tasks == 2
+
+
+def test_slurm_stages_are_chained_and_submitted_once(tmp_path: Path, monkeypatch) -> None:
+    cfg = _config(tmp_path, SLURM)
+    layout = CurationLayout(cfg.output)
+    sources = resolve_sources(cfg, layout)
+    stages = build_stages(cfg, layout, sources, cfg.tokenizer.path, {})
+    submitted: list[SlurmPipelineExecutor] = []
+    monkeypatch.setattr(SlurmPipelineExecutor, "run", lambda self: submitted.append(self))
+    execute_stages(cfg, layout, stages)
+    assert len(submitted) == 1
+    chain, ex = [], submitted[0]
+    while ex is not None:
+        chain.append(ex)
+        ex = ex.depends
+    chain.reverse()
+    assert [e.job_name for e in chain] == [f"curate_{name}" for name, _, _ in stages]
+    assert [e.tasks for e in chain] == [3, 14, 1, 3, 1]
+    assert all(e.partition == "cpu" and e.cpus_per_task == 4 for e in chain)
+
+
+def test_run_curation_returns_none_after_slurm_submission(tmp_path: Path, monkeypatch) -> None:
+    cfg = _config(tmp_path, SLURM)
+    monkeypatch.setattr(SlurmPipelineExecutor, "run", lambda self: None)
+    assert curate.run_curation(cfg) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install longctx[ray])")
+def test_ray_executor_is_built(tmp_path: Path) -> None:
+    from datatrove.executor import RayPipelineExecutor
+
+    cfg = _config(tmp_path, {"kind": "ray", "tasks": 2})
+    ex = make_executor(cfg.curate.executor, [], tasks=2, logging_dir=tmp_path / "logs", job_name="x")
+    assert isinstance(ex, RayPipelineExecutor)
