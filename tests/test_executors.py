@@ -59,10 +59,15 @@ def test_run_curation_returns_none_after_slurm_submission(tmp_path: Path, monkey
     assert curate.run_curation(cfg) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install longctx[ray])")
-def test_ray_executor_is_built(tmp_path: Path) -> None:
-    from datatrove.executor import RayPipelineExecutor
+def test_ray_run_equals_local_run(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
 
-    cfg = _config(tmp_path, {"kind": "ray", "tasks": 2})
-    ex = make_executor(cfg.curate.executor, [], tasks=2, logging_dir=tmp_path / "logs", job_name="x")
-    assert isinstance(ex, RayPipelineExecutor)
+    results = {}
+    for kind in ("local", "ray"):
+        cfg = _config(tmp_path / kind, {"kind": kind, "tasks": 2})
+        summary = curate.run_curation(cfg)
+        ledger = pq.read_table(cfg.output / "ledger.parquet").drop_columns(["path"]).to_pylist()
+        results[kind] = (summary["totals"], ledger)
+    assert results["ray"] == results["local"]
