@@ -1,0 +1,229 @@
+"""Load and save Hugging Face checkpoints: ``config.json`` plus safetensors, one file or sharded.
+
+Only safetensors are read: pickle-based ``pytorch_model.bin`` files can execute code when loaded
+and are refused with a message. Parameter names are the model's own (``trainer.model`` uses
+Hugging Face's names), so the only translations are the ones transformers makes too: a tied model
+stores no ``lm_head.weight`` (one present anyway is ignored), and ``rotary_emb.inv_freq`` buffers
+saved by old Llama conversions are skipped (frequencies always come from the config).
+
+A sharded checkpoint is ``model-00001-of-0000N.safetensors`` files plus ``model.safetensors.index.json``
+mapping every tensor name to its file, exactly as ``save_pretrained`` writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from trainer.model import Attention, ModelConfig, Transformer
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
+    """The :class:`ModelConfig` of the checkpoint in ``directory`` (its ``config.json``)."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
+    return ModelConfig.from_hf(json.loads(path.read_text()))
+
+
+def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The safetensors files of the checkpoint in ``directory``: the shards of the index, or the single file.
+
+    Raises ``ValueError`` when the directory only holds pickle weights, and ``FileNotFoundError``
+    when it holds none (or the index names a missing shard).
+    """
+    root = Path(directory)
+    index = root / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index} has no weight_map")
+        files = []
+        for name in sorted(set(weight_map.values())):
+            if Path(name).name != name:
+                raise ValueError(f"{index} names a shard outside the checkpoint directory: {name!r}")
+            if not (root / name).is_file():
+                raise FileNotFoundError(f"{index} names {name}, which is missing")
+            files.append(root / name)
+        return files
+    if (root / WEIGHTS_NAME).is_file():
+        return [root / WEIGHTS_NAME]
+    pickles = sorted(p.name for p in root.glob("*") if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise ValueError(
+            f"{directory} holds only pickle weights ({', '.join(pickles)}); longctx loads safetensors only, "
+            "because unpickling can run arbitrary code. Convert the checkpoint to safetensors from a trusted "
+            "environment (e.g. save_pretrained(..., safe_serialization=True))."
+        )
+    raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
+
+
+def _skipped(name: str, config: ModelConfig) -> bool:
+    """Stored tensors the model has no parameter for, by design (see the module docstring)."""
+    return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
+
+
+def _stored_names(files: Iterable[Path]) -> dict[str, Path]:
+    """Tensor name -> file holding it, across all files; a name stored twice is an error."""
+    where: dict[str, Path] = {}
+    for file in files:
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():
+                if name in where:
+                    raise ValueError(f"tensor {name} is stored in both {where[name].name} and {file.name}")
+                where[name] = file
+    return where
+
+
+def load_weights(model: Transformer, directory: str | os.PathLike[str]) -> None:
+    """Copy the checkpoint's tensors in ``directory`` into ``model``'s parameters (converting dtype).
+
+    Every parameter must be present with its exact shape and no unknown tensor may be stored;
+    all names and shapes are checked before anything is copied. Tensors are read one at a time, so
+    memory beyond the model is one tensor. ``model`` must hold full (unsharded) parameters.
+    """
+    targets = model.state_dict()
+    where = {
+        name: file
+        for name, file in _stored_names(weight_files(directory)).items()
+        if not _skipped(name, model.config)
+    }
+    missing = sorted(set(targets) - set(where))
+    unexpected = sorted(set(where) - set(targets))
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {directory} does not match a {model.config.model_type} model of this config: "
+            f"missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+            f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}"
+        )
+    by_file: dict[Path, list[str]] = {}
+    for name, file in where.items():
+        by_file.setdefault(file, []).append(name)
+    for file, names in by_file.items():
+        with safe_open(file, framework="pt") as handle:
+            for name in names:
+                shape = tuple(handle.get_slice(name).get_shape())
+                if shape != tuple(targets[name].shape):
+                    raise ValueError(
+                        f"{name}: checkpoint shape {shape}, model shape {tuple(targets[name].shape)}"
+                    )
+    with torch.no_grad():
+        for file, names in by_file.items():
+            with safe_open(file, framework="pt") as handle:
+                for name in names:
+                    targets[name].copy_(handle.get_tensor(name))
+
+
+def load_model(
+    directory: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attention: Attention | None = None,
+    activation_checkpointing: bool = False,
+    seq_len: int | None = None,
+) -> Transformer:
+    """Build the model a Hugging Face checkpoint describes and load its weights.
+
+    Parameters are allocated directly in ``dtype`` on ``device`` (no random init) and filled from
+    the safetensors files. With ``seq_len`` (the training window length), checkpoints whose
+    sliding-window attention is shorter than it are refused (:meth:`ModelConfig.check_context_length`).
+    """
+    config = load_config(directory)
+    if seq_len is not None:
+        config.check_context_length(seq_len)
+    with torch.device("meta"):
+        model = Transformer(config, attention=attention, activation_checkpointing=activation_checkpointing)
+    model = model.to(dtype).to_empty(device=device)
+    load_weights(model, directory)
+    return model
+
+
+def _shards(tensors: Mapping[str, Tensor], max_shard_bytes: int) -> list[dict[str, Tensor]]:
+    """Split tensors, in order, into groups of at most ``max_shard_bytes`` (a larger tensor stands alone)."""
+    shards: list[dict[str, Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    return shards
+
+
+def save_checkpoint(
+    config: ModelConfig,
+    state_dict: Mapping[str, Tensor],
+    directory: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> None:
+    """Write ``config.json`` and the tensors as a Hugging Face checkpoint that ``from_pretrained`` loads.
+
+    ``state_dict`` holds full tensors under Hugging Face names (``Transformer.state_dict()``), cast
+    to ``dtype`` when given. Above ``max_shard_bytes`` the weights are sharded with an index. The
+    checkpoint is written to a temporary sibling directory and renamed into place, so ``directory``
+    (which must not exist, or be empty) never holds a partial checkpoint.
+    """
+    target = Path(directory)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"{target} already exists and is not an empty directory")
+    tensors = {
+        name: tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype).contiguous()
+        for name, tensor in state_dict.items()
+    }
+    if not tensors:
+        raise ValueError("state_dict is empty")
+    stored_dtype = dtype or next(iter(tensors.values())).dtype
+    shards = _shards(tensors, max_shard_bytes)
+    staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        if len(shards) == 1:
+            save_file(shards[0], staging / WEIGHTS_NAME, metadata={"format": "pt"})
+        else:
+            weight_map: dict[str, str] = {}
+            for number, shard in enumerate(shards, start=1):
+                name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, staging / name, metadata={"format": "pt"})
+                weight_map.update(dict.fromkeys(shard, name))
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (staging / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        hf_config = {**config.to_hf(), "torch_dtype": str(stored_dtype).removeprefix("torch.")}
+        (staging / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        if target.exists():
+            target.rmdir()
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def save_model(
+    model: Transformer,
+    directory: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> None:
+    """Save an unsharded ``model`` as a Hugging Face checkpoint (see :func:`save_checkpoint`)."""
+    save_checkpoint(model.config, model.state_dict(), directory, dtype=dtype, max_shard_bytes=max_shard_bytes)

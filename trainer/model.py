@@ -1,0 +1,540 @@
+"""A Llama-family decoder (Llama, Mistral, Qwen2) for packed, context-parallel training rows.
+
+Architecture: token embedding, ``num_hidden_layers`` pre-norm blocks (RMSNorm, grouped-query
+self-attention with RoPE, RMSNorm, SwiGLU MLP), final RMSNorm, and an output projection that is
+either its own matrix or the transposed embedding (``tie_word_embeddings``). Module and parameter
+names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) so a
+checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``trainer.hf_io``).
+
+A row is a packed training window: several documents back to back, each token carrying its position
+in its own document (``position_ids``, for RoPE), its global index in the window (``token_index``,
+which under context parallelism is a zigzag subset rather than ``0..T-1``) and its document id
+(``segment_ids``). Attention is causal within a document and masked across documents; it is
+pluggable (:data:`Attention`), and the default is ``trainer.attention.ring_attention``.
+
+:meth:`Transformer.forward` returns final hidden states rather than logits: at long context the
+``[tokens, vocab]`` logits are the largest activation of the model, so the loss is computed in token
+chunks (:meth:`Transformer.cross_entropy_sum`); :meth:`Transformer.logits` gives full logits when wanted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from trainer.attention import build_ring_plan, ring_attention
+from trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
+
+# Configuration ---------------------------------------------------------------------------------------------
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+# transformers' config-class defaults for the keys read here, applied when config.json omits them.
+_HF_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "num_key_value_heads": 8},
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "num_key_value_heads": 32},
+}
+
+# Keys ModelConfig interprets; every other config.json key is kept verbatim in ``hf_extra``.
+_MODEL_KEYS = frozenset(
+    {
+        "model_type",
+        "architectures",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "attention_dropout",
+        # Storage dtype of the tensors, not a model property: written by hf_io when saving.
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and hyperparameters of a Llama-family decoder, convertible to and from ``config.json``.
+
+    ``attention_bias`` and ``mlp_bias`` are Llama's switches (biases on all four attention
+    projections, on the MLP); Qwen2 always has q/k/v biases and no others (:attr:`qkv_bias`).
+    ``hf_extra`` holds the config.json keys this model does not interpret (token ids,
+    ``initializer_range``, sliding-window settings, ...) and is written back unchanged by :meth:`to_hf`.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope: RopeConfig
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    hf_extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {self.model_type!r}: "
+                f"longctx supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        if self.model_type != "llama" and (self.attention_bias or self.mlp_bias):
+            raise ValueError(f"attention_bias and mlp_bias are Llama options, not {self.model_type!r} ones")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.rope.head_dim != self.head_dim:
+            raise ValueError(f"rope.head_dim {self.rope.head_dim} differs from head_dim {self.head_dim}")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether the q, k and v projections have biases."""
+        return self.attention_bias or self.model_type == "qwen2"
+
+    @property
+    def max_position_embeddings(self) -> int:
+        """The context length the config declares (used by some RoPE scalings)."""
+        return self.rope.max_position_embeddings
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Window of the checkpoint's sliding-window attention layers, or None if all attend fully.
+
+        Read as transformers does: Mistral applies ``sliding_window`` (default 4096) to every layer
+        unless it is null; Qwen2 only with ``use_sliding_window``, to the layers marked
+        ``sliding_attention`` in ``layer_types`` (default: layers from ``max_window_layers`` on).
+        This model always attends fully (see :meth:`check_context_length`).
+        """
+        extra = self.hf_extra
+        if self.model_type == "mistral":
+            return extra.get("sliding_window", 4096)
+        if self.model_type == "qwen2" and extra.get("use_sliding_window", False):
+            window = extra.get("sliding_window", 4096)
+            layer_types = extra.get("layer_types") or [
+                "sliding_attention" if i >= extra.get("max_window_layers", 28) else "full_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+            return window if window is not None and "sliding_attention" in layer_types else None
+        return None
+
+    def check_context_length(self, seq_len: int) -> None:
+        """Refuse to train windows of ``seq_len`` tokens that the checkpoint's attention cannot see.
+
+        This model attends over whole documents. That equals the checkpoint's sliding-window
+        attention only while no document is longer than the window, so a window smaller than
+        ``seq_len`` is an error; to extend such a model to full attention on purpose, set
+        ``sliding_window`` to null (Mistral) or ``use_sliding_window`` to false (Qwen2) in config.json.
+        """
+        window = self.sliding_window
+        if window is not None and window < seq_len:
+            raise ValueError(
+                f"this {self.model_type} checkpoint uses sliding-window attention of {window} tokens, "
+                f"smaller than the training length {seq_len}; longctx trains full causal attention, "
+                "which would change the model. Set sliding_window to null (Mistral) or use_sliding_window "
+                "to false (Qwen2) in config.json to extend it to full attention deliberately."
+            )
+
+    @classmethod
+    def from_hf(cls, hf_config: Mapping[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face ``config.json`` dict of a Llama, Mistral or Qwen2 model.
+
+        Raises ``ValueError`` for other model types and for features this model does not implement
+        (activations other than SiLU, attention dropout, per-layer RoPE).
+        """
+        model_type = hf_config.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}: longctx supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        hf = {**_HF_DEFAULTS[model_type], **{k: v for k, v in hf_config.items() if v is not None}}
+        missing = [
+            key
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+            )
+            if key not in hf
+        ]
+        if missing:
+            raise ValueError(f"config.json lacks {', '.join(missing)}")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"only SwiGLU (hidden_act 'silu') is supported, got {hf['hidden_act']!r}")
+        if hf.get("attention_dropout", 0.0):
+            raise ValueError("attention_dropout is not supported; set it to 0.0")
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        consumed = _MODEL_KEYS | HF_ROPE_KEYS
+        return cls(
+            model_type=model_type,
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            head_dim=head_dim,
+            rope=RopeConfig.from_hf(hf, head_dim),
+            rms_norm_eps=float(hf["rms_norm_eps"]),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", False)) if model_type == "llama" else False,
+            mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
+            hf_extra={k: v for k, v in hf_config.items() if k not in consumed},
+        )
+
+    def to_hf(self) -> dict[str, Any]:
+        """The ``config.json`` dict transformers loads this model from (without the storage dtype)."""
+        hf: dict[str, Any] = {
+            **self.hf_extra,
+            "architectures": [_ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            **self.rope.to_hf(),
+        }
+        if self.model_type == "llama":
+            hf.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
+        return hf
+
+    def with_rope(
+        self,
+        *,
+        rope_scaling: Mapping[str, Any] | None = None,
+        rope_theta: float | None = None,
+        max_position_embeddings: int | None = None,
+    ) -> ModelConfig:
+        """This config with RoPE overrides declared as in ``config.json`` (``RopeConfig.with_overrides``)."""
+        rope = self.rope.with_overrides(
+            rope_scaling=rope_scaling, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings
+        )
+        return dataclasses.replace(self, rope=rope)
+
+    @classmethod
+    def tiny(cls, model_type: str = "llama", **overrides: Any) -> ModelConfig:
+        """A small config for tests and demos: hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128.
+
+        ``overrides`` replace any field; ``head_dim`` defaults to ``hidden_size // num_attention_heads``
+        and ``rope`` to default RoPE over 256 positions. Mistral gets ``sliding_window: null``
+        (full attention) unless ``hf_extra`` is given.
+        """
+        values: dict[str, Any] = {
+            "vocab_size": 128,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            **overrides,
+        }
+        head_dim = values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
+        values.setdefault("rope", RopeConfig(head_dim=head_dim, max_position_embeddings=256))
+        values.setdefault("hf_extra", {"sliding_window": None} if model_type == "mistral" else {})
+        return cls(model_type=model_type, **values)
+
+
+# Attention interface ---------------------------------------------------------------------------------------
+
+RowAttention = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""Attention over the tokens of one packed row: ``(q, k, v) -> out``, shapes as in :data:`Attention`."""
+
+Attention = Callable[..., Tensor]
+"""``attention(q, k, v, *, q_index, q_segment) -> out`` for one packed row.
+
+``q`` is ``[tokens, n_heads, head_dim]``, ``k`` and ``v`` are ``[tokens, n_kv_heads, head_dim]``
+(grouped-query heads are not repeated), ``q_index`` (int64 ``[tokens]``) are the tokens' global
+indices in the window and ``q_segment`` (int ``[tokens]``) their document ids. Query ``i`` attends to
+key ``j`` iff ``q_segment[j] == q_segment[i]`` and ``q_index[j] <= q_index[i]``, with softmax scale
+``1 / sqrt(head_dim)``; the output is ``[tokens, n_heads, head_dim]``. An attention that also has a
+``bind`` method (:class:`BindableAttention`) is bound once per row and forward pass instead.
+"""
+
+
+@runtime_checkable
+class BindableAttention(Protocol):
+    """An :data:`Attention` whose per-row preparation (masks, ring plan) is shared by all layers."""
+
+    def bind(self, q_index: Tensor, q_segment: Tensor) -> RowAttention:
+        """Prepare attention for one row's token indices and segment ids."""
+        ...
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor: ...
+
+
+class RingAttention:
+    """``trainer.attention.ring_attention`` over a context-parallel process group.
+
+    ``group=None`` is a plain local call (this process holds the whole window). :meth:`bind` builds
+    the ring plan (a collective over ``group``) once per row; every layer then reuses it.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, backend: str = "auto") -> None:
+        self.group = group
+        self.backend = backend
+
+    def bind(self, q_index: Tensor, q_segment: Tensor) -> RowAttention:
+        """Plan ring attention for one row; the returned callable attends ``(q, k, v)``."""
+        plan = build_ring_plan(q_index, q_segment, group=self.group)
+        return partial(ring_attention, plan=plan, backend=self.backend)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:
+        """Plan and attend in one call (prefer :meth:`bind` when several layers share a row)."""
+        return self.bind(q_index, q_segment)(q, k, v)
+
+
+def bind_row(attention: Attention, q_index: Tensor, q_segment: Tensor) -> RowAttention:
+    """The row attention for one row: ``attention.bind`` when available, else a partial call."""
+    if isinstance(attention, BindableAttention):
+        return attention.bind(q_index, q_segment)
+    return partial(attention, q_index=q_index, q_segment=q_segment)
+
+
+# Modules ---------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich, arXiv:1910.07467), normalized in float32."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalize the last dimension; the result has ``x``'s dtype, scaled by ``weight``."""
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP ``down(silu(gate(x)) * up(x))`` (Shazeer, arXiv:2002.05202)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP to ``[..., hidden]``."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SelfAttention(nn.Module):
+    """Grouped-query self-attention with RoPE; the attention itself is delegated per row."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = config.num_attention_heads
+        self.n_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        q_dim, kv_dim = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, q_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=config.attention_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """``x`` ``[B, T, hidden]``, RoPE tables ``[B, T, head_dim]``, one row attention per batch row."""
+        batch, tokens, _ = x.shape
+        q = apply_rotary(self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
+        out = torch.stack([attend(q[b], k[b], v[b]) for b, attend in enumerate(rows)])
+        return self.o_proj(out.reshape(batch, tokens, self.n_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """Apply the block to ``[B, T, hidden]``."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rows)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Decoder(nn.Module):
+    """Embedding, decoder layers and final norm (Hugging Face's ``model.*`` submodule)."""
+
+    def __init__(self, config: ModelConfig, *, activation_checkpointing: bool = False) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.activation_checkpointing = activation_checkpointing
+
+    def forward(self, input_ids: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """Final normalized hidden states ``[B, T, hidden]``; checkpointed layers recompute in backward."""
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(layer, x, cos, sin, rows, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, rows)
+        return self.norm(x)
+
+
+class Transformer(nn.Module):
+    """A Llama-family causal language model over packed rows (Hugging Face's ``*ForCausalLM``).
+
+    ``attention`` defaults to :class:`RingAttention` with no group (local). With
+    ``activation_checkpointing`` each decoder layer's activations are recomputed in backward
+    (``torch.utils.checkpoint``, non-reentrant). Parameters are created with PyTorch's default
+    initialization; call :meth:`init_weights` for the usual normal init.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        attention: Attention | None = None,
+        activation_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.attention: Attention = attention if attention is not None else RingAttention()
+        self.model = Decoder(config, activation_checkpointing=activation_checkpointing)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The ``[vocab, hidden]`` output projection (the embedding when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """Normal(0, ``std``) linear and embedding weights, zero biases, unit norm weights."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def rope_tables(self, position_ids: Tensor, rope_seq_len: int | None = None) -> tuple[Tensor, Tensor]:
+        """RoPE ``cos``/``sin`` ``[..., head_dim]`` for ``position_ids`` (float32).
+
+        Length-dependent scalings (``dynamic``, ``longrope``) use ``rope_seq_len``, defaulting to
+        ``max(position_ids) + 1`` (one device sync). Under context parallelism pass the value of the
+        whole window so every rank uses the same frequencies.
+        """
+        rope = self.config.rope
+        if rope.depends_on_seq_len and rope_seq_len is None:
+            rope_seq_len = int(position_ids.max()) + 1
+        inv_freq, scaling = inverse_frequencies(rope, rope_seq_len, device=position_ids.device)
+        return rotary_cos_sin(position_ids, inv_freq, scaling)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        token_index: Tensor,
+        segment_ids: Tensor,
+        *,
+        rope_seq_len: int | None = None,
+    ) -> Tensor:
+        """Final hidden states ``[B, T, hidden]`` (``[T, hidden]`` for 1-D inputs) of packed rows.
+
+        All inputs are ``[B, T]`` (or ``[T]`` for one row) integer tensors: token ids, per-document
+        positions (restarting at 0 in every document), global indices of the tokens in their window
+        and document ids. Attention runs row by row. ``rope_seq_len``: see :meth:`rope_tables`.
+        """
+        shapes = {t.shape for t in (input_ids, position_ids, token_index, segment_ids)}
+        if len(shapes) != 1 or input_ids.dim() not in (1, 2):
+            raise ValueError(f"inputs must share one [B, T] or [T] shape, got {sorted(map(tuple, shapes))}")
+        single = input_ids.dim() == 1
+        if single:
+            input_ids, position_ids, token_index, segment_ids = (
+                t[None] for t in (input_ids, position_ids, token_index, segment_ids)
+            )
+        cos, sin = self.rope_tables(position_ids, rope_seq_len)
+        rows = [bind_row(self.attention, token_index[b], segment_ids[b]) for b in range(input_ids.shape[0])]
+        hidden = self.model(input_ids, cos, sin, rows)
+        return hidden[0] if single else hidden
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Vocabulary logits ``[..., vocab]`` of hidden states, in their dtype."""
+        return F.linear(hidden, self.output_weight)
+
+    def cross_entropy_sum(
+        self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int = 8192, ignore_index: int = -100
+    ) -> Tensor:
+        """Summed next-token cross-entropy (float32 scalar) of ``hidden`` against ``labels``.
+
+        ``labels`` has ``hidden``'s leading shape; entries equal to ``ignore_index`` do not count.
+        Logits are computed ``chunk_tokens`` tokens at a time in float32 and recomputed in backward,
+        so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive. Returns a sum so the
+        caller can normalize by the token count of the whole (data- and context-parallel) batch.
+        """
+        flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+        flat_labels = labels.reshape(-1)
+        if flat_labels.numel() != flat_hidden.shape[0]:
+            raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+        weight = self.output_weight
+        total = flat_hidden.new_zeros((), dtype=torch.float32)
+        for start in range(0, flat_labels.numel(), chunk_tokens):
+            stop = start + chunk_tokens
+            total = total + checkpoint(
+                _chunk_cross_entropy,
+                flat_hidden[start:stop],
+                weight,
+                flat_labels[start:stop],
+                ignore_index,
+                use_reentrant=False,
+            )
+        return total
+
+
+def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
+    logits = F.linear(hidden, weight).float()
+    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
