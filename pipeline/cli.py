@@ -13,6 +13,9 @@ import sys
 # subcommand name -> module implementing it
 COMMANDS: dict[str, str] = {
     "curate": "pipeline.curate_cli",
+    "pack": "packer.cli_pack",
+    "inspect": "packer.cli_inspect",
+    "train": "trainer.cli_train",
 }
 
 

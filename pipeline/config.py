@@ -164,11 +164,13 @@ class RootConfig(StrictModel):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     curate: CurateConfig = Field(default_factory=CurateConfig)
     pack: packer.config.PackConfig | None = None
+    train: trainer.config.TrainConfig | None = None
 
 
-# packer.config builds on the sections above, so it is imported after them; RootConfig's ``pack``
-# annotation is resolved when a config is first validated.
+# packer.config and trainer.config build on the sections above, so they are imported after them;
+# RootConfig's ``pack`` and ``train`` annotations are resolved when a config is first validated.
 import packer.config  # noqa: E402
+import trainer.config  # noqa: E402
 
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

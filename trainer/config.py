@@ -1,0 +1,86 @@
+"""The ``train`` section of a run's YAML config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from pipeline.config import StrictModel, _must_exist
+
+
+class TinyModelConfig(StrictModel):
+    """A small random Llama-family model, for the demo and tests (no download needed)."""
+
+    hidden_size: int = Field(default=64, gt=0)
+    intermediate_size: int = Field(default=172, gt=0)
+    num_hidden_layers: int = Field(default=2, gt=0)
+    num_attention_heads: int = Field(default=4, gt=0)
+    num_key_value_heads: int = Field(default=2, gt=0)
+    tie_word_embeddings: bool = True
+
+
+class ModelSection(StrictModel):
+    """The model to continue pretraining: a Hugging Face checkpoint folder (``config.json`` plus
+    safetensors; Llama, Mistral or Qwen2 layouts) or, when ``hf_path`` is null, a tiny random model.
+
+    ``rope_scaling`` replaces the checkpoint's RoPE scaling, written the way Hugging Face configs
+    declare it, e.g. ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}``.
+    """
+
+    hf_path: Path | None = None
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    rope_theta: float | None = Field(default=None, gt=0)
+    rope_scaling: dict[str, Any] | None = None
+
+    _exists = field_validator("hf_path")(_must_exist)
+
+
+class OptimConfig(StrictModel):
+    """AdamW with linear warmup then cosine decay; continued-pretraining defaults."""
+
+    lr: float = Field(default=2e-5, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final lr as a fraction of lr")
+    warmup_steps: int = Field(default=10, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+
+
+class CoverageConfig(StrictModel):
+    """Refuse runs that would never train the extended positions.
+
+    Before the first step the shards' largest position must reach ``required_position`` (default:
+    ``context.target - 1``; never below ``context.original``). While training, the run aborts when
+    ``max_steps_without_long`` steps pass without any trained token at or beyond
+    ``context.original``. ``allow_short`` turns both checks into warnings.
+    """
+
+    required_position: int | None = Field(default=None, gt=0)
+    max_steps_without_long: int = Field(default=50, gt=0)
+    allow_short: bool = False
+
+
+class CheckpointConfig(StrictModel):
+    every: int = Field(default=100, gt=0, description="steps between checkpoints (and one at the end)")
+    keep: int = Field(default=2, gt=0, description="most recent checkpoints kept")
+
+
+class TrainConfig(StrictModel):
+    """``longctx train``: continue pretraining on packed shards with ring attention."""
+
+    shards: Path | None = Field(default=None, description="a shard folder; default <output>/shards/seq<target>")
+    model: ModelSection = Field(default_factory=ModelSection)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    coverage: CoverageConfig = Field(default_factory=CoverageConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    steps: int = Field(default=20, gt=0)
+    grad_accum: int = Field(default=1, gt=0, description="micro-batches (packed rows) per optimizer step and DP rank")
+    cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
+    activation_checkpointing: bool = False
+    seed: int = 0
+    comm_timeout_s: int = Field(default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang")
+    log_every: int = Field(default=1, gt=0)

@@ -1,0 +1,106 @@
+"""Position coverage: a context-extension run must train positions beyond the old window.
+
+Two guards. Before the first step, :func:`check_shard_coverage` reads the shard manifest and
+refuses when the largest packed position is below the required one. While training,
+:class:`CoverageTracker` keeps a histogram of the positions of trained (loss-masked) tokens and
+raises :class:`CoverageError` when too many steps pass without a token at or beyond the original
+context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pipeline.config import ConfigError
+
+
+class CoverageError(ConfigError):
+    """The run would not (or did not) train the extended positions (reported like a config error:
+    a message and a non-zero exit, no traceback)."""
+
+
+def required_position(original: int, target: int, configured: int | None) -> int:
+    """The largest position the shards must reach: ``configured`` or ``target - 1``, never below
+    ``original``."""
+    return max(original, configured if configured is not None else target - 1)
+
+
+def check_shard_coverage(max_position: int, per_source_max: dict[str, int], required: int, original: int) -> None:
+    """Raise :class:`CoverageError` with a readable diagnosis unless ``max_position >= required``."""
+    if max_position >= required:
+        return
+    lines = [
+        f"the shards' largest position is {max_position}, below the required {required} "
+        f"(context.original is {original}): training on them would not teach the extended positions.",
+        "Largest position per source:",
+    ]
+    lines += [f"  {name}: {pos}" for name, pos in sorted(per_source_max.items())]
+    lines.append(
+        "Pack longer windows (pack.seq_lens) from longer documents, lower train.coverage.required_position, "
+        "or set train.coverage.allow_short: true to train anyway."
+    )
+    raise CoverageError("\n".join(lines))
+
+
+def pow2_buckets(seq_len: int, original: int) -> list[int]:
+    """Lower edges 0, 1, 2, 4, ... up to ``seq_len``, plus ``original`` so that "at or beyond the
+    original context" is exactly a set of buckets: bucket ``b`` holds positions in
+    ``[edge_b, edge_{b+1})``."""
+    edges, edge = [0], 1
+    while edge < seq_len:
+        edges.append(edge)
+        edge *= 2
+    return sorted(set(edges) | {original})
+
+
+@dataclass
+class CoverageTracker:
+    """Running histogram of trained positions and the streak of steps without long positions."""
+
+    original: int
+    seq_len: int
+    max_steps_without_long: int
+    edges: list[int] = field(init=False)
+    histogram: list[int] = field(init=False)
+    max_position: int = -1
+    steps_without_long: int = 0
+    long_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        self.edges = pow2_buckets(self.seq_len, self.original)
+        self.histogram = [0] * len(self.edges)
+
+    def bucket_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """Bucket index of each position."""
+        return torch.bucketize(positions, torch.tensor(self.edges[1:], device=positions.device), right=True)
+
+    def local_counts(self, positions: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Per-bucket counts of this rank's trained (loss-masked) positions, int64; sum them over
+        ranks before :meth:`add`."""
+        trained = positions[loss_mask.bool()]
+        return torch.bincount(self.bucket_of(trained), minlength=len(self.edges)).to(torch.int64)
+
+    def add(self, counts: list[int], max_position: int) -> None:
+        """Record one optimizer step: bucket counts over all ranks and the largest trained position."""
+        self.histogram = [a + b for a, b in zip(self.histogram, counts)]
+        self.max_position = max(self.max_position, max_position)
+        long = sum(c for e, c in zip(self.edges, counts) if e >= self.original)
+        self.long_tokens += long
+        self.steps_without_long = 0 if long else self.steps_without_long + 1
+
+    def check(self) -> None:
+        if self.steps_without_long >= self.max_steps_without_long:
+            raise CoverageError(
+                f"{self.steps_without_long} optimizer steps trained no token at or beyond position {self.original} "
+                f"(context.original): the data does not reach the extended positions (largest trained position so "
+                f"far: {self.max_position}). Raise train.coverage.max_steps_without_long or pack longer documents."
+            )
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "max_position": self.max_position,
+            "long_tokens": self.long_tokens,
+            "histogram": {str(e): c for e, c in zip(self.edges, self.histogram)},
+        }

@@ -1,0 +1,309 @@
+"""The training loop: packed shards -> zigzag context-parallel rows -> ring attention -> AdamW.
+
+One optimizer step takes ``grad_accum`` packed rows per data-parallel rank; each row is split
+across the ``cp`` ranks of its ring (zigzag). The loss is the sum of token losses over the whole
+data- x context-parallel group divided by the group's number of loss-masked tokens, so it does not
+depend on how windows are split; gradients are summed over all ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from packer import PackedDataset, zigzag_split
+from pipeline.config import RootConfig
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.config import TrainConfig
+from trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
+from trainer.hf_io import load_config as load_hf_config
+from trainer.hf_io import load_weights, save_model
+from trainer.metrics import MetricsWriter, peak_flops, token_losses, training_flops
+from trainer.model import ModelConfig, RingAttention, Transformer
+from trainer.parallel import ParallelState, all_reduce_max, all_reduce_sum, init_parallel, shutdown, sync_gradients
+from trainer.schedule import make_scheduler
+
+
+@dataclass(frozen=True)
+class TrainLayout:
+    """Where a training run writes, under ``<output>/train``."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def final_model(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    losses: list[float]
+    coverage: dict[str, Any]
+    final_model: Path | None
+    tokens_per_s: float
+    resumed_from: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+def shards_folder(cfg: RootConfig) -> Path:
+    """``train.shards``, else the packer's output for ``context.target``."""
+    assert cfg.train is not None
+    return cfg.train.shards or cfg.output / "shards" / f"seq{cfg.context.target}"
+
+
+def tokenizer_file(cfg: RootConfig) -> Path:
+    """The tokenizer the shards were packed with (curation copies it to ``<output>/tokenizer.json``)."""
+    return cfg.output / "tokenizer.json" if (cfg.output / "tokenizer.json").exists() else cfg.tokenizer.path
+
+
+def build_model(cfg: RootConfig, vocab_size: int, state: ParallelState) -> Transformer:
+    """The model of ``train.model`` with the run's RoPE settings, on the run's device."""
+    tcfg: TrainConfig = cfg.train
+    section = tcfg.model
+    if section.hf_path is not None:
+        model_cfg = load_hf_config(section.hf_path)
+    else:
+        model_cfg = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
+    model_cfg = model_cfg.with_rope(
+        rope_scaling=section.rope_scaling, rope_theta=section.rope_theta, max_position_embeddings=cfg.context.target
+    )
+    if model_cfg.vocab_size < vocab_size:
+        raise ValueError(f"the shards' vocabulary ({vocab_size}) is larger than the model's ({model_cfg.vocab_size})")
+    model = Transformer(
+        model_cfg, attention=RingAttention(group=state.cp_group), activation_checkpointing=tcfg.activation_checkpointing
+    )
+    if section.hf_path is not None:
+        load_weights(model, section.hf_path)
+    else:
+        model.init_weights(generator=torch.Generator().manual_seed(tcfg.seed))
+    return model.to(state.device)
+
+
+def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms and biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tcfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tcfg.optim.lr, betas=tcfg.optim.betas, eps=tcfg.optim.eps)
+
+
+def _rows(dataset: PackedDataset) -> Iterator[dict[str, torch.Tensor]]:
+    """Rows forever, epoch after epoch (the dataset moves its own epoch on)."""
+    while True:
+        yield from dataset
+
+
+def _causal_pairs(cu_seqlens: torch.Tensor) -> int:
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    return int((lengths * (lengths + 1) // 2).sum())
+
+
+def train(cfg: RootConfig, progress: bool = True) -> TrainResult:
+    """Run (or resume) ``train`` under the current torchrun job (or as one process)."""
+    if cfg.train is None:
+        raise ValueError("the config has no 'train' section")
+    tcfg = cfg.train
+    state = init_parallel(tcfg.cp, tcfg.comm_timeout_s)
+    try:
+        return _train(cfg, tcfg, state, progress)
+    finally:
+        shutdown()
+
+
+def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: bool) -> TrainResult:
+    torch.manual_seed(tcfg.seed)
+    layout = TrainLayout(cfg.output / "train")
+    dataset = PackedDataset(
+        shards_folder(cfg), tokenizer=tokenizer_file(cfg), seed=tcfg.seed, dp_rank=state.dp_rank, dp_world_size=state.dp_size
+    )
+    manifest = dataset.shards.manifest
+    seq_len, original = dataset.seq_len, cfg.context.original
+    if seq_len % (2 * state.cp_size):
+        raise ValueError(f"seq_len {seq_len} is not divisible by 2 * cp = {2 * state.cp_size}")
+    required = required_position(original, cfg.context.target, tcfg.coverage.required_position)
+    try:
+        check_shard_coverage(
+            manifest.max_position, {name: s.max_position for name, s in manifest.sources.items()}, required, original
+        )
+    except CoverageError as err:
+        if not tcfg.coverage.allow_short:
+            raise
+        if state.is_main:
+            print(f"warning (train.coverage.allow_short): {err}", flush=True)
+
+    model = build_model(cfg, manifest.header.tokenizer.vocab_size, state)
+    model.config.check_context_length(seq_len)
+    optimizer = make_optimizer(model, tcfg)
+    scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
+    tracker = CoverageTracker(original, seq_len, tcfg.coverage.max_steps_without_long)
+    meta = {
+        "world_size": state.world_size,
+        "cp": state.cp_size,
+        "shards_config_sha256": manifest.header.config_sha256,
+        "seq_len": seq_len,
+        "model": model.config.to_hf(),
+        "seed": tcfg.seed,
+        "grad_accum": tcfg.grad_accum,
+    }
+    start_step = 0
+    resume_from = latest_checkpoint(layout.checkpoints)
+    if resume_from is not None:
+        start_step, rank_state = load_checkpoint(resume_from, model, optimizer, scheduler, state.rank, meta)
+        dataset.load_state_dict(rank_state["data"])
+        for key, value in rank_state["coverage"].items():
+            setattr(tracker, key, value)
+        if state.is_main:
+            print(f"resuming from {resume_from} (step {start_step})", flush=True)
+    writer = MetricsWriter(layout.metrics, start_step) if state.is_main else None
+    use_bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
+    peak = peak_flops(state.device, None)
+    rows = _rows(dataset)
+    params = [p for p in model.parameters() if p.requires_grad]
+    bar = None
+    if progress and state.is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=tcfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+    losses: list[float] = []
+    records: list[dict[str, Any]] = []
+    tokens_seen, time_spent = 0, 0.0
+    for step in range(start_step, tcfg.steps):
+        start = time.perf_counter()
+        comm = 0.0
+        micro = [next(rows) for _ in range(tcfg.grad_accum)]
+        shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
+        count = torch.tensor(float(sum(int(s.loss_mask.sum()) for s in shards)), dtype=torch.float64)
+        t = time.perf_counter()
+        all_reduce_sum(count, state)
+        comm += time.perf_counter() - t
+        if count.item() == 0:
+            raise ValueError(f"step {step}: no loss-masked token in the batch")
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        bucket_loss = torch.zeros(len(tracker.edges), dtype=torch.float64)
+        bucket_count = torch.zeros(len(tracker.edges), dtype=torch.int64)
+        for shard in shards:
+            labels = torch.where(shard.loss_mask, shard.labels, -100).to(state.device)
+            positions = shard.position_ids.to(state.device)
+            with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                hidden = model(
+                    shard.input_ids.to(state.device),
+                    positions,
+                    shard.indices.to(state.device),
+                    shard.segment_ids.to(state.device),
+                    rope_seq_len=seq_len,
+                )
+                micro_sum = model.cross_entropy_sum(hidden, labels)
+            (micro_sum / count.item()).backward()
+            loss_sum += micro_sum.detach().double().cpu()
+            per_token = token_losses(model, hidden.detach(), labels).double().cpu()
+            buckets = tracker.bucket_of(shard.position_ids)
+            mask = shard.loss_mask
+            bucket_loss += torch.zeros_like(bucket_loss).index_add_(0, buckets[mask], per_token[mask.cpu()])
+            bucket_count += tracker.local_counts(shard.position_ids, mask)
+        t = time.perf_counter()
+        sync_gradients(params, state)
+        stats = torch.cat([loss_sum.view(1), bucket_loss, bucket_count.double()])
+        all_reduce_sum(stats, state)
+        max_pos = torch.tensor(
+            max((int(s.position_ids[s.loss_mask].max()) for s in shards if s.loss_mask.any()), default=-1)
+        )
+        all_reduce_max(max_pos, state)
+        comm += time.perf_counter() - t
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        nb = len(tracker.edges)
+        loss = float(stats[0] / count)
+        counts = stats[1 + nb :].round().to(torch.int64).tolist()
+        tracker.add(counts, int(max_pos))
+        elapsed = time.perf_counter() - start
+        step_tokens = seq_len * tcfg.grad_accum * state.dp_size
+        tokens_seen += step_tokens
+        time_spent += elapsed
+        flops = training_flops(model.config, step_tokens, sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size)
+        record = {
+            "step": step + 1,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": step_tokens / elapsed,
+            "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
+            "comm_fraction": comm / elapsed,
+            "max_position": tracker.max_position,
+            "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
+            "loss_by_position": {
+                str(edge): float(stats[1 + i] / stats[1 + nb + i]) if stats[1 + nb + i] > 0 else None
+                for i, edge in enumerate(tracker.edges)
+            },
+        }
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {step + 1}: loss is {loss}")
+        losses.append(loss)
+        records.append(record)
+        if writer is not None and ((step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps):
+            writer.write(record)
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            bar.update(1)
+        if not tcfg.coverage.allow_short:
+            tracker.check()
+        if (step + 1) % tcfg.checkpoint.every == 0 or step + 1 == tcfg.steps:
+            save_checkpoint(
+                layout.checkpoints,
+                step + 1,
+                model,
+                optimizer,
+                scheduler,
+                {"data": dataset.state_dict(), "coverage": _tracker_state(tracker)},
+                meta,
+                state.rank,
+                tcfg.checkpoint.keep,
+            )
+    if bar is not None:
+        bar.close()
+    final = None
+    if state.is_main:
+        import shutil
+
+        shutil.rmtree(layout.final_model, ignore_errors=True)
+        save_model(model, layout.final_model)
+        final = layout.final_model
+    return TrainResult(
+        steps=tcfg.steps,
+        losses=losses,
+        coverage=tracker.summary(),
+        final_model=final,
+        tokens_per_s=tokens_seen / time_spent if time_spent else 0.0,
+        resumed_from=start_step,
+        records=records,
+    )
+
+
+def _tracker_state(tracker: CoverageTracker) -> dict[str, Any]:
+    return {
+        "histogram": list(tracker.histogram),
+        "max_position": tracker.max_position,
+        "steps_without_long": tracker.steps_without_long,
+        "long_tokens": tracker.long_tokens,
+    }
