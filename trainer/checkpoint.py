@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
+from pipeline.config import ConfigError
+
 LATEST = "latest"
 
 
@@ -108,7 +110,7 @@ def load_checkpoint(
     changed = sorted(k for k, v in expected_meta.items() if meta.get(k) != v)
     if changed:
         details = ", ".join(f"{k}: {meta.get(k)!r} -> {expected_meta[k]!r}" for k in changed)
-        raise ValueError(f"cannot resume from {folder}: the run changed ({details}); use a new output folder")
+        raise ConfigError(f"cannot resume from {folder}: the run changed ({details}); use a new output folder")
     load_model(model, str(folder / "model.safetensors"), device=str(next(model.parameters()).device))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
