@@ -1,0 +1,637 @@
+"""Capacity planning for a long-context run: FLOPs, memory, ring communication and wall-clock.
+
+Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
+preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
+torch; ``longctx plan`` (``trainer.cli_plan``) prints these figures and writes them as CSV.
+
+Conventions used throughout (symbols as in the docstrings below):
+
+* ``h`` hidden size, ``i`` MLP (SwiGLU) intermediate size, ``n`` layers, ``a`` query heads, ``g`` key/value
+  heads, ``d`` head dimension, ``q = a*d`` and ``k = g*d`` the query and key/value widths, ``V`` vocabulary.
+* A multiply-add counts as 2 FLOPs. FLOPs are *forward* unless named ``train``; training is 3x forward
+  (the backward computes gradients of both inputs and weights: 2x forward), without recomputation.
+* Causal attention: the query at position ``t`` sees ``t + 1`` keys, on average ``(L + 1) / 2``; we use
+  ``L / 2``, as FlashAttention's FLOP counts do, since block-skipping kernels do about that much work.
+* Activations and ring transfers are bf16 (2 bytes per element); optimizer and gradient accumulators
+  are fp32 (4 bytes).
+* Attention is full (whole-window) causal attention: longctx trains no sliding-window layers.
+* Linear-layer biases (Qwen2's q/k/v biases, under 0.01% of its parameters) are not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError
+
+ACTIVATION_BYTES = 2
+"""Bytes per element of activations and of the key/value blocks sent around the ring (bf16)."""
+
+GRAD_ACCUM_BYTES = 4
+"""Bytes per element of the dK/dV accumulators riding the ring in backward (fp32, see ``ring.py``)."""
+
+MODEL_STATE_BYTES_PER_PARAM = 16
+"""Weights, gradients and AdamW moments per parameter: fp32 weight 4 + fp32 gradient 4 + fp32 m 4 + fp32 v 4.
+
+``longctx train`` keeps fp32 parameters under bf16 autocast, which is exactly this; the other common
+layout (bf16 weight 2 + bf16 gradient 2 + fp32 master 4 + m 4 + v 4) is also 16.
+"""
+
+ATTENTION_BACKWARD_FACTOR = 2.5
+"""Backward attention FLOPs over forward: FlashAttention's backward does 5 ``b x b x d`` matmuls per head
+(recomputed scores, dV, dP, dQ, dK) against the forward's 2 (scores, probabilities x values)."""
+
+KV_CACHE_FORMATS: dict[str, float] = {"fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
+"""Bytes per cached key or value element for each KV-cache storage format."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "llama-3-8b": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    },
+    "llama-3-70b": {
+        "model_type": "llama",
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    },
+    "llama-3.1-405b": {
+        "model_type": "llama",
+        "hidden_size": 16384,
+        "intermediate_size": 53248,
+        "num_hidden_layers": 126,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "tie_word_embeddings": False,
+    },
+    "qwen2-7b": {
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "mistral-7b-v0.3": {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 32768,
+        "tie_word_embeddings": False,
+    },
+}
+"""Public ``config.json`` dimensions of common models: the keys the planner reads, plus ``model_type``."""
+
+_REQUIRED_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a dense Llama-family decoder (RMSNorm, GQA attention with RoPE, SwiGLU MLP)."""
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): heads x head_dim."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): key/value heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any], name: str) -> ModelShape:
+        """Read the dimensions from a Hugging Face ``config.json`` dict.
+
+        ``num_key_value_heads`` defaults to ``num_attention_heads`` (multi-head attention) and
+        ``head_dim`` to ``hidden_size // num_attention_heads``, as transformers does. Raises
+        :class:`ConfigError` for missing or non-positive dimensions, query heads that the key/value
+        heads do not divide, and mixture-of-experts configs (whose MLP these formulas do not describe).
+        """
+        missing = [key for key in _REQUIRED_KEYS if config.get(key) is None]
+        if missing:
+            raise ConfigError(f"{name}: config.json lacks {', '.join(missing)}")
+        moe = [key for key in _MOE_KEYS if config.get(key)]
+        if moe:
+            raise ConfigError(f"{name}: mixture-of-experts configs ({', '.join(moe)}) are not supported")
+        heads = config["num_attention_heads"]
+        values = {
+            "hidden_size": config["hidden_size"],
+            "intermediate_size": config["intermediate_size"],
+            "num_layers": config["num_hidden_layers"],
+            "num_heads": heads,
+            "num_kv_heads": config.get("num_key_value_heads") or heads,
+            "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+            "vocab_size": config["vocab_size"],
+        }
+        bad = [
+            f"{key}={value!r}" for key, value in values.items() if not isinstance(value, int) or value <= 0
+        ]
+        if bad:
+            raise ConfigError(f"{name}: dimensions must be positive integers, got {', '.join(bad)}")
+        if values["num_heads"] % values["num_kv_heads"]:
+            raise ConfigError(
+                f"{name}: {values['num_heads']} query heads are not a multiple of "
+                f"{values['num_kv_heads']} key/value heads"
+            )
+        return cls(name=name, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), **values)
+
+
+def load_model_shape(spec: str) -> ModelShape:
+    """The shape named by ``spec``: a preset (case-insensitive), a model folder, or a ``config.json`` path.
+
+    Raises :class:`ConfigError` naming the presets when ``spec`` is neither a preset nor an existing
+    path, and when the file is not a JSON object.
+    """
+    preset = PRESETS.get(spec.lower())
+    if preset is not None:
+        return ModelShape.from_hf(preset, spec.lower())
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}) nor a folder or file "
+            "holding config.json"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from err
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return ModelShape.from_hf(config, str(spec))
+
+
+def param_count(model: ModelShape) -> int:
+    """All parameters: ``n * (h(2q + 2k) + 3hi + 2h) + h + V*h * (1 if tied else 2)``.
+
+    Per layer: the q, k, v, o projections ``h*q + 2*h*k + q*h``, the SwiGLU gate/up/down ``3*h*i`` and two
+    RMSNorm weights; then the final norm, the input embedding and (unless tied) the output projection.
+    Llama-3-8B: 8,030,261,248.
+    """
+    h = model.hidden_size
+    per_layer = h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.intermediate_size + 2 * h
+    embeddings = model.vocab_size * h * (1 if model.tie_word_embeddings else 2)
+    return model.num_layers * per_layer + h + embeddings
+
+
+def matmul_param_count(model: ModelShape) -> int:
+    """Parameters that take part in a matmul for every token: ``n * (h(2q + 2k) + 3hi) + V*h``.
+
+    The input embedding is a lookup (no FLOPs) and norms are elementwise; the output projection ``V*h``
+    counts once whether or not it is tied to the embedding. Forward FLOPs of the dense part are ``2x``
+    this, which is where the usual "6 x parameters x tokens" for training comes from.
+    """
+    h = model.hidden_size
+    per_layer = h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.intermediate_size
+    return model.num_layers * per_layer + model.vocab_size * h
+
+
+@dataclass(frozen=True)
+class LayerFlops:
+    """Forward FLOPs of one layer for one token at a given context length."""
+
+    projections: float
+    mlp: float
+    attention: float
+
+    @property
+    def dense(self) -> float:
+        """Projections plus MLP: the part that does not grow with context length."""
+        return self.projections + self.mlp
+
+    @property
+    def attention_ratio(self) -> float:
+        """Attention FLOPs over dense FLOPs; above 1 attention dominates the layer."""
+        return self.attention / self.dense
+
+
+def layer_flops(model: ModelShape, length: int, *, causal: bool = True) -> LayerFlops:
+    """Per-layer, per-token forward FLOPs at context length ``length`` (``L``).
+
+    * projections ``2h(q + 2k + q)``: q, k, v and o, each ``2 x inputs x outputs``;
+    * MLP ``2 * 3hi``: gate, up and down projections of SwiGLU (the elementwise SiLU and product are
+      negligible);
+    * attention ``2 * 2 * L' * q``: scores ``QK^T`` and ``P V``, each ``2 * L' * d`` per head, where
+      ``L' = L / 2`` for causal attention (the average number of visible keys) and ``L' = L`` for full.
+    """
+    h = model.hidden_size
+    keys = length / 2 if causal else length
+    return LayerFlops(
+        projections=2.0 * h * (2 * model.q_dim + 2 * model.kv_dim),
+        mlp=6.0 * h * model.intermediate_size,
+        attention=4.0 * keys * model.q_dim,
+    )
+
+
+def crossover_length(model: ModelShape, *, causal: bool = False) -> float:
+    """Context length at which a layer's attention FLOPs equal its projection + MLP FLOPs.
+
+    Setting ``4 L q = 2h(2q + 2k) + 6hi`` (full attention) gives ``L* = (h(q + k) + 1.5 h i) / q``. With
+    the standard ``q = h`` and ``k = h / r`` (``r`` query heads per key/value head),
+    ``L* = h (1 + 1/r + 1.5 i/h)``; with Llama's ``i ~ 3.5h`` the MLP term ``5.25`` dominates, giving the
+    "about 6 x hidden size" rule: Llama-3-8B (``i = 3.5h``, ``r = 4``) ``6.5 h``, Llama-3-70B
+    (``i = 3.5h``, ``r = 8``) ``6.375 h``, Llama-3.1-405B (``i = 3.25h``, ``r = 16``) ``5.94 h``. Counting
+    causal attention (half the scores, ``causal=True``) doubles it: ``12.75 h`` for Llama-3-70B, i.e.
+    about 104K tokens.
+    """
+    flops = layer_flops(model, 1, causal=causal)
+    return flops.dense / flops.attention
+
+
+def forward_flops_per_token(model: ModelShape, length: int, *, causal: bool = True) -> float:
+    """Whole-model forward FLOPs per token: ``n * (projections + MLP + attention(L)) + 2hV`` (logits)."""
+    per_layer = layer_flops(model, length, causal=causal)
+    return (
+        model.num_layers * (per_layer.dense + per_layer.attention)
+        + 2.0 * model.hidden_size * model.vocab_size
+    )
+
+
+def train_flops_per_token(model: ModelShape, length: int) -> float:
+    """Training FLOPs per token (forward + backward, causal): ``3 x forward = 6 N_matmul + 6 n q L``.
+
+    ``N_matmul`` is :func:`matmul_param_count`. The attention term is PaLM's ``12 n q L`` (Chowdhery
+    et al. 2022, appendix B) halved for causal masking; MFU figures quoted with the full ``12 n q L``
+    read correspondingly higher at long context.
+    """
+    return 3.0 * forward_flops_per_token(model, length, causal=True)
+
+
+def activation_bytes_per_token(model: ModelShape, length: int, *, flash: bool) -> float:
+    """Bytes one layer keeps for backward per token of a sequence of ``length`` tokens (bf16, no recompute).
+
+    Follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
+    (section 4.1), whose GPT layer (dropout, 4h GeLU MLP) keeps ``s b h (34 + 5 a s / h)`` bytes. For a
+    Llama layer (no dropout, GQA, SwiGLU) the same accounting gives, per token:
+
+    * ``8h``: inputs of both RMSNorms and both normed outputs (the inputs of the q/k/v and MLP matmuls);
+    * ``4q + 4k``: Q and K (after RoPE), V, and the attention output (input of the o projection);
+    * ``8i``: gate and up outputs, SiLU(gate), and their product (input of the down projection);
+    * with FlashAttention, ``4a``: one fp32 log-sum-exp per head (scores are recomputed in backward);
+    * without it, ``2 a L``: each head's row of ``L`` softmax probabilities in bf16, kept for both the
+      softmax and the ``P V`` backward -- the ``O(L^2)`` term per sequence (Korthikanti's ``5as/h`` is
+      this plus a dropout mask and dropout output; an implementation that keeps fp32 softmax outputs
+      as well stores ``6 a L``).
+    """
+    common = ACTIVATION_BYTES * (
+        4 * model.hidden_size + 2 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size
+    )
+    if flash:
+        return common + 4.0 * model.num_heads
+    return common + ACTIVATION_BYTES * model.num_heads * length
+
+
+def kv_cache_bytes_per_token(model: ModelShape, bytes_per_element: float) -> float:
+    """KV cache per token: ``2 (K and V) x n x g x d x bytes``; Llama-3-70B in fp16: 327,680 B = 320 KiB."""
+    return 2.0 * model.num_layers * model.kv_dim * bytes_per_element
+
+
+def kv_block_bytes(
+    model: ModelShape, block_tokens: float, bytes_per_element: float = ACTIVATION_BYTES
+) -> float:
+    """One layer's keys and values for ``block_tokens`` tokens: ``2 x b x g x d x bytes``."""
+    return 2.0 * block_tokens * model.kv_dim * bytes_per_element
+
+
+def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = True) -> float:
+    """Forward FLOPs of one ring step of one layer: ``b`` queries against one block of ``b`` keys.
+
+    Per head, ``QK^T`` and ``PV`` are each ``2 b^2 d``, so the full block pair is ``4 b^2 q``. With
+    causal attention in longctx's zigzag layout (``trainer.attention.layout``) every step computes
+    about half of the pair's scores, so ``2 b^2 q``.
+    """
+    return 4.0 * block_tokens**2 * model.q_dim * (0.5 if causal else 1.0)
+
+
+def overlap_min_block(
+    model: ModelShape,
+    *,
+    link_bytes_per_s: float,
+    achieved_flops: float,
+    backward: bool,
+    causal: bool = True,
+) -> float:
+    """Smallest tokens per rank ``b`` at which a ring step's transfer hides behind its computation.
+
+    A step computes ``c * k * 4 b^2 q`` FLOPs at ``F`` FLOP/s while sending ``2 b K_dim beta`` bytes at
+    ``B`` bytes/s, where ``c`` is 1/2 causal (1 full), ``k`` is 1 forward and
+    :data:`ATTENTION_BACKWARD_FACTOR` backward, and ``beta`` bytes per element are moved: 2 (the bf16
+    K/V block) forward, 2 + 4 backward (the block again plus its fp32 dK/dV accumulator). Compute
+    time >= transfer time gives::
+
+        b >= (K_dim * beta * F) / (2 * c * k * q * B)
+
+    Forward and causal this is ``(g / a) * 2 * F / B``: with GQA the threshold falls by the group
+    ratio (for MHA, full attention and bf16 it is Ring Attention's ``F / B``, Liu et al. 2023).
+    """
+    compute_factor = ATTENTION_BACKWARD_FACTOR if backward else 1.0
+    moved = ACTIVATION_BYTES + (GRAD_ACCUM_BYTES if backward else 0)
+    share = 0.5 if causal else 1.0
+    return (
+        model.kv_dim
+        * moved
+        * achieved_flops
+        / (2.0 * share * compute_factor * model.q_dim * link_bytes_per_s)
+    )
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One layer's ring step for ``block_tokens`` tokens per rank, forward and backward."""
+
+    block_tokens: int
+    send_bytes: float
+    """Bytes each rank sends per forward step (its held K/V block); 0 with a single rank."""
+    forward_flops: float
+    forward_compute_s: float
+    forward_comm_s: float
+    backward_compute_s: float
+    backward_comm_s: float
+    min_block_tokens: float
+    """The larger of the forward and backward :func:`overlap_min_block` thresholds."""
+
+    @property
+    def hidden(self) -> bool:
+        """Whether communication hides behind computation in both passes."""
+        return self.block_tokens >= self.min_block_tokens or self.send_bytes == 0
+
+
+def ring_step(
+    model: ModelShape, length: int, cp: int, *, link_bytes_per_s: float, achieved_flops: float
+) -> RingStep:
+    """Times and bytes of one causal ring step at context ``length`` over ``cp`` ranks (``b = L / cp``).
+
+    Backward moves the K/V block and its fp32 dK/dV accumulator (``trainer.attention.ring``) and
+    computes :data:`ATTENTION_BACKWARD_FACTOR` x the forward FLOPs.
+    """
+    block = length // cp
+    send = kv_block_bytes(model, block) if cp > 1 else 0.0
+    backward_send = send * (ACTIVATION_BYTES + GRAD_ACCUM_BYTES) / ACTIVATION_BYTES
+    flops = ring_step_flops(model, block)
+    thresholds = (
+        overlap_min_block(
+            model, link_bytes_per_s=link_bytes_per_s, achieved_flops=achieved_flops, backward=backward
+        )
+        for backward in (False, True)
+    )
+    return RingStep(
+        block_tokens=block,
+        send_bytes=send,
+        forward_flops=flops,
+        forward_compute_s=flops / achieved_flops,
+        forward_comm_s=send / link_bytes_per_s,
+        backward_compute_s=ATTENTION_BACKWARD_FACTOR * flops / achieved_flops,
+        backward_comm_s=backward_send / link_bytes_per_s,
+        min_block_tokens=max(thresholds),
+    )
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Memory one rank of a ring holds during a training step, in bytes (a lower bound: no workspace,
+    fragmentation or transient gradient buffers)."""
+
+    model_states: float
+    activations: float
+    ring_buffers: float
+
+    @property
+    def total(self) -> float:
+        """Model states plus activations plus ring buffers."""
+        return self.model_states + self.activations + self.ring_buffers
+
+
+def rank_memory(
+    model: ModelShape,
+    length: int,
+    cp: int,
+    *,
+    state_shards: int = 1,
+    activation_checkpointing: bool = False,
+) -> RankMemory:
+    """Per-rank memory for one sequence of ``length`` tokens split over ``cp`` ranks (``b = L / cp``).
+
+    * model states: ``16 x parameters / state_shards`` (:data:`MODEL_STATE_BYTES_PER_PARAM`);
+      ``state_shards`` is the FSDP/ZeRO-3 degree, 1 when every rank holds a full replica, as
+      ``longctx train`` does;
+    * activations for ``b`` tokens with FlashAttention-style blocks (ring attention never materializes
+      scores): ``n b A`` with ``A`` from :func:`activation_bytes_per_token`; with activation
+      checkpointing, every layer's bf16 input ``n b 2h`` plus one layer's full activations ``b A``;
+    * ring buffers, the backward peak of one layer (``trainer.attention.ring``): the held and the
+      arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32. The rank's
+      own K/V are counted in its activations; the output logits are never whole, since longctx
+      computes the loss in chunks.
+    """
+    block = length // cp
+    per_token = activation_bytes_per_token(model, length, flash=True)
+    if activation_checkpointing:
+        activations = model.num_layers * block * ACTIVATION_BYTES * model.hidden_size + block * per_token
+    else:
+        activations = model.num_layers * block * per_token
+    buffers = (
+        2 * (kv_block_bytes(model, block) + kv_block_bytes(model, block, GRAD_ACCUM_BYTES)) if cp > 1 else 0.0
+    )
+    return RankMemory(
+        model_states=MODEL_STATE_BYTES_PER_PARAM * param_count(model) / state_shards,
+        activations=float(activations),
+        ring_buffers=buffers,
+    )
+
+
+def train_seconds(
+    model: ModelShape, length: int, *, tokens: float, gpus: int, peak_flops: float, mfu: float
+) -> float:
+    """Seconds to train ``tokens`` tokens in windows of ``length``: ``T * train_flops(L) / (N * peak * MFU)``.
+
+    ``train_flops(L)`` is :func:`train_flops_per_token` (``6 N_matmul + 6 n q L``); ``peak_flops`` is one
+    GPU's dense bf16 peak and ``mfu`` the fraction of it the run achieves on model FLOPs.
+    """
+    return tokens * train_flops_per_token(model, length) / (gpus * peak_flops * mfu)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the plan assumes about the run besides the model and the lengths.
+
+    Bandwidth is bytes per second per rank in one direction; FLOP rates are per GPU. ``tokens`` and
+    ``gpus`` are both set (a wall-clock is wanted) or both None.
+    """
+
+    cp: int = 1
+    link_bytes_per_s: float = 50e9
+    achieved_flops: float = 400e12
+    state_shards: int = 1
+    activation_checkpointing: bool = False
+    tokens: float | None = None
+    gpus: int | None = None
+    peak_flops: float = 989e12
+    mfu: float = 0.4
+
+    def __post_init__(self) -> None:
+        positive = {
+            "cp": self.cp,
+            "link bandwidth": self.link_bytes_per_s,
+            "achieved FLOP/s": self.achieved_flops,
+            "state shards": self.state_shards,
+            "peak FLOP/s": self.peak_flops,
+        }
+        bad = [f"{name} ({value})" for name, value in positive.items() if not value > 0]
+        if bad:
+            raise ConfigError(f"must be positive: {', '.join(bad)}")
+        if not 0 < self.mfu <= 1:
+            raise ConfigError(f"MFU must be in (0, 1], got {self.mfu}")
+        if (self.tokens is None) != (self.gpus is None):
+            raise ConfigError("a wall-clock estimate needs both a token budget and a GPU count")
+        if self.tokens is not None and not (self.tokens > 0 and self.gpus is not None and self.gpus > 0):
+            raise ConfigError(
+                f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}"
+            )
+
+
+@dataclass(frozen=True)
+class LengthPlan:
+    """Every figure of the plan at one context length."""
+
+    length: int
+    layer: LayerFlops
+    activation_flash_bytes: float
+    """One layer's activations for one sequence, with FlashAttention."""
+    activation_noflash_bytes: float
+    """The same, materializing the ``L x L`` probabilities."""
+    kv_cache_bytes: dict[str, float]
+    """KV cache for one sequence, per :data:`KV_CACHE_FORMATS` format."""
+    ring: RingStep
+    memory: RankMemory
+    train_flops_per_token: float
+    train_seconds: float | None
+
+
+def check_length(length: int, cp: int) -> None:
+    """Raise :class:`ConfigError` unless ``length`` splits into ``2 cp`` equal chunks (the zigzag layout)."""
+    if length <= 0 or length % (2 * cp):
+        raise ConfigError(
+            f"length {length} must be a positive multiple of 2 x cp = {2 * cp}: longctx train splits each "
+            "window into 2 x cp equal chunks (zigzag layout)"
+        )
+
+
+def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
+    """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
+    check_length(length, settings.cp)
+    wall = None
+    if settings.tokens is not None and settings.gpus is not None:
+        wall = train_seconds(
+            model,
+            length,
+            tokens=settings.tokens,
+            gpus=settings.gpus,
+            peak_flops=settings.peak_flops,
+            mfu=settings.mfu,
+        )
+    return LengthPlan(
+        length=length,
+        layer=layer_flops(model, length),
+        activation_flash_bytes=length * activation_bytes_per_token(model, length, flash=True),
+        activation_noflash_bytes=length * activation_bytes_per_token(model, length, flash=False),
+        kv_cache_bytes={
+            fmt: length * kv_cache_bytes_per_token(model, size) for fmt, size in KV_CACHE_FORMATS.items()
+        },
+        ring=ring_step(
+            model,
+            length,
+            settings.cp,
+            link_bytes_per_s=settings.link_bytes_per_s,
+            achieved_flops=settings.achieved_flops,
+        ),
+        memory=rank_memory(
+            model,
+            length,
+            settings.cp,
+            state_shards=settings.state_shards,
+            activation_checkpointing=settings.activation_checkpointing,
+        ),
+        train_flops_per_token=train_flops_per_token(model, length),
+        train_seconds=wall,
+    )
+
+
+_LENGTH_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
+_COUNT_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def _split_suffix(text: str, units: Mapping[str, float], what: str) -> tuple[float, float]:
+    stripped = text.strip()
+    suffix = stripped[-1:].upper() if stripped[-1:].isalpha() else ""
+    try:
+        number = float(stripped[: len(stripped) - len(suffix)])
+    except ValueError:
+        number = math.nan
+    if suffix not in units or not math.isfinite(number) or number <= 0:
+        raise ConfigError(
+            f"bad {what} {text!r}: expected a positive number with an optional suffix "
+            f"({', '.join(k for k in units if k)})"
+        )
+    return number, units[suffix]
+
+
+def parse_length(text: str) -> int:
+    """A context length in tokens: ``8192``, ``8K`` (x1024), ``1M`` (x1024^2) or ``0.5K``; binary units."""
+    number, scale = _split_suffix(text, _LENGTH_UNITS, "length")
+    value = number * scale
+    if value != int(value):
+        raise ConfigError(f"bad length {text!r}: {value:g} is not a whole number of tokens")
+    return int(value)
+
+
+def parse_lengths(text: str) -> list[int]:
+    """Comma-separated context lengths (see :func:`parse_length`), kept in the given order."""
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise ConfigError("no context lengths given")
+    return [parse_length(item) for item in items]
+
+
+def parse_count(text: str) -> float:
+    """A token budget: ``20B`` = 2e10; decimal suffixes K=1e3, M=1e6, B or G=1e9, T=1e12."""
+    number, scale = _split_suffix(text, _COUNT_UNITS, "token count")
+    return number * scale
