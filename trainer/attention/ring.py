@@ -1,0 +1,242 @@
+"""Exact ring attention (context parallelism) over document-masked packed windows.
+
+Each rank keeps its queries and passes key/value blocks around the ring (see ``plan.py`` for the
+schedule). Step ``t`` posts the transfers for step ``t + 1`` before computing on the block it holds, so
+communication overlaps computation. Partial results are merged in fp32 (``merge.py``); the backward
+re-circulates the blocks, accumulates dq locally and sends dk/dv accumulators (fp32) along the ring and
+back to the block owners.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from trainer.attention.comm import TAG_DKV, TAG_KV, StepExchange
+from trainer.attention.kernels import (
+    BlockKernel,
+    accumulator_dtype,
+    block_backward,
+    block_forward,
+    default_scale,
+    kernel_calls,
+    select_kernels,
+)
+from trainer.attention.masks import BlockMask
+from trainer.attention.merge import merge_into
+from trainer.attention.plan import RingPlan
+
+
+def _describe_kv(source: int) -> str:
+    return f"key/value block of rank {source}"
+
+
+def _describe_dkv(source: int) -> str:
+    return f"dk/dv accumulator of rank {source}"
+
+
+def _post_kv(
+    exchange: StepExchange, plan: RingPlan, kv: Tensor | None, step: int, template: Tensor
+) -> Tensor | None:
+    """Queue forwarding the held block and receiving the next one; returns the receive buffer."""
+    world = plan.world_size
+    source = plan.source(step)
+    if kv is not None and plan.kv_forwarded(source, step):
+        exchange.send(kv, plan.global_rank(plan.next_rank), TAG_KV, _describe_kv(source))
+    incoming = plan.source(step + 1)
+    if step + 1 < world and plan.kv_forwarded(incoming, step):
+        buffer = torch.empty_like(template)
+        exchange.recv(buffer, plan.global_rank(plan.prev_rank), TAG_KV, _describe_kv(incoming))
+        return buffer
+    return None
+
+
+def ring_forward(
+    q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, scale: float, kernels: tuple[BlockKernel, ...]
+) -> tuple[Tensor, Tensor]:
+    """Merged output ``[tokens, heads, dim]`` and log-sum-exp ``[heads, tokens]`` (accumulator dtype)."""
+    acc = accumulator_dtype(q.dtype)
+    out = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
+    kv: Tensor | None = torch.stack([k, v])
+    template = kv
+    for step in range(plan.world_size):
+        exchange = StepExchange(plan.group, "forward", step, plan.world_size)
+        next_kv = _post_kv(exchange, plan, kv, step, template)
+        exchange.start()
+        block = plan.blocks[plan.source(step)]
+        if block is not None:
+            assert kv is not None, "the plan computes a block this rank never received"
+            for kernel, tile in kernel_calls(kernels, block):
+                rows, cols = tile.rows, tile.cols
+                tile_out, tile_lse = block_forward(kernel, q[rows], kv[0, cols], kv[1, cols], tile, scale)
+                merge_into(out[rows], lse[:, rows], tile_out, tile_lse)
+        exchange.wait()
+        kv = next_kv
+    return out, lse
+
+
+def _post_dkv(
+    exchange: StepExchange, plan: RingPlan, held: Tensor | None, step: int, template: Tensor
+) -> tuple[Tensor | None, Tensor | None]:
+    """Queue the dk/dv accumulator traffic of a backward step.
+
+    Sends the accumulator finished in the previous step (to the next rank, or home after the last rank
+    that needs it); returns the buffers for the accumulator of the block held in this step and for this
+    rank's own accumulator coming home, where either arrives in this step.
+    """
+    if held is not None:
+        source = plan.source(step - 1)
+        destination = plan.acc_destination(source, step - 1)
+        exchange.send(held, plan.global_rank(destination), TAG_DKV, _describe_dkv(source))
+    incoming = returned = None
+    if step < plan.world_size and plan.acc_arrives(plan.source(step), step):
+        incoming = torch.empty_like(template)
+        exchange.recv(incoming, plan.global_rank(plan.prev_rank), TAG_DKV, _describe_dkv(plan.source(step)))
+    if plan.acc_return_step == step:
+        returned = torch.empty_like(template)
+        exchange.recv(returned, plan.global_rank(plan.acc_return_sender), TAG_DKV, _describe_dkv(plan.rank))
+    return incoming, returned
+
+
+def _block_grads(
+    kernels: tuple[BlockKernel, ...],
+    block: BlockMask,
+    dout: Tensor,
+    q: Tensor,
+    kv: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    dq: Tensor,
+    scale: float,
+) -> Tensor:
+    """Add the block's dq into ``dq``; return its dk/dv, stacked like ``kv``, in the dtype of ``dq``."""
+    block_dkv = torch.zeros(kv.shape, dtype=dq.dtype, device=dq.device)
+    for kernel, tile in kernel_calls(kernels, block):
+        rows, cols = tile.rows, tile.cols
+        tile_dq, tile_dk, tile_dv = block_backward(
+            kernel, dout[rows], q[rows], kv[0, cols], kv[1, cols], out[rows], lse[:, rows], tile, scale
+        )
+        dq[rows] += tile_dq
+        block_dkv[0, cols] += tile_dk
+        block_dkv[1, cols] += tile_dv
+    return block_dkv
+
+
+def ring_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    plan: RingPlan,
+    scale: float,
+    kernels: tuple[BlockKernel, ...],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dq, dk, dv in the accumulator dtype, given the forward's output and log-sum-exp.
+
+    Runs one step more than the forward: the accumulators finished in the last step still travel home.
+    """
+    acc = accumulator_dtype(q.dtype)
+    world = plan.world_size
+    # A query that saw no key at all (possible only when keys differ from queries) has lse = -inf and
+    # zero output; +inf makes every kernel give it zero probabilities instead of exp(-inf + inf).
+    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kv: Tensor | None = torch.stack([k, v])
+    template = kv
+    dkv_own = torch.zeros(template.shape, dtype=acc, device=q.device)
+    held: Tensor | None = None  # accumulator finished in the previous step, sent in this one
+    for step in range(world + 1):
+        exchange = StepExchange(plan.group, "backward", step, world)
+        incoming, returned = _post_dkv(exchange, plan, held, step, dkv_own)
+        next_kv = _post_kv(exchange, plan, kv, step, template) if step < world else None
+        exchange.start()
+        block = plan.blocks[plan.source(step)] if step < world else None
+        block_dkv = None
+        if block is not None:
+            assert kv is not None, "the plan computes a block this rank never received"
+            block_dkv = _block_grads(kernels, block, dout, q, kv, out, lse, dq, scale)
+        exchange.wait()
+
+        held = None
+        if step == 0 and block_dkv is not None:
+            dkv_own += block_dkv
+        elif step < world and plan.acc_exists(plan.source(step), step):
+            held = incoming if incoming is not None else torch.zeros_like(dkv_own)
+            if block_dkv is not None:
+                held += block_dkv
+        if returned is not None:
+            dkv_own += returned
+        kv = next_kv
+    return dq, dkv_own[0], dkv_own[1]
+
+
+class _RingAttention(torch.autograd.Function):
+    """Autograd wrapper: the forward keeps (q, k, v, out, lse); the backward runs the ring again."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        plan: RingPlan,
+        scale: float,
+        kernels: tuple[BlockKernel, ...],
+    ) -> Tensor:
+        out, lse = ring_forward(q, k, v, plan, scale, kernels)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.scale, ctx.kernels = plan, scale, kernels
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: FunctionCtx, dout: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.plan, ctx.scale, ctx.kernels)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> None:
+    if q.dim() != 3 or k.dim() != 3 or k.shape != v.shape:
+        raise ValueError("q must be [tokens, heads, dim] and k, v [tokens, kv_heads, dim] of one shape")
+    if q.shape[2] != k.shape[2] or q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"heads {q.shape[1]} must be a multiple of kv heads {k.shape[1]}, with equal head dims"
+        )
+    if q.dtype != k.dtype or q.dtype != v.dtype or q.device != k.device or q.device != v.device:
+        raise ValueError("q, k and v must share dtype and device")
+    if q.shape[0] != plan.n_q or k.shape[0] != plan.n_kv:
+        raise ValueError(
+            f"the plan covers {plan.n_q} query and {plan.n_kv} key tokens, got {q.shape[0]} and {k.shape[0]}"
+        )
+
+
+def ring_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    plan: RingPlan,
+    *,
+    softmax_scale: float | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """Causal, document-masked attention of this rank's queries over the whole packed window.
+
+    ``q`` is ``[tokens, heads, head_dim]`` (this rank's tokens of one packed row, in the order the plan
+    was built with, e.g. zigzag); ``k`` and ``v`` are ``[tokens, kv_heads, head_dim]`` with ``heads`` a
+    multiple of ``kv_heads`` (grouped-query attention; key/value heads travel unrepeated). ``plan``
+    comes from ``build_ring_plan`` and can be shared by all layers of a micro-batch. Returns
+    ``[tokens, heads, head_dim]`` in the dtype of ``q``; differentiable in ``q``, ``k`` and ``v``.
+    Collective over ``plan.group``: every rank of the group must call it, in the same order.
+    ``softmax_scale`` defaults to ``1 / sqrt(head_dim)``; ``backend`` pins a kernel (see ``kernels.py``).
+    What the plan skips is reported by ``plan.stats`` (e.g. ``compute_fraction``).
+    """
+    _check_inputs(q, k, v, plan)
+    scale = default_scale(q.shape[2]) if softmax_scale is None else softmax_scale
+    kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
+    return _RingAttention.apply(q, k, v, plan, scale, kernels)
