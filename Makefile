@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/longctx curate --config configs/demo.yaml
+	$(BIN)/longctx demo --config configs/demo.yaml
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -16,6 +16,9 @@ COMMANDS: dict[str, str] = {
     "pack": "packer.cli_pack",
     "inspect": "packer.cli_inspect",
     "train": "trainer.cli_train",
+    "plan": "trainer.cli_plan",
+    "eval": "trainer.cli_eval",
+    "demo": "trainer.cli_demo",
 }
 
 

@@ -140,6 +140,23 @@ class ExecutorConfig(StrictModel):
         return self
 
 
+class SyntheticConfig(StrictModel):
+    """Synthetic long-context tasks (needle retrieval, variable tracking) built from the curated
+    documents as haystack and written as one more curated source, which the packer mixes like any
+    other (long-context recipes give retrieval tasks about 20% of the mix)."""
+
+    source: str = Field(default="synthetic", pattern=r"^[A-Za-z0-9_.-]+$")
+    n_examples: int = Field(default=64, ge=0, description="examples per task kind")
+    context_tokens: list[int] = Field(
+        default_factory=list, description="prompt lengths in tokens; empty: context.target minus 64"
+    )
+    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
+        default_factory=lambda: ["single_needle", "multi_key", "multi_value", "variable_tracking"]
+    )
+    depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
+    seed: int = 0
+
+
 class CurateConfig(StrictModel):
     """Curation: read sources, filter by token length, remove exact and near duplicates."""
 
@@ -152,6 +169,7 @@ class CurateConfig(StrictModel):
     max_book_bytes: int = Field(default=64 * 2**20, gt=0, description="book files above this are refused as too_large")
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    synthetic: SyntheticConfig | None = None
 
     _exists = field_validator("input")(_must_exist)
 
@@ -165,10 +183,11 @@ class RootConfig(StrictModel):
     curate: CurateConfig = Field(default_factory=CurateConfig)
     pack: packer.config.PackConfig | None = None
     train: trainer.config.TrainConfig | None = None
+    eval: trainer.config.EvalConfig | None = None
 
 
 # packer.config and trainer.config build on the sections above, so they are imported after them;
-# RootConfig's ``pack`` and ``train`` annotations are resolved when a config is first validated.
+# RootConfig's ``pack``, ``train`` and ``eval`` annotations are resolved when a config is first validated.
 import packer.config  # noqa: E402
 import trainer.config  # noqa: E402
 

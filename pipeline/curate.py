@@ -8,6 +8,8 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which.
 4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
 5. ``finalize`` (1 task): merged ledger checked against the inputs, stats and figure.
+6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
+   built over the kept documents, written as one more source for the packer to mix.
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path
         "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(cfg, sources).items()},
         "dedup": json.loads(cfg.curate.dedup.model_dump_json()),
+        "synthetic": json.loads(cfg.curate.synthetic.model_dump_json()) if cfg.curate.synthetic else None,
         "max_file_bytes": cfg.curate.max_file_bytes,
         "max_book_bytes": cfg.curate.max_book_bytes,
         "tasks": cfg.curate.executor.tasks,
@@ -263,7 +266,32 @@ def build_stages(
     ]
     stages.append(("write", write, tasks))
     stages.append(("finalize", [FinalizeCuration(layout, run_info)], 1))
+    if cfg.curate.synthetic is not None:
+        stages.append(("synthetic", synthetic_stage(cfg, layout, tokenizer_path), 1))
     return stages
+
+
+def synthetic_stage(cfg: RootConfig, layout: CurationLayout, tokenizer_path: Path) -> list[PipelineStep]:
+    """Synthetic tasks over the kept documents, written as source ``curate.synthetic.source``.
+
+    One task: every example may draw its haystack from any curated file, and generating examples is
+    cheap next to curation. The synthetic documents are generated, not inputs, so they have no
+    ledger rows.
+    """
+    from pipeline.synthetic import SyntheticTasks, synthetic_pipeline
+
+    syn = cfg.curate.synthetic
+    assert syn is not None
+    tasks = SyntheticTasks(
+        tokenizer_path,
+        n_examples=syn.n_examples,
+        context_tokens=syn.context_tokens or [cfg.context.target - 64],
+        kinds=syn.kinds,
+        depths=syn.depths,
+        seed=syn.seed,
+        source=syn.source,
+    )
+    return synthetic_pipeline(layout.root, tasks)
 
 
 def execute_stages(

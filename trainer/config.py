@@ -84,3 +84,35 @@ class TrainConfig(StrictModel):
     seed: int = 0
     comm_timeout_s: int = Field(default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang")
     log_every: int = Field(default=1, gt=0)
+
+
+class NeedleEvalConfig(StrictModel):
+    """The needle-retrieval grid: context lengths x depths, per task kind."""
+
+    lengths: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048])
+    depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
+        default_factory=lambda: ["single_needle"]
+    )
+    seed: int = 0
+    max_new_tokens: int = Field(default=16, gt=0)
+
+    @field_validator("depths")
+    @classmethod
+    def _depths_in_unit_interval(cls, value: list[float]) -> list[float]:
+        if any(not 0.0 <= d <= 1.0 for d in value):
+            raise ValueError(f"depths must lie in [0, 1], got {value}")
+        return value
+
+
+class EvalConfig(StrictModel):
+    """``longctx eval``: loss by position on packed windows and the needle grid."""
+
+    model: Path | None = Field(default=None, description="a Hugging Face checkpoint folder; default <output>/train/final")
+    shards: Path | None = Field(default=None, description="windows to score; default the training shards")
+    rows: int = Field(default=8, gt=0, description="windows scored for loss by position")
+    seed: int = 0
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
+
+    _exists = field_validator("model", "shards")(_must_exist)

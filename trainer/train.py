@@ -19,6 +19,7 @@ import torch
 
 from packer import PackedDataset, zigzag_split
 from pipeline.config import RootConfig
+from trainer.attention.comm import WAIT_CLOCK
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig
 from trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
@@ -188,6 +189,7 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
     tokens_seen, time_spent = 0, 0.0
     for step in range(start_step, tcfg.steps):
         start = time.perf_counter()
+        ring_wait_before = WAIT_CLOCK.seconds
         comm = 0.0
         micro = [next(rows) for _ in range(tcfg.grad_accum)]
         shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
@@ -238,6 +240,7 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
         counts = stats[1 + nb :].round().to(torch.int64).tolist()
         tracker.add(counts, int(max_pos))
         elapsed = time.perf_counter() - start
+        comm += WAIT_CLOCK.seconds - ring_wait_before
         step_tokens = seq_len * tcfg.grad_accum * state.dp_size
         tokens_seen += step_tokens
         time_spent += elapsed

@@ -13,6 +13,7 @@ phase, step, message and peer.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -20,6 +21,18 @@ from torch import Tensor
 
 TAG_KV = 0
 TAG_DKV = 1
+
+
+class WaitClock:
+    """Seconds this process has spent blocked in ring transfers (for the trainer's
+    communication-wait metric). Only waits count: transfers that finished while the block was being
+    computed cost nothing here, which is the point of overlapping them."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+WAIT_CLOCK = WaitClock()
 
 
 class RingCommError(RuntimeError):
@@ -71,9 +84,11 @@ class StepExchange:
 
     def wait(self) -> None:
         """Block until every posted operation is complete; raise ``RingCommError`` on failure."""
+        start = time.perf_counter()
         for work, description in self._works:
             try:
                 work.wait()
             except RuntimeError as exc:
                 raise RingCommError(f"{self._label}: {description} failed: {exc}") from exc
         self._works = []
+        WAIT_CLOCK.seconds += time.perf_counter() - start
