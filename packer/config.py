@@ -1,0 +1,95 @@
+"""The ``pack`` section of a run's YAML config: which windows to build from the curated documents.
+
+The fields that change the bytes of the shards enter the config hash recorded in every shard
+(:meth:`PackConfig.output_fields`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.config import ExecutorConfig, StrictModel
+
+
+class PackConfig(StrictModel):
+    """Tokenize, mix and pack curated documents into fixed-length windows.
+
+    ``seq_lens`` lists one or more window lengths built from the same documents (a staged
+    extension such as 8K, 32K, 128K); empty means ``[context.target]``. ``mix`` maps every curated
+    source to the fraction of tokens it should contribute; sources are upsampled by repeating
+    documents or downsampled by dropping them, chosen by ``seed``. Without ``mix`` every document
+    is used exactly once.
+    """
+
+    seq_lens: list[int] = Field(default_factory=list, description="window lengths in tokens; empty = [context.target]")
+    strategy: Literal["bfd", "concat"] = Field(
+        default="bfd", description="bfd: best-fit decreasing, documents kept whole; concat: concatenate and chunk (baseline)"
+    )
+    mix: dict[str, float] | None = Field(default=None, description="source -> target fraction of tokens (sums to 1)")
+    mix_total_tokens: int | None = Field(
+        default=None, gt=0, description="tokens the mix should reach; default: all tokens of the sources it uses"
+    )
+    seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
+    eos_token: str = Field(default="<|endoftext|>", description="appended to every document")
+    bos_token: str | None = Field(default=None, description="prepended to every document when set")
+    pad_token: str | None = Field(default=None, description="fills unused window tokens; default: the EOS token")
+    allow_short_positions: bool = Field(
+        default=False, description="pack even when no token reaches position context.original"
+    )
+    shard_tokens: int = Field(
+        default=1 << 26, gt=0, description="tokens per shard file, rounded down to whole windows (about 9 bytes each)"
+    )
+    pool_tokens: int = Field(
+        default=1 << 28, gt=0, description="tokens a task holds in memory and packs together (about 4 bytes each)"
+    )
+    batch_size: int = Field(default=64, gt=0, description="documents per tokenizer call (encoded in parallel)")
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _valid_seq_lens(cls, value: list[int]) -> list[int]:
+        if any(n < 2 for n in value):
+            raise ValueError(f"every seq_len must be at least 2 tokens, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"seq_lens must be distinct, got {value}")
+        return value
+
+    @field_validator("mix")
+    @classmethod
+    def _valid_mix(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("mix must name at least one source (or be left out)")
+        negative = sorted(name for name, fraction in value.items() if fraction < 0)
+        if negative:
+            raise ValueError(f"mix fractions must be >= 0; negative for: {', '.join(negative)}")
+        total = sum(value.values())
+        if not math.isclose(total, 1.0, abs_tol=1e-6):
+            raise ValueError(f"mix fractions must sum to 1, they sum to {total:.6g}")
+        return value
+
+    @model_validator(mode="after")
+    def _pool_holds_a_window(self) -> "PackConfig":
+        if self.seq_lens and self.pool_tokens < max(self.seq_lens):
+            raise ValueError(f"pool_tokens ({self.pool_tokens}) must be at least the longest seq_len ({max(self.seq_lens)})")
+        return self
+
+    def resolved_seq_lens(self, target_context: int) -> list[int]:
+        """The window lengths to build, in ascending order."""
+        return sorted(self.seq_lens) if self.seq_lens else [target_context]
+
+    def output_fields(self) -> dict[str, Any]:
+        """The settings that determine the shards' bytes (hashed into ``config_sha256``).
+
+        Left out: the executor's kind, workers and Slurm settings (where tasks run), ``batch_size``
+        (how many documents one tokenizer call takes) and ``allow_short_positions`` (whether the
+        manifest is written, not what the shards hold), so changing them resumes the same run. The
+        task count decides how documents are split among tasks, so it is kept.
+        """
+        fields = self.model_dump(mode="json", exclude={"executor", "batch_size", "allow_short_positions"})
+        fields["tasks"] = self.executor.tasks
+        return fields

@@ -1,0 +1,153 @@
+"""The manifest of one output (``shards/seq<N>/manifest.json``) and the coverage check.
+
+The manifest lists every shard with its row count and checksum, and says what the windows hold:
+tokens and padding, tokens per source against the mix's targets, position histograms, the largest
+position, and the fraction of tokens at positions at or above ``context.original``. Those are the
+positions a context extension exists to train, so an output where no token reaches them is refused
+(unless ``pack.allow_short_positions`` is set) and gets no manifest; readers refuse a folder
+without one. The datatrove step that writes manifests is :class:`packer.stage.WriteManifests`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from packer.format import FrozenModel, ShardError, ShardFile, ShardHeader, check_version
+from packer.stats import HISTOGRAM_BUCKETS, OutputStats, num_buckets
+from pipeline.config import ConfigError
+
+MANIFEST_NAME = "manifest.json"
+
+
+class CoverageError(ConfigError):
+    """No packed token reaches ``context.original``: the output would not train longer positions."""
+
+
+class SourceSummary(FrozenModel):
+    tokens: int
+    fraction: float
+    target_fraction: float | None
+    documents: int
+    segments: int
+    max_position: int
+    long_tokens: int
+    position_histogram: list[int]
+    segment_length_histogram: list[int]
+
+
+class Manifest(FrozenModel):
+    """Everything about one output of ``seq_len``-token windows; see ``packer/FORMAT.md``."""
+
+    header: ShardHeader
+    config: dict[str, Any]
+    shards: list[ShardFile]
+    rows: int
+    tokens: int
+    padding: int
+    efficiency: float
+    max_position: int
+    long_tokens: int
+    long_fraction: float
+    short_document_pieces: int
+    histogram_buckets: str = HISTOGRAM_BUCKETS
+    position_histogram: list[int]
+    segment_length_histogram: list[int]
+    sources: dict[str, SourceSummary]
+
+
+def build_manifest(
+    header: ShardHeader,
+    config: dict[str, Any],
+    shards: list[ShardFile],
+    stats: OutputStats,
+    targets: Mapping[str, float] | None,
+) -> Manifest:
+    """Merge shards and statistics of all tasks into the manifest."""
+    tokens = stats.tokens
+    buckets = num_buckets(header.seq_len)
+    position_histogram = [0] * buckets
+    length_histogram = [0] * buckets
+    sources = {}
+    for name in sorted(stats.sources):
+        s = stats.sources[name]
+        position_histogram = [a + b for a, b in zip(position_histogram, s.position_histogram.tolist())]
+        length_histogram = [a + b for a, b in zip(length_histogram, s.segment_length_histogram.tolist())]
+        sources[name] = SourceSummary(
+            tokens=s.tokens,
+            fraction=s.tokens / tokens if tokens else 0.0,
+            target_fraction=targets.get(name) if targets else None,
+            documents=s.documents,
+            segments=s.segments,
+            max_position=s.max_position,
+            long_tokens=s.long_tokens,
+            position_histogram=s.position_histogram.tolist(),
+            segment_length_histogram=s.segment_length_histogram.tolist(),
+        )
+    long_tokens = sum(s.long_tokens for s in sources.values())
+    return Manifest(
+        header=header,
+        config=config,
+        shards=shards,
+        rows=stats.rows,
+        tokens=tokens,
+        padding=stats.padding,
+        efficiency=tokens / (stats.rows * header.seq_len) if stats.rows else 0.0,
+        max_position=max((s.max_position for s in sources.values()), default=-1),
+        long_tokens=long_tokens,
+        long_fraction=long_tokens / tokens if tokens else 0.0,
+        short_document_pieces=stats.short_document_pieces,
+        position_histogram=position_histogram,
+        segment_length_histogram=length_histogram,
+        sources=sources,
+    )
+
+
+def coverage_refusal(seq_len: int, original: int, longest: Mapping[str, int]) -> str | None:
+    """Why windows of ``seq_len`` would train no position at or above ``original``, given the
+    longest segment per source; None when some source reaches it."""
+    if any(length > original for length in longest.values()):
+        return None
+    lines = [
+        f"seq_len {seq_len}: no token reaches position {original} (context.original), so these windows would "
+        "never train the positions a context extension is for. Longest segment per source:"
+    ]
+    lines += [f"  {name}: {length} tokens (positions 0..{length - 1})" for name, length in sorted(longest.items())]
+    if seq_len <= original:
+        lines.append(f"Use a pack.seq_lens entry above {original}.")
+    else:
+        lines.append(
+            f"Add a source with documents longer than {original} tokens (books, papers, code repositories), "
+            "or raise the fraction of such sources in pack.mix."
+        )
+    lines.append("To pack anyway (e.g. a short warm-up stage), set pack.allow_short_positions: true.")
+    return "\n".join(lines)
+
+
+def write_manifest(folder: Path, manifest: Manifest) -> Path:
+    """Write ``folder/manifest.json`` atomically."""
+    path = folder / MANIFEST_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_manifest(folder: Path) -> Manifest:
+    """Read ``folder/manifest.json``; :class:`ShardError` when it is missing or malformed."""
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        raise ShardError(
+            f"{folder}: no {MANIFEST_NAME}; the pack run that writes it has not finished (or refused this output)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        check_version(data.get("header") if isinstance(data, dict) else None, str(path))
+        return Manifest.model_validate(data)
+    except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as err:
+        raise ShardError(f"{path}: malformed manifest: {err}") from None

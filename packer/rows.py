@@ -1,0 +1,71 @@
+"""Windows of a :class:`~packer.binpack.Packing` as shard rows (columns in ``packer/FORMAT.md``).
+
+Every window is its document segments followed, when they leave room, by one padding segment.
+Positions restart at 0 in every segment; the loss mask is 0 on each segment's first token (it has
+no earlier token of its document to be predicted from) and on padding. Everything is computed with
+whole-array numpy operations over all windows at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from packer.binpack import Packing
+from packer.format import shard_schema
+from packer.pool import DocumentPool
+
+
+def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) -> pa.RecordBatch:
+    """One row per window of ``packing`` (whose ``doc`` indices refer to ``pool``)."""
+    rows = packing.num_windows
+    seg_window = np.repeat(np.arange(rows), np.diff(packing.window_ptr))
+    padding = seq_len - np.bincount(seg_window, weights=packing.length, minlength=rows).astype(np.int64)
+    if (padding < 0).any():
+        raise ValueError(f"a window holds more than seq_len={seq_len} tokens")
+
+    # all segments, padding included, in row order: a window's documents, then its padding
+    padded = np.flatnonzero(padding)
+    window = np.concatenate([seg_window, padded])
+    is_doc = np.concatenate([np.ones(len(seg_window), bool), np.zeros(len(padded), bool)])
+    order = np.argsort(window * 2 + ~is_doc, kind="stable")
+    window, is_doc = window[order], is_doc[order]
+    length = np.concatenate([packing.length, padding[padded]])[order]
+    doc = np.concatenate([packing.doc, np.full(len(padded), -1)])[order]
+    offset = np.concatenate([packing.offset, np.zeros(len(padded), np.int64)])[order]
+
+    seg_start = np.zeros(len(length), dtype=np.int64)  # in the flat rows * seq_len token array
+    np.cumsum(length[:-1], out=seg_start[1:])
+    tokens_per_seg = np.repeat(np.arange(len(length)), length)
+    index_in_seg = np.arange(rows * seq_len) - seg_start[tokens_per_seg]
+
+    input_ids = np.full(rows * seq_len, pad_id, dtype=np.int32)
+    doc_token = is_doc[tokens_per_seg]
+    src = pool.start[doc[tokens_per_seg[doc_token]]] + offset[tokens_per_seg[doc_token]] + index_in_seg[doc_token]
+    input_ids[doc_token] = pool.tokens[src]
+    loss_mask = doc_token.astype(np.uint8)
+    loss_mask[seg_start] = 0
+
+    # per-row segment lists: cu_seqlens has a leading 0, provenance one entry per segment
+    segs_per_row = np.bincount(window, minlength=rows)
+    seg_offsets = np.zeros(rows + 1, dtype=np.int32)
+    np.cumsum(segs_per_row, out=seg_offsets[1:])
+    ends_in_row = (seg_start + length - window * seq_len).astype(np.int32)
+    cu_values = np.insert(ends_in_row, seg_offsets[:-1], 0)
+    cu_offsets = seg_offsets + np.arange(rows + 1, dtype=np.int32)
+
+    null_for_padding = pa.array(np.where(is_doc, doc, 0), mask=~is_doc)
+    segment_lists = {
+        "doc_id": pa.array(pool.ids, pa.string()).take(null_for_padding),
+        "doc_source": pa.array(pool.sources, pa.string()).take(null_for_padding),
+        "doc_offset": pa.array(offset, mask=~is_doc, type=pa.int64()),
+        "doc_length": pa.array(pool.length, pa.int64()).take(null_for_padding),
+    }
+    seg_offsets_arr = pa.array(seg_offsets)
+    columns = {
+        "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids), seq_len),
+        "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(index_in_seg.astype(np.int32)), seq_len),
+        "loss_mask": pa.FixedSizeListArray.from_arrays(pa.array(loss_mask), seq_len),
+        "cu_seqlens": pa.ListArray.from_arrays(pa.array(cu_offsets), pa.array(cu_values)),
+    } | {name: pa.ListArray.from_arrays(seg_offsets_arr, values) for name, values in segment_lists.items()}
+    return pa.RecordBatch.from_pydict(columns, schema=shard_schema(seq_len))

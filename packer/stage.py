@@ -1,0 +1,228 @@
+"""The datatrove steps of the pack job: read curated documents, tokenize them, pack and write shards;
+then merge what every task wrote into each output's manifest.
+
+Each task reads its share of the curated files, tokenizes documents in parallel batches, and packs
+them pool by pool (``pool_tokens`` at a time) into every requested window length. Shards are named
+``{rank:05d}_{index:05d}.arrow``; a task first removes what an interrupted attempt of the same rank
+left behind, and finishes by writing a summary (its shards and statistics) that the manifest step
+merges. The executor records the task as complete only after that, so a killed run redoes exactly
+the unfinished tasks and, everything being deterministic, writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.readers import ParquetReader
+from datatrove.utils.batching import batched
+
+from packer.binpack import pack
+from packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
+from packer.manifest import CoverageError, Manifest, build_manifest, coverage_refusal, write_manifest
+from packer.pool import DocumentPool, PoolBuilder
+from packer.rows import build_rows
+from packer.stats import OutputStats
+from packer.tokens import encode_documents
+from pipeline.tokenizer import load_tokenizer
+
+ROW_BUILD_TOKENS = 1 << 23  # rows are built this many tokens at a time (temporaries of ~30 bytes a token)
+
+
+class CuratedDocumentReader(ParquetReader):
+    """datatrove's Parquet reader over ``<output>/documents``; a document's source is its file's folder."""
+
+    name = "📒 Curated documents"
+
+    def __init__(self, documents: Path, batch_size: int, progress: bool = False) -> None:
+        super().__init__(
+            str(documents), glob_pattern="**/*.parquet", batch_size=batch_size, file_progress=progress, doc_progress=progress
+        )
+
+    def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
+        document = super().get_document_from_dict(data, source_file, id_in_file)
+        if document is not None:
+            document.metadata["source"] = source_file.split("/", 1)[0]
+        return document
+
+
+def summary_path(summaries: Path, seq_len: int, rank: int) -> Path:
+    """Where task ``rank`` records what it wrote for windows of ``seq_len``."""
+    return summaries / f"seq{seq_len}" / f"{rank:05d}.json"
+
+
+class ShardSeries:
+    """The shards one task writes for one window length: rows are buffered into shards of
+    ``rows_per_shard`` and statistics accumulated as windows are added."""
+
+    def __init__(self, folder: Path, rank: int, header: ShardHeader, rows_per_shard: int) -> None:
+        self.folder = folder
+        self.rank = rank
+        self.header = header
+        self.rows_per_shard = rows_per_shard
+        self.stats = OutputStats(header.seq_len, header.original_context)
+        self.files: list[ShardFile] = []
+        self._pending: list[pa.RecordBatch] = []
+
+    def remove_previous_attempt(self) -> None:
+        for path in self.folder.glob(f"{self.rank:05d}_*{SHARD_SUFFIX}*"):
+            path.unlink()
+
+    def add(self, pool: DocumentPool) -> None:
+        """Pack every document of ``pool`` (with its copies) and buffer the rows, built a few
+        million tokens at a time to bound the temporaries."""
+        seq_len = self.header.seq_len
+        packing = pack(pool.length, pool.copies, seq_len, self.header.strategy)
+        step = max(1, ROW_BUILD_TOKENS // seq_len)
+        for start in range(0, packing.num_windows, step):
+            part = packing.window_slice(start, min(start + step, packing.num_windows))
+            self._pending.append(build_rows(pool, part, seq_len, self.header.tokenizer.pad_id))
+            self._write(final=False)
+        self.stats.add_windows(
+            packing.num_windows, [pool.sources[d] for d in packing.doc.tolist()], packing.length, pool.length[packing.doc]
+        )
+        self.stats.add_documents(pool.sources[d] for d in np.flatnonzero(pool.copies).tolist())
+
+    def finish(self, summaries: Path) -> None:
+        """Write the last shard and the task's summary."""
+        self._write(final=True)
+        path = summary_path(summaries, self.header.seq_len, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary = {"rank": self.rank, "shards": [f.model_dump() for f in self.files], "stats": self.stats.to_json()}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
+        tmp.replace(path)
+
+    def _write(self, final: bool) -> None:
+        pending = sum(batch.num_rows for batch in self._pending)
+        while pending >= self.rows_per_shard or (final and pending):
+            table = pa.Table.from_batches(self._pending)
+            rows = min(self.rows_per_shard, pending)
+            batch = table.slice(0, rows).combine_chunks().to_batches()[0]
+            path = self.folder / f"{self.rank:05d}_{len(self.files):05d}{SHARD_SUFFIX}"
+            self.files.append(write_shard(path, batch, self.header))
+            self._pending = table.slice(rows).to_batches()
+            pending -= rows
+
+
+class PackDocuments(PipelineStep):
+    """Tokenize documents and pack them into shards for every window length in ``headers``.
+
+    Documents pass through unchanged, so later steps can still see them.
+    """
+
+    type = "📦 - PACKER"
+    name = "📦 Tokenize and pack"
+
+    def __init__(
+        self,
+        tokenizer_path: Path,
+        headers: list[ShardHeader],
+        shards: Path,
+        summaries: Path,
+        pool_tokens: int,
+        shard_tokens: int,
+        batch_size: int,
+    ) -> None:
+        super().__init__()
+        self.tokenizer_path = tokenizer_path
+        self.headers = headers
+        self.shards = shards
+        self.summaries = summaries
+        self.pool_tokens = pool_tokens
+        self.shard_tokens = shard_tokens
+        self.batch_size = batch_size
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        tokenizer = load_tokenizer(self.tokenizer_path)
+        info = self.headers[0].tokenizer
+        series = [
+            ShardSeries(self.shards / f"seq{h.seq_len}", rank, h, max(1, self.shard_tokens // h.seq_len))
+            for h in self.headers
+        ]
+        for s in series:
+            s.remove_previous_attempt()
+        pool = PoolBuilder()
+        for batch in batched(data or (), self.batch_size):
+            with self.track_time("batch"):
+                encoded = encode_documents(tokenizer, [doc.text for doc in batch], info)
+            for doc, ids in zip(batch, encoded):
+                pool.add(doc.id, doc.metadata["source"], ids, int(doc.metadata.get("copies", 1)))
+                self.stat_update("documents")
+                self.stat_update("tokens", value=len(ids))
+            if pool.num_tokens >= self.pool_tokens:
+                self._pack(pool.build(), series)
+            yield from batch
+        if len(pool):
+            self._pack(pool.build(), series)
+        for s in series:
+            s.finish(self.summaries)
+
+    def _pack(self, pool: DocumentPool, series: list[ShardSeries]) -> None:
+        for s in series:
+            s.add(pool)
+        self.stat_update("pools", unit="task")
+
+
+class WriteManifests(PipelineStep):
+    """Single task after packing: merge every task's summary into each output's manifest.
+
+    Refuses (raising :class:`CoverageError`) an output where no token reaches ``original_context``,
+    unless ``allow_short_positions``; refuses a folder holding shards no task reported.
+    """
+
+    type = "🧾 - MANIFEST"
+    name = "🧾 Write manifests"
+
+    def __init__(
+        self,
+        headers: list[ShardHeader],
+        config: dict[str, Any],
+        shards: Path,
+        summaries: Path,
+        tasks: int,
+        targets: Mapping[str, float] | None,
+        allow_short_positions: bool,
+    ) -> None:
+        super().__init__()
+        self.headers = headers
+        self.config = config
+        self.shards = shards
+        self.summaries = summaries
+        self.tasks = tasks
+        self.targets = dict(targets) if targets else None
+        self.allow_short_positions = allow_short_positions
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        for header in self.headers:
+            write_manifest(self.shards / f"seq{header.seq_len}", self.manifest_for(header))
+        if data:
+            yield from data
+
+    def manifest_for(self, header: ShardHeader) -> Manifest:
+        folder = self.shards / f"seq{header.seq_len}"
+        stats = OutputStats(header.seq_len, header.original_context)
+        files: list[ShardFile] = []
+        for rank in range(self.tasks):
+            path = summary_path(self.summaries, header.seq_len, rank)
+            if not path.is_file():
+                raise ShardError(f"task {rank} left no summary at {path}; run pack again to finish it")
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            files += [ShardFile.model_validate(f) for f in summary["shards"]]
+            stats.merge(OutputStats.from_json(summary["stats"]))
+        stray = sorted({p.name for p in folder.glob(f"*{SHARD_SUFFIX}")} - {f.file for f in files})
+        if stray:
+            raise ShardError(f"{folder} holds shards that no task of this run wrote: {', '.join(stray[:5])}")
+        manifest = build_manifest(header, self.config, files, stats, self.targets)
+        refusal = coverage_refusal(
+            header.seq_len, header.original_context, {n: s.max_position + 1 for n, s in manifest.sources.items()}
+        )
+        if refusal and not self.allow_short_positions:
+            raise CoverageError(refusal)
+        return manifest

@@ -1,0 +1,151 @@
+"""Benchmark of the packer on the shared corpus (books and papers).
+
+Measures, on the same text:
+
+* the bare tokenizer: ``Tokenizer.encode_batch`` (and ``encode_batch_fast``, which the packer calls)
+  over every document at once, nothing else;
+* the whole pack job (read Parquet, tokenize, pack, write shards, manifest) under the local
+  datatrove executor, for one and for several window lengths, and its throughput relative to the
+  bare tokenizer;
+* best-fit decreasing against concatenate-and-chunk: efficiency, whether padding is the lowest any
+  lossless packing could reach, and pieces of documents that would have fit one window but were cut.
+
+Contenders run in interleaved rounds (best of ``--repeats``), so load from other programs hits all
+of them alike. Run::
+
+    python tests/benchmarks/bench_pack.py [--corpus ../shared/corpus] [--seq-lens 16384 65536]
+    TOKENIZERS_PARALLELISM=false python tests/benchmarks/bench_pack.py   # one thread: per-core cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from test_pack_helpers import write_curated  # noqa: E402
+
+from packer.manifest import Manifest  # noqa: E402
+from packer.run import run_pack  # noqa: E402
+from pipeline.config import parse_config  # noqa: E402
+from pipeline.readers.base import read_text_file  # noqa: E402
+from pipeline.tokenizer import load_tokenizer, train_bpe  # noqa: E402
+
+T = TypeVar("T")
+
+
+@dataclass
+class Timing:
+    """Best of several runs: wall time, and CPU time of every thread of this process. CPU time is
+    less sensitive than wall time to other programs sharing the machine; with
+    ``TOKENIZERS_PARALLELISM=false`` it is the work itself (tokenizer threads that spin while waiting
+    inflate it otherwise)."""
+
+    wall: float = float("inf")
+    cpu: float = float("inf")
+
+    def __str__(self) -> str:
+        return f"{self.wall:6.2f} s wall, {self.cpu:6.2f} s CPU"
+
+    def add(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` once, keep the better times, return its result."""
+        start, start_cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        self.wall = min(self.wall, time.perf_counter() - start)
+        self.cpu = min(self.cpu, time.process_time() - start_cpu)
+        return result
+
+
+def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, Timing], dict[str, Any]]:
+    """Run every contender once per round, round after round, so that load from other programs
+    hits all of them alike; best times and last results per contender."""
+    timings = {name: Timing() for name in contenders}
+    results: dict[str, Any] = {}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            results[name] = timings[name].add(fn)
+    return timings, results
+
+
+def pack_once(root: Path, seq_lens: list[int], strategy: str) -> dict[int, Manifest]:
+    """One complete, fresh pack job into ``root`` (curated documents and tokenizer already there)."""
+    for sub in ("shards", "work"):
+        shutil.rmtree(root / sub, ignore_errors=True)
+    cfg = parse_config(
+        {
+            "output": str(root),
+            "context": {"original": 4096, "target": max(seq_lens)},
+            "pack": {"seq_lens": seq_lens, "strategy": strategy, "executor": {"tasks": 1, "workers": 1}},
+        }
+    )
+    return run_pack(cfg)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    texts = {
+        source: [read_text_file(p) for p in sorted((args.corpus / source).iterdir()) if p.is_file()]
+        for source in ("books", "papers")
+    }
+    all_texts = [t for docs in texts.values() for t in docs]
+    print(f"corpus: {len(all_texts)} documents, {sum(map(len, all_texts)) / 1e6:.1f} M characters")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        train_bpe(all_texts, args.vocab, root / "tokenizer.json")
+        write_curated(root, texts, tokenizer=None)
+        tokenizer = load_tokenizer(root / "tokenizer.json")
+
+        contenders: dict[str, Callable[[], Any]] = {
+            "encode_batch": lambda: tokenizer.encode_batch(all_texts, add_special_tokens=False),
+            "encode_batch_fast": lambda: tokenizer.encode_batch_fast(all_texts, add_special_tokens=False),
+        }
+        runs = [[n] for n in args.seq_lens] + [args.seq_lens]
+        for seq_lens in runs:
+            contenders[f"pack {seq_lens}"] = lambda seq_lens=seq_lens: pack_once(root, seq_lens, "bfd")
+        timings, results = interleaved(contenders, args.repeats)
+        tokens = sum(len(e.ids) for e in results["encode_batch"]) + len(all_texts)  # + one EOS per document
+        bare, fast = timings["encode_batch"], timings["encode_batch_fast"]
+        print(f"\n{tokens:,} tokens; best of {args.repeats} interleaved rounds")
+        print(f"  bare encode_batch:      {bare}, {tokens / bare.wall / 1e6:.3f} M tokens/s wall")
+        print(f"  bare encode_batch_fast: {fast}, {tokens / fast.wall / 1e6:.3f} M tokens/s wall (what pack calls)")
+        print("whole pack job (read Parquet, tokenize, pack, write shards and manifest; 1 local task):")
+        bfd: dict[int, Manifest] = {}
+        for seq_lens in runs:
+            job = timings[f"pack {seq_lens}"]
+            bfd.update(results[f"pack {seq_lens}"])
+            print(
+                f"  seq_lens {seq_lens}: {job}, {tokens / job.wall / 1e6:.3f} M tokens/s wall; throughput relative to "
+                f"encode_batch {bare.wall / job.wall:.2f} (wall) {bare.cpu / job.cpu:.2f} (CPU), to encode_batch_fast "
+                f"{fast.wall / job.wall:.2f} (wall) {fast.cpu / job.cpu:.2f} (CPU)"
+            )
+
+        print("\npacking efficiency (non-padding tokens / all tokens):")
+        print(f"  {'seq_len':>8} {'strategy':>8} {'rows':>6} {'efficiency':>11} {'lowest padding':>15} {'short-doc pieces':>17}")
+        for seq_len in args.seq_lens:
+            for strategy in ("bfd", "concat"):
+                manifest = bfd[seq_len] if strategy == "bfd" else pack_once(root, [seq_len], strategy)[seq_len]
+                lowest = -manifest.tokens % seq_len
+                print(
+                    f"  {seq_len:>8} {strategy:>8} {manifest.rows:>6} {manifest.efficiency:>11.4%} "
+                    f"{'yes' if manifest.padding == lowest else 'no':>15} {manifest.short_document_pieces:>17}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
