@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.attention.layout import zigzag_indices
+from packer.cp import zigzag_indices
 from trainer.attention.masks import (
     VarlenLayout,
     block_mask,
@@ -58,7 +58,7 @@ def packed_windows(draw: st.DrawFn) -> tuple[list[int], int]:
     return [b - a for a, b in pairwise(bounds)], world
 
 
-def test_zigzag_indices_match_chunk_pairs() -> None:
+def test_packer_zigzag_indices_match_the_chunk_pairs_the_ring_is_balanced_for() -> None:
     for world in (1, 2, 3, 4):
         held = [zigzag_indices(48, world, rank) for rank in range(world)]
         for rank, indices in enumerate(held):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from trainer import hf_io
-from trainer.attention import zigzag_indices
+from packer.cp import zigzag_indices
 from trainer.model import ModelConfig, RingAttention, Transformer
 from trainer.rope import RopeConfig
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.attention import zigzag_indices
+from packer.cp import zigzag_indices
 from trainer.rope import RopeConfig, apply_rotary, inverse_frequencies, ntk_theta, rotary_cos_sin
 
 transformers = pytest.importorskip("transformers")

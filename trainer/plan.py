@@ -337,7 +337,7 @@ def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = Tr
     """Forward FLOPs of one ring step of one layer: ``b`` queries against one block of ``b`` keys.
 
     Per head, ``QK^T`` and ``PV`` are each ``2 b^2 d``, so the full block pair is ``4 b^2 q``. With
-    causal attention in longctx's zigzag layout (``trainer.attention.layout``) every step computes
+    causal attention in longctx's zigzag layout (``packer.cp.zigzag_indices``) every step computes
     about half of the pair's scores, so ``2 b^2 q``.
     """
     return 4.0 * block_tokens**2 * model.q_dim * (0.5 if causal else 1.0)

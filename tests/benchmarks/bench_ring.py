@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.attention import RingPlan, build_ring_plan, ring_attention, zigzag_indices
+from packer.cp import zigzag_indices
+from trainer.attention import RingPlan, build_ring_plan, ring_attention
 from trainer.attention.kernels import kernel_calls, select_kernels
 
 

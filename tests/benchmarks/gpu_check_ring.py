@@ -24,7 +24,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from trainer.attention import build_ring_plan, ring_attention, zigzag_indices
+from packer.cp import zigzag_indices
+from trainer.attention import build_ring_plan, ring_attention
 from trainer.attention.kernels import block_backward, block_forward, kernel_calls, select_kernels
 from trainer.attention.masks import block_mask
 from trainer.attention.merge import merge_into
