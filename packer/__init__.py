@@ -26,7 +26,20 @@ _EXPORTS = {
     "run_pack": "packer.run",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [  # noqa: RUF022 - grouped like _EXPORTS
+    "PackedDataset",
+    "collate_packed",
+    "row_to_sample",
+    "IGNORE_INDEX",
+    "ShardSet",
+    "PackedRow",
+    "ContextParallelShard",
+    "zigzag_split",
+    "zigzag_indices",
+    "FORMAT_VERSION",
+    "ShardError",
+    "run_pack",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,7 @@ Two strategies share one result type, :class:`Packing`:
 * :func:`concat_chunk` concatenates documents and cuts every ``seq_len`` tokens: the usual baseline,
   which splits documents at arbitrary points.
 
-:func:`pack` applies a strategy to documents that are used more than once, one pass per copy, so
-two copies of a document never share a window.
+:func:`pack` applies a strategy to documents that are used any number of times.
 """
 
 from __future__ import annotations
@@ -50,35 +49,21 @@ class Packing:
         """Document tokens placed (padding excluded)."""
         return int(self.length.sum())
 
-    def window_slice(self, start: int, stop: int) -> "Packing":
+    def window_slice(self, start: int, stop: int) -> Packing:
         """Windows ``start:stop`` as a packing of their own."""
         lo, hi = int(self.window_ptr[start]), int(self.window_ptr[stop])
-        return Packing(self.doc[lo:hi], self.offset[lo:hi], self.length[lo:hi], self.window_ptr[start : stop + 1] - lo)
+        return Packing(
+            self.doc[lo:hi], self.offset[lo:hi], self.length[lo:hi], self.window_ptr[start : stop + 1] - lo
+        )
 
     @staticmethod
-    def from_windows(windows: Sequence[Sequence[tuple[int, int, int]]]) -> "Packing":
+    def from_windows(windows: Sequence[Sequence[tuple[int, int, int]]]) -> Packing:
         """Build from windows given as lists of ``(doc, offset, length)``."""
         flat = [segment for window in windows for segment in window]
         arr = np.array(flat, dtype=np.int64).reshape(-1, 3)
         ptr = np.zeros(len(windows) + 1, dtype=np.int64)
         np.cumsum([len(window) for window in windows], out=ptr[1:])
         return Packing(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), ptr)
-
-    @staticmethod
-    def concatenate(parts: Sequence["Packing"]) -> "Packing":
-        """Windows of ``parts`` one after the other."""
-        if not parts:
-            return Packing.from_windows([])
-        ptrs, base = [np.zeros(1, dtype=np.int64)], 0
-        for part in parts:
-            ptrs.append(part.window_ptr[1:] + base)
-            base += int(part.window_ptr[-1])
-        return Packing(
-            np.concatenate([p.doc for p in parts]),
-            np.concatenate([p.offset for p in parts]),
-            np.concatenate([p.length for p in parts]),
-            np.concatenate(ptrs),
-        )
 
 
 class GapIndex:
@@ -190,7 +175,7 @@ class _Bins:
         """While the gaps add up to a whole window, empty the least-filled window that holds only
         remainders of long documents into the other windows' gaps. Each step removes one window's
         worth of padding: the dissolved window's gap disappears and its content fills others."""
-        padding = sum(gap for gap, alive in zip(self.gap, self.alive) if alive)
+        padding = sum(gap for gap, alive in zip(self.gap, self.alive, strict=True) if alive)
         while padding >= self.seq_len and self.reclaimable:
             content, window = heapq.heappop(self.reclaimable)
             if not self.alive[window] or self.seq_len - self.gap[window] != content:
@@ -202,7 +187,7 @@ class _Bins:
             padding -= self.seq_len
 
     def windows(self) -> list[list[tuple[int, int, int]]]:
-        return [segments for segments, alive in zip(self.segments, self.alive) if alive]
+        return [segments for segments, alive in zip(self.segments, self.alive, strict=True) if alive]
 
 
 def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> Packing:
@@ -210,13 +195,16 @@ def best_fit_decreasing(lengths: np.ndarray, seq_len: int) -> Packing:
 
     Documents longer than ``seq_len`` yield full windows (first) and a remainder; remainders and
     short documents are placed longest first into the window with the least room that still holds
-    them (among equal gaps, the one that has had its gap longest), then :meth:`_Bins.reclaim` removes whole windows of
-    padding. Sorting and every placement are O(log) so the whole is O(n log n).
+    them (among equal gaps, the one that has had its gap longest), then :meth:`_Bins.reclaim`
+    removes whole windows of padding. Sorting and every placement are O(log), so the whole is
+    O(n log n).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     full_counts = lengths // seq_len
     windows: list[list[tuple[int, int, int]]] = [
-        [(int(doc), k * seq_len, seq_len)] for doc in np.flatnonzero(full_counts) for k in range(int(full_counts[doc]))
+        [(int(doc), k * seq_len, seq_len)]
+        for doc in np.flatnonzero(full_counts)
+        for k in range(int(full_counts[doc]))
     ]
     remainders = lengths - full_counts * seq_len
     docs = np.flatnonzero(remainders)
@@ -245,21 +233,23 @@ def concat_chunk(lengths: np.ndarray, seq_len: int) -> Packing:
     return Packing(doc.astype(np.int64), cuts - starts[doc], seg_len, ptr)
 
 
-STRATEGIES: dict[str, Callable[[np.ndarray, int], Packing]] = {"bfd": best_fit_decreasing, "concat": concat_chunk}
+STRATEGIES: dict[str, Callable[[np.ndarray, int], Packing]] = {
+    "bfd": best_fit_decreasing,
+    "concat": concat_chunk,
+}
 
 
 def pack(lengths: np.ndarray, copies: np.ndarray, seq_len: int, strategy: Strategy) -> Packing:
-    """Pack ``copies[d]`` copies of every document ``d`` (0 leaves it out).
+    """Pack ``copies[d]`` copies of every document ``d`` (0 leaves it out) in one go.
 
-    Copy ``j`` of every document is packed in pass ``j``, so no window holds two copies of the same
-    document (which would teach the model to copy instead of to read).
+    Copies are ordered copy-major (every document's first copy, then every second copy, ...), which
+    decides ties in best-fit decreasing and the stream order of concatenate-and-chunk. Copies may
+    share a window: attention never crosses a segment boundary, so a copy cannot see another, and
+    packing them together costs less padding than packing each round of copies separately.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     copies = np.asarray(copies, dtype=np.int64)
-    packer = STRATEGIES[strategy]
-    passes = []
-    for j in range(int(copies.max(initial=0))):
-        chosen = np.flatnonzero(copies > j)
-        packing = packer(lengths[chosen], seq_len)
-        passes.append(Packing(chosen[packing.doc], packing.offset, packing.length, packing.window_ptr))
-    return Packing.concatenate(passes)
+    items = np.concatenate([np.flatnonzero(copies > j) for j in range(int(copies.max(initial=0)))] or [[]])
+    items = items.astype(np.int64)
+    packing = STRATEGIES[strategy](lengths[items], seq_len)
+    return Packing(items[packing.doc], packing.offset, packing.length, packing.window_ptr)

@@ -39,7 +39,9 @@ def document_files(documents: Path) -> list[Path]:
         raise ConfigError(f"{documents} holds no .parquet files; run `longctx curate` first")
     stray = [f for f in files if f.parent == documents]
     if stray:
-        raise ConfigError(f"{stray[0]} is not inside a source folder (expected {documents}/<source>/*.parquet)")
+        raise ConfigError(
+            f"{stray[0]} is not inside a source folder (expected {documents}/<source>/*.parquet)"
+        )
     return files
 
 
@@ -53,7 +55,9 @@ def _token_counts(file: Path) -> np.ndarray:
     metadata = schema.field("metadata").type if "metadata" in schema.names else None
     if "token_count" in schema.names:
         column = pq.read_table(file, columns=["token_count"]).column(0)
-    elif metadata is not None and pa.types.is_struct(metadata) and metadata.get_field_index("token_count") >= 0:
+    elif (
+        metadata is not None and pa.types.is_struct(metadata) and metadata.get_field_index("token_count") >= 0
+    ):
         column = pq.read_table(file, columns=["metadata.token_count"]).column(0)
     else:
         return np.full(pq.ParquetFile(file).metadata.num_rows, -1, dtype=np.int64)

@@ -19,24 +19,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "inspect",
         help="summarize, validate, decode or plot packed shards",
         description=(
-            "Summarize packed shards: rows, tokens, padding, tokens per source, and histograms of position ids and "
-            "segment lengths, all recomputed from the rows. PATH is an output folder (<output>/shards/seq<N>, with "
-            "its manifest.json), the shards folder above several of them, or a single .arrow shard."
+            "Summarize packed shards: rows, tokens, padding, tokens per source, and histograms of position "
+            "ids and segment lengths, all recomputed from the rows. PATH is an output folder "
+            "(<output>/shards/seq<N>, with its manifest.json), the shards folder above several of them, or a "
+            "single .arrow shard."
         ),
     )
-    parser.add_argument("path", type=Path, metavar="PATH", help="output folder, shards folder, or one .arrow file")
+    parser.add_argument(
+        "path", type=Path, metavar="PATH", help="output folder, shards folder, or one .arrow file"
+    )
     parser.add_argument(
         "--validate",
         action="store_true",
-        help="check every invariant (lengths, boundaries, positions, loss mask, provenance, tokenizer fingerprint, "
-        "checksums, manifest totals); exit 1 naming the file, row and field of the first violations",
+        help="check every invariant (lengths, boundaries, positions, loss mask, provenance, tokenizer "
+        "fingerprint, checksums, manifest totals); exit 1 naming the file, row and field of the first "
+        "violations",
     )
-    parser.add_argument("--show", type=int, metavar="ROW", help="decode row ROW with its segments and provenance marked")
+    parser.add_argument(
+        "--show", type=int, metavar="ROW", help="decode row ROW with its segments and provenance marked"
+    )
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write the histograms as a figure")
     parser.add_argument(
-        "--tokenizer", type=Path, help="tokenizer.json for --show and the fingerprint check (default: <output>/tokenizer.json)"
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json for --show and the fingerprint check (default: <output>/tokenizer.json)",
     )
-    parser.add_argument("--max-chars", type=int, default=2000, help="characters shown per segment with --show")
+    parser.add_argument(
+        "--max-chars", type=int, default=2000, help="characters shown per segment with --show"
+    )
     parser.add_argument("--max-errors", type=int, default=20, help="violations reported by --validate")
     parser.set_defaults(func=run)
 
@@ -77,7 +87,9 @@ def _open(target: Path) -> _Opened:
     if target.is_file():
         meta, table = open_shard(target)
         columns = ShardColumns(meta, table)
-        entry = ShardFile(file=target.name, rows=meta.rows, bytes=target.stat().st_size, xxh3_128=file_checksum(target))
+        entry = ShardFile(
+            file=target.name, rows=meta.rows, bytes=target.stat().st_size, xxh3_128=file_checksum(target)
+        )
         header = ShardHeader(**meta.model_dump(exclude={"rows"}))
         return _Opened(header, {}, [entry], iter([columns]), columns.row, meta.rows)
     shard_set = ShardSet(target)
@@ -89,7 +101,11 @@ def _open(target: Path) -> _Opened:
 def _validate(target: Path, tokenizer: Path | None, max_errors: int) -> bool:
     from packer.validate import validate_file, validate_folder
 
-    violations = validate_file(target, max_errors) if target.is_file() else validate_folder(target, tokenizer, max_errors)
+    violations = (
+        validate_file(target, max_errors)
+        if target.is_file()
+        else validate_folder(target, tokenizer, max_errors)
+    )
     for violation in violations:
         print(f"INVALID {violation}")
     if violations:
@@ -125,7 +141,9 @@ def _inspect(target: Path, args: argparse.Namespace) -> int:
     if args.validate and not _validate(target, tokenizer_path, args.max_errors):
         return 1
     opened = _open(target)
-    shards = tqdm(opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr)
+    shards = tqdm(
+        opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr
+    )
     stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
     summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
     print(format_manifest(summary, title=str(target)))

@@ -12,17 +12,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "pack",
         help="tokenize, mix and pack curated documents into fixed-length training windows",
         description=(
-            "Tokenize <output>/documents with <output>/tokenizer.json, mix sources by pack.mix, and pack the "
-            "documents into windows of every pack.seq_lens length (default: context.target), written as Arrow "
-            "shards with a manifest to <output>/shards/seq<N>/ (format: packer/FORMAT.md). Refuses outputs in "
-            "which no token reaches position context.original unless pack.allow_short_positions is set. "
+            "Tokenize <output>/documents with <output>/tokenizer.json, mix sources by pack.mix, and pack "
+            "the documents into windows of every pack.seq_lens length (default: context.target), written as "
+            "Arrow shards with a manifest to <output>/shards/seq<N>/ (format: packer/FORMAT.md). Refuses "
+            "outputs in which no token reaches position context.original unless "
+            "pack.allow_short_positions is set. "
             "Killed runs resume where they stopped when run again, and produce the same bytes."
         ),
     )
-    parser.add_argument("--config", type=Path, required=True, help="YAML config with a pack section (see configs/)")
-    parser.add_argument("--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)")
+    parser.add_argument(
+        "--config", type=Path, required=True, help="YAML config with a pack section (see configs/)"
+    )
+    parser.add_argument(
+        "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+    )
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides pack.executor.tasks)")
-    parser.add_argument("--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)")
+    parser.add_argument(
+        "--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -50,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         print(format_manifest(manifest, title=str(cfg.output / "shards" / f"seq{seq_len}")))
         targets = {n: s.target_fraction for n, s in manifest.sources.items() if s.target_fraction is not None}
         if targets:
-            print(format_fractions(targets, {n: s.tokens for n, s in manifest.sources.items()}, "mix reached:"))
+            print(
+                format_fractions(targets, {n: s.tokens for n, s in manifest.sources.items()}, "mix reached:")
+            )
     print(f"\n({time.monotonic() - start:.1f} s)")
     return 0

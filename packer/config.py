@@ -24,28 +24,43 @@ class PackConfig(StrictModel):
     is used exactly once.
     """
 
-    seq_lens: list[int] = Field(default_factory=list, description="window lengths in tokens; empty = [context.target]")
-    strategy: Literal["bfd", "concat"] = Field(
-        default="bfd", description="bfd: best-fit decreasing, documents kept whole; concat: concatenate and chunk (baseline)"
+    seq_lens: list[int] = Field(
+        default_factory=list, description="window lengths in tokens; empty = [context.target]"
     )
-    mix: dict[str, float] | None = Field(default=None, description="source -> target fraction of tokens (sums to 1)")
+    strategy: Literal["bfd", "concat"] = Field(
+        default="bfd",
+        description="bfd: best-fit decreasing, short documents kept whole; concat: concatenate and chunk",
+    )
+    mix: dict[str, float] | None = Field(
+        default=None, description="source -> target fraction of tokens (sums to 1)"
+    )
     mix_total_tokens: int | None = Field(
-        default=None, gt=0, description="tokens the mix should reach; default: all tokens of the sources it uses"
+        default=None,
+        gt=0,
+        description="tokens the mix should reach; default: all tokens of the sources it uses",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
     eos_token: str = Field(default="<|endoftext|>", description="appended to every document")
     bos_token: str | None = Field(default=None, description="prepended to every document when set")
-    pad_token: str | None = Field(default=None, description="fills unused window tokens; default: the EOS token")
+    pad_token: str | None = Field(
+        default=None, description="fills unused window tokens; default: the EOS token"
+    )
     allow_short_positions: bool = Field(
         default=False, description="pack even when no token reaches position context.original"
     )
     shard_tokens: int = Field(
-        default=1 << 26, gt=0, description="tokens per shard file, rounded down to whole windows (about 9 bytes each)"
+        default=1 << 26,
+        gt=0,
+        description="tokens per shard file, rounded down to whole windows (about 9 bytes each)",
     )
     pool_tokens: int = Field(
-        default=1 << 28, gt=0, description="tokens a task holds in memory and packs together (about 4 bytes each)"
+        default=1 << 28,
+        gt=0,
+        description="tokens a task holds in memory and packs together (about 4 bytes each)",
     )
-    batch_size: int = Field(default=64, gt=0, description="documents per tokenizer call (encoded in parallel)")
+    batch_size: int = Field(
+        default=64, gt=0, description="documents per tokenizer call (encoded in parallel)"
+    )
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
 
     @field_validator("seq_lens")
@@ -73,9 +88,12 @@ class PackConfig(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _pool_holds_a_window(self) -> "PackConfig":
+    def _pool_holds_a_window(self) -> PackConfig:
         if self.seq_lens and self.pool_tokens < max(self.seq_lens):
-            raise ValueError(f"pool_tokens ({self.pool_tokens}) must be at least the longest seq_len ({max(self.seq_lens)})")
+            longest = max(self.seq_lens)
+            raise ValueError(
+                f"pool_tokens ({self.pool_tokens}) must be at least the longest seq_len {longest}"
+            )
         return self
 
     def resolved_seq_lens(self, target_context: int) -> list[int]:

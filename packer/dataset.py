@@ -45,7 +45,8 @@ def collate_packed(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Te
     segments of the flattened batch (the varlen-attention layout) and ``max_seqlen`` its longest."""
     seq_len = samples[0]["input_ids"].numel()
     batch: dict[str, torch.Tensor | int] = {
-        key: torch.stack([s[key] for s in samples]) for key in ("input_ids", "labels", "position_ids", "loss_mask")
+        key: torch.stack([s[key] for s in samples])
+        for key in ("input_ids", "labels", "position_ids", "loss_mask")
     }
     cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
     cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
@@ -85,7 +86,9 @@ class PackedDataset(IterableDataset):
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
         self.shards = ShardSet(folder, tokenizer=tokenizer, format_version=format_version)
         if len(self.shards) < dp_world_size:
-            raise ValueError(f"{folder} has {len(self.shards)} rows, fewer than dp_world_size={dp_world_size}")
+            raise ValueError(
+                f"{folder} has {len(self.shards)} rows, fewer than dp_world_size={dp_world_size}"
+            )
         self.seed = seed
         self.shuffle = shuffle
         self.dp_rank = dp_rank
@@ -104,7 +107,9 @@ class PackedDataset(IterableDataset):
     def order(self, epoch: int) -> np.ndarray:
         """Global row indices this rank reads in ``epoch``, in order."""
         rows = len(self.shards)
-        perm = np.random.default_rng([self.seed, epoch]).permutation(rows) if self.shuffle else np.arange(rows)
+        perm = (
+            np.random.default_rng([self.seed, epoch]).permutation(rows) if self.shuffle else np.arange(rows)
+        )
         return perm[: len(self) * self.dp_world_size][self.dp_rank :: self.dp_world_size]
 
     def set_epoch(self, epoch: int) -> None:
@@ -121,8 +126,8 @@ class PackedDataset(IterableDataset):
         worker = get_worker_info()
         if worker is not None and worker.num_workers > 1:
             raise RuntimeError(
-                "PackedDataset must be iterated in one process (DataLoader(num_workers=0)): rows are memory-mapped, "
-                "and the resume position lives in the iterating process"
+                "PackedDataset must be iterated in one process (DataLoader(num_workers=0)): rows are "
+                "memory-mapped, and the resume position lives in the iterating process"
             )
         order = self.order(self.epoch)
         for k in range(self.position, len(order)):

@@ -98,7 +98,9 @@ def write_shard(path: Path, batch: pa.RecordBatch, header: ShardHeader) -> Shard
     meta = ShardMetadata(**header.model_dump(), rows=batch.num_rows)
     schema = shard_schema(header.seq_len).with_metadata({METADATA_KEY: meta.model_dump_json().encode()})
     if not batch.schema.equals(schema, check_metadata=False):
-        raise ValueError(f"batch schema does not match the shard schema:\n{batch.schema}\nexpected:\n{schema}")
+        raise ValueError(
+            f"batch schema does not match the shard schema:\n{batch.schema}\nexpected:\n{schema}"
+        )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch.replace_schema_metadata(schema.metadata))
@@ -118,7 +120,9 @@ def check_version(header: Any, origin: str) -> None:
     fields are validated, so the error names the version rather than a field."""
     version = header.get("format_version") if isinstance(header, dict) else None
     if version != FORMAT_VERSION:
-        raise ShardError(f"{origin}: written in format version {version}; this version of longctx reads {FORMAT_VERSION}")
+        raise ShardError(
+            f"{origin}: written in format version {version}; this version of longctx reads {FORMAT_VERSION}"
+        )
 
 
 def _read_metadata(schema: pa.Schema, origin: str) -> ShardMetadata:
@@ -147,7 +151,9 @@ def open_shard(path: Path) -> tuple[ShardMetadata, pa.Table]:
         raise ShardError(f"{path}: truncated or corrupt shard ({err})") from None
     meta = _read_metadata(table.schema, str(path))
     if table.num_rows != meta.rows:
-        raise ShardError(f"{path}: truncated shard: holds {table.num_rows} rows, its metadata says {meta.rows}")
+        raise ShardError(
+            f"{path}: truncated shard: holds {table.num_rows} rows, its metadata says {meta.rows}"
+        )
     expected = shard_schema(meta.seq_len)
     if not table.schema.equals(expected, check_metadata=False):
         raise ShardError(f"{path}: unexpected columns or types:\n{table.schema}\nexpected:\n{expected}")

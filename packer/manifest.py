@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from packer.format import FrozenModel, ShardError, ShardFile, ShardHeader, check_version
@@ -71,13 +72,13 @@ def build_manifest(
     """Merge shards and statistics of all tasks into the manifest."""
     tokens = stats.tokens
     buckets = num_buckets(header.seq_len)
-    position_histogram = [0] * buckets
-    length_histogram = [0] * buckets
+    position_histogram = np.zeros(buckets, dtype=np.int64)
+    length_histogram = np.zeros(buckets, dtype=np.int64)
     sources = {}
     for name in sorted(stats.sources):
         s = stats.sources[name]
-        position_histogram = [a + b for a, b in zip(position_histogram, s.position_histogram.tolist())]
-        length_histogram = [a + b for a, b in zip(length_histogram, s.segment_length_histogram.tolist())]
+        position_histogram += s.position_histogram
+        length_histogram += s.segment_length_histogram
         sources[name] = SourceSummary(
             tokens=s.tokens,
             fraction=s.tokens / tokens if tokens else 0.0,
@@ -102,8 +103,8 @@ def build_manifest(
         long_tokens=long_tokens,
         long_fraction=long_tokens / tokens if tokens else 0.0,
         short_document_pieces=stats.short_document_pieces,
-        position_histogram=position_histogram,
-        segment_length_histogram=length_histogram,
+        position_histogram=position_histogram.tolist(),
+        segment_length_histogram=length_histogram.tolist(),
         sources=sources,
     )
 
@@ -114,10 +115,14 @@ def coverage_refusal(seq_len: int, original: int, longest: Mapping[str, int]) ->
     if any(length > original for length in longest.values()):
         return None
     lines = [
-        f"seq_len {seq_len}: no token reaches position {original} (context.original), so these windows would "
-        "never train the positions a context extension is for. Longest segment per source:"
+        (
+            f"seq_len {seq_len}: no token reaches position {original} (context.original), so these windows "
+            "would never train the positions a context extension is for. Longest segment per source:"
+        )
     ]
-    lines += [f"  {name}: {length} tokens (positions 0..{length - 1})" for name, length in sorted(longest.items())]
+    lines += [
+        f"  {name}: {length} tokens (positions 0..{length - 1})" for name, length in sorted(longest.items())
+    ]
     if seq_len <= original:
         lines.append(f"Use a pack.seq_lens entry above {original}.")
     else:
@@ -133,7 +138,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> Path:
     """Write ``folder/manifest.json`` atomically."""
     path = folder / MANIFEST_NAME
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(
+        json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True) + "\n", encoding="utf-8"
+    )
     os.replace(tmp, path)
     return path
 
@@ -143,7 +150,8 @@ def load_manifest(folder: Path) -> Manifest:
     path = folder / MANIFEST_NAME
     if not path.is_file():
         raise ShardError(
-            f"{folder}: no {MANIFEST_NAME}; the pack run that writes it has not finished (or refused this output)"
+            f"{folder}: no {MANIFEST_NAME}; the pack run that writes it has not finished "
+            "(or refused this output)"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -102,7 +102,9 @@ def plan_mix(
         hashes = np.array([doc_hash(seed, name, doc_id) for doc_id in cat.ids], dtype=np.uint64)
         order = np.argsort(hashes, kind="stable")
         taken = np.concatenate([[0], np.cumsum(lengths[name][order])])
-        cut = int(np.argmin(np.abs(taken - budget)))  # the first `cut` documents in hash order get one more copy
+        cut = int(
+            np.argmin(np.abs(taken - budget))
+        )  # the first `cut` documents in hash order get one more copy
         rules[name] = SourceRule(base, int(hashes[order[cut]]) if cut < len(order) else _ALL)
     return MixPlan(seed, rules)
 

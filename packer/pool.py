@@ -52,6 +52,8 @@ class PoolBuilder:
         start = np.zeros(len(length), dtype=np.int64)
         np.cumsum(length[:-1], out=start[1:])
         tokens = np.concatenate(self._tokens) if self._tokens else np.zeros(0, dtype=np.int32)
-        pool = DocumentPool(tokens, start, length, np.array(self._copies, dtype=np.int64), self._ids, self._sources)
+        pool = DocumentPool(
+            tokens, start, length, np.array(self._copies, dtype=np.int64), self._ids, self._sources
+        )
         self._reset()
         return pool

@@ -61,7 +61,8 @@ class ShardColumns:
 
     def row(self, i: int) -> PackedRow:
         segments = {
-            name: self.table.column(name)[i].as_py() for name in ("doc_id", "doc_source", "doc_offset", "doc_length")
+            name: self.table.column(name)[i].as_py()
+            for name in ("doc_id", "doc_source", "doc_offset", "doc_length")
         }
         return PackedRow(
             input_ids=self.input_ids[i],
@@ -106,8 +107,8 @@ class ShardSet:
             )
         if tokenizer is not None and header.tokenizer.sha256 != expected_fingerprint(tokenizer):
             raise ShardError(
-                f"{self.folder}: shards were encoded with tokenizer {header.tokenizer.sha256[:12]}…, not the expected "
-                f"{expected_fingerprint(tokenizer)[:12]}…; re-pack with the tokenizer you train with"
+                f"{self.folder}: shards were encoded with tokenizer {header.tokenizer.sha256[:12]}…, not the "
+                f"expected {expected_fingerprint(tokenizer)[:12]}…; re-pack with the tokenizer you train with"
             )
         rows = [shard.rows for shard in self.manifest.shards]
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])

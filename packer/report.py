@@ -3,6 +3,7 @@ one window decoded with its segment boundaries, and histogram figures."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,9 +24,11 @@ def stats_from_shards(shards: Iterable[ShardColumns], seq_len: int, original_con
         doc_id = table.column("doc_id").combine_chunks().flatten()
         is_doc = doc_id.is_valid().to_numpy(zero_copy_only=False)
         sources = table.column("doc_source").combine_chunks().flatten().filter(is_doc).to_pylist()
-        doc_len = table.column("doc_length").combine_chunks().flatten().filter(is_doc).to_numpy().astype(np.int64)
+        doc_len = (
+            table.column("doc_length").combine_chunks().flatten().filter(is_doc).to_numpy().astype(np.int64)
+        )
         stats.add_windows(table.num_rows, sources, columns.segment_lengths()[is_doc], doc_len)
-        for name, doc in zip(sources, doc_id.filter(is_doc).to_pylist()):
+        for name, doc in zip(sources, doc_id.filter(is_doc).to_pylist(), strict=True):
             seen.setdefault(name, set()).add(doc)
     for name, ids in seen.items():
         stats.source(name).documents = len(ids)
@@ -48,23 +51,36 @@ def bucket_label(k: int) -> str:
 def _histogram_lines(counts: list[int], width: int = 40) -> list[str]:
     top = max(counts) or 1
     last = max((k for k, c in enumerate(counts) if c), default=-1)
-    return [f"    {bucket_label(k):>11} {c:>14,} {'█' * round(width * c / top)}" for k, c in enumerate(counts[: last + 1])]
+    return [
+        f"    {bucket_label(k):>11} {c:>14,} {'█' * round(width * c / top)}"
+        for k, c in enumerate(counts[: last + 1])
+    ]
 
 
 def format_manifest(manifest: Manifest, title: str) -> str:
     """A text summary: totals, coverage of long positions, sources, and both histograms."""
     h = manifest.header
     total = manifest.rows * h.seq_len
+    padding_share = manifest.padding / (total or 1)
     lines = [
         title,
-        f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document tokens, "
-        f"padding {manifest.padding:,} ({manifest.padding / (total or 1):.2%}); efficiency {manifest.efficiency:.3%}",
-        f"  strategy {h.strategy}; format v{h.format_version}; tokenizer {h.tokenizer.sha256[:12]}; "
-        f"config {h.config_sha256[:12]}; {len(manifest.shards)} shard file(s)",
-        f"  largest position {manifest.max_position:,}; tokens at positions >= {h.original_context:,} "
-        f"(context.original): {manifest.long_tokens:,} ({manifest.long_fraction:.2%})",
+        (
+            f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document tokens, "
+            f"padding {manifest.padding:,} ({padding_share:.2%}); efficiency {manifest.efficiency:.3%}"
+        ),
+        (
+            f"  strategy {h.strategy}; format v{h.format_version}; tokenizer {h.tokenizer.sha256[:12]}; "
+            f"config {h.config_sha256[:12]}; {len(manifest.shards)} shard file(s)"
+        ),
+        (
+            f"  largest position {manifest.max_position:,}; tokens at positions >= {h.original_context:,} "
+            f"(context.original): {manifest.long_tokens:,} ({manifest.long_fraction:.2%})"
+        ),
         f"  segments holding part of a document that fits one window: {manifest.short_document_pieces:,}",
-        f"  {'source':<16} {'tokens':>14} {'fraction':>9} {'docs':>8} {'segments':>9} {'max pos':>9} {'>=original':>11}",
+        (
+            f"  {'source':<16} {'tokens':>14} {'fraction':>9} {'docs':>8} {'segments':>9} {'max pos':>9} "
+            f"{'>=original':>11}"
+        ),
     ]
     for name, s in manifest.sources.items():
         long_share = s.long_tokens / s.tokens if s.tokens else 0.0
@@ -85,18 +101,23 @@ def format_row(row: PackedRow, index: int, tokenizer: Tokenizer | None, max_char
     cu = row.cu_seqlens.tolist()
     trained = int(row.loss_mask.sum())
     lines = [f"row {index}: {len(cu) - 1} segment(s), {trained:,} trained tokens of {len(row.input_ids):,}"]
-    for j, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+    for j, (start, end) in enumerate(itertools.pairwise(cu)):
         if row.doc_id[j] is None:
-            lines.append(f"── segment {j}: window tokens [{start}, {end}) · padding ({end - start} tokens) ──")
+            lines.append(
+                f"── segment {j}: window tokens [{start}, {end}) · padding ({end - start} tokens) ──"
+            )
             continue
         offset = row.doc_offset[j]
         lines.append(
-            f"── segment {j}: window tokens [{start}, {end}) · document {row.doc_id[j]} (source {row.doc_source[j]}) "
-            f"tokens [{offset}, {offset + end - start}) of {row.doc_length[j]} ──"
+            f"── segment {j}: window tokens [{start}, {end}) · document {row.doc_id[j]} "
+            f"(source {row.doc_source[j]}) tokens [{offset}, {offset + end - start}) "
+            f"of {row.doc_length[j]} ──"
         )
         ids = row.input_ids[start:end].tolist()
         text = tokenizer.decode(ids, skip_special_tokens=False) if tokenizer else " ".join(map(str, ids))
-        lines.append(text if len(text) <= max_chars else f"{text[: max_chars // 2]} … {text[-max_chars // 2 :]}")
+        lines.append(
+            text if len(text) <= max_chars else f"{text[: max_chars // 2]} … {text[-max_chars // 2 :]}"
+        )
     return "\n".join(lines)
 
 
@@ -109,10 +130,14 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     panels = (
-        ("position_histogram", "tokens", f"position ids (context.original = {manifest.header.original_context:,})"),
+        (
+            "position_histogram",
+            "tokens",
+            f"position ids (context.original = {manifest.header.original_context:,})",
+        ),
         ("segment_length_histogram", "segments", "document segment lengths"),
     )
-    for ax, (key, unit, title) in zip(axes, panels):
+    for ax, (key, unit, title) in zip(axes, panels, strict=True):
         bottom = np.zeros(len(getattr(manifest, key)))
         labels = [bucket_label(k) for k in range(len(bottom))]
         for name, source in manifest.sources.items():
@@ -121,13 +146,17 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
             bottom += counts
         if key == "position_histogram":
             original_bucket = manifest.header.original_context.bit_length()
-            ax.axvline(original_bucket - 0.5, color="black", linestyle="--", linewidth=1, label="context.original")
+            ax.axvline(
+                original_bucket - 0.5, color="black", linestyle="--", linewidth=1, label="context.original"
+            )
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.set_xlabel("power-of-two bucket")
         ax.tick_params(axis="x", labelrotation=60)
         ax.legend(fontsize="small")
-    fig.suptitle(f"seq_len {manifest.header.seq_len:,}: {manifest.rows:,} rows, efficiency {manifest.efficiency:.3%}")
+    fig.suptitle(
+        f"seq_len {manifest.header.seq_len:,}: {manifest.rows:,} rows, efficiency {manifest.efficiency:.3%}"
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

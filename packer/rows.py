@@ -41,7 +41,11 @@ def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) 
 
     input_ids = np.full(rows * seq_len, pad_id, dtype=np.int32)
     doc_token = is_doc[tokens_per_seg]
-    src = pool.start[doc[tokens_per_seg[doc_token]]] + offset[tokens_per_seg[doc_token]] + index_in_seg[doc_token]
+    src = (
+        pool.start[doc[tokens_per_seg[doc_token]]]
+        + offset[tokens_per_seg[doc_token]]
+        + index_in_seg[doc_token]
+    )
     input_ids[doc_token] = pool.tokens[src]
     loss_mask = doc_token.astype(np.uint8)
     loss_mask[seg_start] = 0

@@ -77,7 +77,11 @@ def _copies(catalog: SourceCatalog, mix: MixPlan | None) -> np.ndarray:
 
 
 def check_planned_coverage(
-    catalogs: dict[str, SourceCatalog], copies: dict[str, np.ndarray], seq_lens: list[int], original: int, specials: int
+    catalogs: dict[str, SourceCatalog],
+    copies: dict[str, np.ndarray],
+    seq_lens: list[int],
+    original: int,
+    specials: int,
 ) -> None:
     """Refuse before tokenizing when the curated token counts show that no segment can be longer
     than ``original`` (skipped when counts are unknown; the manifest step checks the real windows)."""
@@ -89,7 +93,9 @@ def check_planned_coverage(
         if (copies[name] > 0).any()
     }
     for seq_len in seq_lens:
-        refusal = coverage_refusal(seq_len, original, {n: min(seq_len, length) for n, length in longest_doc.items()})
+        refusal = coverage_refusal(
+            seq_len, original, {n: min(seq_len, length) for n, length in longest_doc.items()}
+        )
         if refusal:
             raise CoverageError(refusal)
 
@@ -135,7 +141,9 @@ def _check_same_run(layout: PackLayout, plan: PackPlan) -> None:
     fingerprint = {
         "config_sha256": plan.headers[0].config_sha256,
         "tokenizer_sha256": plan.headers[0].tokenizer.sha256,
-        "documents": [[str(f.relative_to(layout.documents)), f.stat().st_size] for f in document_files(layout.documents)],
+        "documents": [
+            [str(f.relative_to(layout.documents)), f.stat().st_size] for f in document_files(layout.documents)
+        ],
     }
     path = layout.work / "run.json"
     if path.exists():
@@ -148,14 +156,18 @@ def _check_same_run(layout: PackLayout, plan: PackPlan) -> None:
             )
         return
     if layout.shards.exists() and any(layout.shards.iterdir()):
-        raise ConfigError(f"{layout.shards} exists but was not written by this pack run; delete it or choose another output")
+        raise ConfigError(
+            f"{layout.shards} exists but was not written by this pack run; delete it or choose another output"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(fingerprint, indent=1, sort_keys=True), encoding="utf-8")
     tmp.replace(path)
 
 
-def build_stages(cfg: RootConfig, layout: PackLayout, plan: PackPlan) -> list[tuple[str, list[PipelineStep], int]]:
+def build_stages(
+    cfg: RootConfig, layout: PackLayout, plan: PackPlan
+) -> list[tuple[str, list[PipelineStep], int]]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``."""
     pack = cfg.pack or PackConfig()
     summaries = layout.work / "tasks"
@@ -166,11 +178,23 @@ def build_stages(cfg: RootConfig, layout: PackLayout, plan: PackPlan) -> list[tu
         steps.append(MixSampler(plan.mix))
     steps.append(
         PackDocuments(
-            layout.tokenizer, plan.headers, layout.shards, summaries, pack.pool_tokens, pack.shard_tokens, pack.batch_size
+            layout.tokenizer,
+            plan.headers,
+            layout.shards,
+            summaries,
+            pack.pool_tokens,
+            pack.shard_tokens,
+            pack.batch_size,
         )
     )
     manifests = WriteManifests(
-        plan.headers, plan.config, layout.shards, summaries, pack.executor.tasks, pack.mix, pack.allow_short_positions
+        plan.headers,
+        plan.config,
+        layout.shards,
+        summaries,
+        pack.executor.tasks,
+        pack.mix,
+        pack.allow_short_positions,
     )
     return [("pack", steps, pack.executor.tasks), ("manifest", [manifests], 1)]
 
@@ -185,7 +209,10 @@ def run_pack(cfg: RootConfig) -> dict[int, Manifest] | None:
     layout = PackLayout(cfg.output)
     plan = make_plan(cfg, layout)
     if plan.mix is not None and all(n >= 0 for n in plan.planned_tokens.values()):
-        print(format_fractions(pack.mix, plan.planned_tokens, "planned mix (from curated token counts):"), flush=True)
+        print(
+            format_fractions(pack.mix, plan.planned_tokens, "planned mix (from curated token counts):"),
+            flush=True,
+        )
     _check_same_run(layout, plan)
     stages = build_stages(cfg, layout, plan)
     previous = None

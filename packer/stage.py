@@ -42,7 +42,11 @@ class CuratedDocumentReader(ParquetReader):
 
     def __init__(self, documents: Path, batch_size: int, progress: bool = False) -> None:
         super().__init__(
-            str(documents), glob_pattern="**/*.parquet", batch_size=batch_size, file_progress=progress, doc_progress=progress
+            str(documents),
+            glob_pattern="**/*.parquet",
+            batch_size=batch_size,
+            file_progress=progress,
+            doc_progress=progress,
         )
 
     def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
@@ -85,7 +89,10 @@ class ShardSeries:
             self._pending.append(build_rows(pool, part, seq_len, self.header.tokenizer.pad_id))
             self._write(final=False)
         self.stats.add_windows(
-            packing.num_windows, [pool.sources[d] for d in packing.doc.tolist()], packing.length, pool.length[packing.doc]
+            packing.num_windows,
+            [pool.sources[d] for d in packing.doc.tolist()],
+            packing.length,
+            pool.length[packing.doc],
         )
         self.stats.add_documents(pool.sources[d] for d in np.flatnonzero(pool.copies).tolist())
 
@@ -94,7 +101,11 @@ class ShardSeries:
         self._write(final=True)
         path = summary_path(summaries, self.header.seq_len, self.rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        summary = {"rank": self.rank, "shards": [f.model_dump() for f in self.files], "stats": self.stats.to_json()}
+        summary = {
+            "rank": self.rank,
+            "shards": [f.model_dump() for f in self.files],
+            "stats": self.stats.to_json(),
+        }
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
         tmp.replace(path)
@@ -152,7 +163,7 @@ class PackDocuments(PipelineStep):
         for batch in batched(data or (), self.batch_size):
             with self.track_time("batch"):
                 encoded = encode_documents(tokenizer, [doc.text for doc in batch], info)
-            for doc, ids in zip(batch, encoded):
+            for doc, ids in zip(batch, encoded, strict=True):
                 pool.add(doc.id, doc.metadata["source"], ids, int(doc.metadata.get("copies", 1)))
                 self.stat_update("documents")
                 self.stat_update("tokens", value=len(ids))
@@ -221,7 +232,9 @@ class WriteManifests(PipelineStep):
             raise ShardError(f"{folder} holds shards that no task of this run wrote: {', '.join(stray[:5])}")
         manifest = build_manifest(header, self.config, files, stats, self.targets)
         refusal = coverage_refusal(
-            header.seq_len, header.original_context, {n: s.max_position + 1 for n, s in manifest.sources.items()}
+            header.seq_len,
+            header.original_context,
+            {n: s.max_position + 1 for n, s in manifest.sources.items()},
         )
         if refusal and not self.allow_short_positions:
             raise CoverageError(refusal)

@@ -15,7 +15,9 @@ from typing import Any
 
 import numpy as np
 
-HISTOGRAM_BUCKETS = "bucket k counts values v with v.bit_length() == k: k=0 holds 0, k>=1 holds [2**(k-1), 2**k)"
+HISTOGRAM_BUCKETS = (
+    "bucket k counts values v with v.bit_length() == k: k=0 holds 0, k>=1 holds [2**(k-1), 2**k)"
+)
 
 
 def num_buckets(seq_len: int) -> int:
@@ -71,7 +73,7 @@ class SourceStats:
         self.position_histogram += position_histogram(lengths, self.buckets)
         self.segment_length_histogram += value_histogram(lengths, self.buckets)
 
-    def merge(self, other: "SourceStats") -> None:
+    def merge(self, other: SourceStats) -> None:
         self.tokens += other.tokens
         self.segments += other.segments
         self.documents += other.documents
@@ -92,7 +94,7 @@ class SourceStats:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "SourceStats":
+    def from_json(cls, data: dict[str, Any]) -> SourceStats:
         stats = cls(len(data["position_histogram"]))
         for key in ("tokens", "segments", "documents", "long_tokens", "max_position"):
             setattr(stats, key, int(data[key]))
@@ -124,7 +126,9 @@ class OutputStats:
         """Account for ``rows`` windows whose document segments have the given sources and lengths."""
         self.rows += rows
         self.padding += rows * self.seq_len - int(seg_lengths.sum())
-        self.short_document_pieces += int(((seg_doc_lengths <= self.seq_len) & (seg_lengths < seg_doc_lengths)).sum())
+        self.short_document_pieces += int(
+            ((seg_doc_lengths <= self.seq_len) & (seg_lengths < seg_doc_lengths)).sum()
+        )
         names = np.asarray(seg_sources, dtype=object)
         for name in sorted(set(seg_sources)):
             self.source(name).add_segments(seg_lengths[names == name], self.original_context)
@@ -134,7 +138,7 @@ class OutputStats:
         for name in sources:
             self.source(name).documents += 1
 
-    def merge(self, other: "OutputStats") -> None:
+    def merge(self, other: OutputStats) -> None:
         self.rows += other.rows
         self.padding += other.padding
         self.short_document_pieces += other.short_document_pieces
@@ -156,7 +160,13 @@ class OutputStats:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "OutputStats":
-        stats = cls(data["seq_len"], data["original_context"], data["rows"], data["padding"], data["short_document_pieces"])
+    def from_json(cls, data: dict[str, Any]) -> OutputStats:
+        stats = cls(
+            data["seq_len"],
+            data["original_context"],
+            data["rows"],
+            data["padding"],
+            data["short_document_pieces"],
+        )
         stats.sources = {name: SourceStats.from_json(s) for name, s in data["sources"].items()}
         return stats

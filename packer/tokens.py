@@ -38,7 +38,9 @@ def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
         eos_id=eos_id,
         bos_id=_token_id(tokenizer, cfg.bos_token, "bos_token", path) if cfg.bos_token is not None else None,
-        pad_id=_token_id(tokenizer, cfg.pad_token, "pad_token", path) if cfg.pad_token is not None else eos_id,
+        pad_id=_token_id(tokenizer, cfg.pad_token, "pad_token", path)
+        if cfg.pad_token is not None
+        else eos_id,
     )
 
 

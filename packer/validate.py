@@ -81,7 +81,12 @@ def _check_boundaries(columns: ShardColumns, file: str, limit: int) -> list[Viol
     step_row = np.searchsorted(offsets, np.arange(len(steps)), side="right") - 1
     bad[step_row[within_row & (steps <= 0)]] = True
     found = [
-        Violation(file, r, "cu_seqlens", f"must rise strictly from 0 to {seq_len}, got {cu[offsets[r] : offsets[r + 1]][:8].tolist()}")
+        Violation(
+            file,
+            r,
+            "cu_seqlens",
+            f"must rise strictly from 0 to {seq_len}, got {cu[offsets[r] : offsets[r + 1]][:8].tolist()}",
+        )
         for r in np.flatnonzero(bad)[:limit].tolist()
     ]
     for name in PROVENANCE:
@@ -116,7 +121,9 @@ def _check_provenance(seg: _Segments, file: str, limit: int) -> Iterator[Violati
     for r in _rows_of(seg.is_pad & ~last, seg.row, limit):
         yield Violation(file, r, "doc_id", "a padding segment (null doc_id) that is not the last segment")
     for name in PROVENANCE[1:]:
-        for r in _rows_of(seg.provenance[name].is_null().to_numpy(zero_copy_only=False) != seg.is_pad, seg.row, limit):
+        for r in _rows_of(
+            seg.provenance[name].is_null().to_numpy(zero_copy_only=False) != seg.is_pad, seg.row, limit
+        ):
             yield Violation(file, r, name, "must be null exactly for the padding segment")
     empty = ~seg.is_pad & (
         (pc.utf8_length(seg.provenance["doc_id"].fill_null("")).to_numpy() == 0)
@@ -127,7 +134,7 @@ def _check_provenance(seg: _Segments, file: str, limit: int) -> Iterator[Violati
     offset, doc_length = seg.offset, seg.doc_length
     outside = ~seg.is_pad & ((offset < 0) | (offset + seg.length > doc_length))
     for s in np.flatnonzero(outside)[:limit].tolist():
-        message = f"segment of {seg.length[s]} tokens at offset {offset[s]} does not fit a document of {doc_length[s]}"
+        message = f"{seg.length[s]} tokens at offset {offset[s]} do not fit a document of {doc_length[s]}"
         yield Violation(file, int(seg.row[s]), "doc_offset", message)
 
 
@@ -142,26 +149,45 @@ def _check_tokens(columns: ShardColumns, seg: _Segments, file: str, limit: int) 
     ids = columns.input_ids.reshape(-1)
     positions, mask = columns.position_ids.reshape(-1), columns.loss_mask.reshape(-1)
     checks = [
-        ("position_ids", positions != expected_position, lambda i: f"expected {expected_position[i]}, got {positions[i]}"),
+        (
+            "position_ids",
+            positions != expected_position,
+            lambda i: f"expected {expected_position[i]}, got {positions[i]}",
+        ),
         ("loss_mask", mask != expected_mask, lambda i: f"expected {expected_mask[i]}, got {mask[i]}"),
-        ("input_ids", padding & (ids != tok.pad_id), lambda i: f"padding must be pad id {tok.pad_id}, got {ids[i]}"),
-        ("input_ids", (ids < 0) | (ids >= tok.vocab_size), lambda i: f"id {ids[i]} outside [0, {tok.vocab_size})"),
+        (
+            "input_ids",
+            padding & (ids != tok.pad_id),
+            lambda i: f"padding must be pad id {tok.pad_id}, got {ids[i]}",
+        ),
+        (
+            "input_ids",
+            (ids < 0) | (ids >= tok.vocab_size),
+            lambda i: f"id {ids[i]} outside [0, {tok.vocab_size})",
+        ),
     ]
     for name, wrong, describe in checks:
         flat = np.flatnonzero(wrong)
         rows, first = np.unique(flat // seq_len, return_index=True)
-        for r, i in zip(rows[:limit].tolist(), flat[first[:limit]].tolist()):
+        for r, i in zip(rows[:limit].tolist(), flat[first[:limit]].tolist(), strict=True):
             yield Violation(file, r, name, f"token {i % seq_len}: {describe(i)}")
 
 
-def _check_special_tokens(columns: ShardColumns, seg: _Segments, file: str, limit: int) -> Iterator[Violation]:
+def _check_special_tokens(
+    columns: ShardColumns, seg: _Segments, file: str, limit: int
+) -> Iterator[Violation]:
     """A segment that ends its document ends with EOS; one that starts it starts with BOS (if used)."""
     tok = columns.meta.tokenizer
     ids = columns.input_ids.reshape(-1)
     offset, doc_id = seg.offset, seg.provenance["doc_id"]
     ends = ~seg.is_pad & (offset + seg.length == seg.doc_length)
     for s in np.flatnonzero(ends & (ids[seg.start + seg.length - 1] != tok.eos_id))[:limit].tolist():
-        yield Violation(file, int(seg.row[s]), "input_ids", f"document {doc_id[s].as_py()} does not end with EOS {tok.eos_id}")
+        yield Violation(
+            file,
+            int(seg.row[s]),
+            "input_ids",
+            f"document {doc_id[s].as_py()} does not end with EOS {tok.eos_id}",
+        )
     if tok.bos_id is not None:
         starts = ~seg.is_pad & (offset == 0)
         for s in np.flatnonzero(starts & (ids[seg.start] != tok.bos_id))[:limit].tolist():
@@ -202,7 +228,11 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
     header = manifest.header
     found: list[Violation] = []
     if tokenizer is not None and tokenizer_fingerprint(tokenizer) != header.tokenizer.sha256:
-        found.append(Violation(str(tokenizer), None, "tokenizer", "sha256 differs from the shards' tokenizer fingerprint"))
+        found.append(
+            Violation(
+                str(tokenizer), None, "tokenizer", "sha256 differs from the shards' tokenizer fingerprint"
+            )
+        )
     listed = {s.file for s in manifest.shards}
     for stray in sorted({p.name for p in folder.glob(f"*{SHARD_SUFFIX}")} - listed):
         found.append(Violation(stray, None, "manifest", "shard file not listed in the manifest"))
@@ -215,7 +245,9 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
             complete = False
             continue
         if file_checksum(path) != entry.xxh3_128:
-            found.append(Violation(entry.file, None, "xxh3_128", "checksum differs from the manifest (file modified)"))
+            found.append(
+                Violation(entry.file, None, "xxh3_128", "checksum differs from the manifest (file modified)")
+            )
         try:
             meta, table = open_shard(path)
         except ShardError as err:
@@ -225,7 +257,9 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
         if meta.model_dump(exclude={"rows"}) != header.model_dump():
             found.append(Violation(entry.file, None, "metadata", "header differs from the manifest's"))
         if meta.rows != entry.rows:
-            found.append(Violation(entry.file, None, "rows", f"{meta.rows} rows, the manifest says {entry.rows}"))
+            found.append(
+                Violation(entry.file, None, "rows", f"{meta.rows} rows, the manifest says {entry.rows}")
+            )
         columns = ShardColumns(meta, table)
         found += list(check_rows(columns, entry.file, limit))
         opened.append(columns)
@@ -239,5 +273,7 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
             source["target_fraction"] = None
         for key in sorted(claimed):
             if claimed[key] != recomputed[key]:
-                found.append(Violation("manifest.json", None, key, "differs from the value recomputed from the shards"))
+                found.append(
+                    Violation("manifest.json", None, key, "differs from the value recomputed from the shards")
+                )
     return found[:limit]

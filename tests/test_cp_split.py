@@ -3,14 +3,18 @@ random segment layouts, including the block masks ring attention derives from it
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_pack_helpers import PackedRun, packed_run  # noqa: F401
+from test_pack_helpers import PackedRun
 
 from packer import IGNORE_INDEX, PackedDataset, collate_packed, zigzag_split
 from packer.cp import ContextParallelShard, zigzag_indices
+
+pytest_plugins = ["test_pack_helpers"]  # the shared packed_run fixture
 
 
 def reference_split(sample: dict[str, torch.Tensor], cp_size: int, cp_rank: int) -> dict[str, list[int]]:
@@ -19,8 +23,13 @@ def reference_split(sample: dict[str, torch.Tensor], cp_size: int, cp_rank: int)
     chunk = length // (2 * cp_size)
     indices = [i for c in (cp_rank, 2 * cp_size - 1 - cp_rank) for i in range(c * chunk, (c + 1) * chunk)]
     bounds = sample["cu_seqlens"].tolist()
-    segment = [next(j for j in range(len(bounds) - 1) if bounds[j] <= t < bounds[j + 1]) for t in range(length)]
-    out = {key: [int(sample[key][i]) for i in indices] for key in ("input_ids", "labels", "position_ids", "loss_mask")}
+    segment = [
+        next(j for j in range(len(bounds) - 1) if bounds[j] <= t < bounds[j + 1]) for t in range(length)
+    ]
+    out = {
+        key: [int(sample[key][i]) for i in indices]
+        for key in ("input_ids", "labels", "position_ids", "loss_mask")
+    }
     return out | {"indices": indices, "segment_ids": [segment[i] for i in indices]}
 
 
@@ -46,7 +55,7 @@ def layouts(draw: st.DrawFn) -> tuple[dict[str, torch.Tensor], int]:
     length = 2 * cp_size * draw(st.integers(1, 12))
     cuts = sorted(draw(st.sets(st.integers(1, length - 1), max_size=length - 1))) if length > 1 else []
     bounds = [0, *cuts, length]
-    positions = torch.cat([torch.arange(b - a) for a, b in zip(bounds[:-1], bounds[1:])])
+    positions = torch.cat([torch.arange(b - a) for a, b in itertools.pairwise(bounds)])
     ids = torch.tensor(draw(st.lists(st.integers(0, 999), min_size=length, max_size=length)))
     mask = positions > 0
     labels = torch.full((length,), IGNORE_INDEX)
@@ -63,7 +72,9 @@ def layouts(draw: st.DrawFn) -> tuple[dict[str, torch.Tensor], int]:
 
 @given(layouts())
 @settings(max_examples=150, deadline=None)
-def test_random_layouts_match_the_reference_and_preserve_masks(layout: tuple[dict[str, torch.Tensor], int]) -> None:
+def test_random_layouts_match_the_reference_and_preserve_masks(
+    layout: tuple[dict[str, torch.Tensor], int],
+) -> None:
     sample, cp_size = layout
     length = len(sample["input_ids"])
     shards = [zigzag_split(sample, cp_size, rank) for rank in range(cp_size)]
@@ -73,12 +84,14 @@ def test_random_layouts_match_the_reference_and_preserve_masks(layout: tuple[dic
     assert sorted(torch.cat([s.indices for s in shards]).tolist()) == list(range(length))
     # every rank pair rebuilds exactly its block of the full packed causal mask
     bounds = sample["cu_seqlens"].tolist()
-    segment = torch.cat([torch.full((b - a,), j) for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))])
+    segment = torch.cat([torch.full((b - a,), j) for j, (a, b) in enumerate(itertools.pairwise(bounds))])
     position = torch.arange(length)
     full = (segment[:, None] == segment[None, :]) & (position[None, :] <= position[:, None])
     for q in shards:
         for k in shards:
-            block = (q.segment_ids[:, None] == k.segment_ids[None, :]) & (k.indices[None, :] <= q.indices[:, None])
+            block = (q.segment_ids[:, None] == k.segment_ids[None, :]) & (
+                k.indices[None, :] <= q.indices[:, None]
+            )
             assert torch.equal(block, full[q.indices][:, k.indices])
 
 

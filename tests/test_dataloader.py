@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_pack_helpers import PackedRun, packed_run  # noqa: F401
+from test_pack_helpers import PackedRun
 from torch.utils.data import DataLoader
 
 from packer import IGNORE_INDEX, PackedDataset, ShardError, collate_packed
+
+pytest_plugins = ["test_pack_helpers"]  # the shared packed_run fixture
 
 SEQ_LEN = 256
 
@@ -28,7 +30,9 @@ def rows_seen(ds: PackedDataset, n: int) -> list[int]:
     index = {ds[i]["input_ids"].numpy().tobytes(): i for i in range(len(ds.shards))}
     seen: list[int] = []
     while len(seen) < n:
-        seen += [index[item["input_ids"].numpy().tobytes()] for item in itertools.islice(iter(ds), n - len(seen))]
+        seen += [
+            index[item["input_ids"].numpy().tobytes()] for item in itertools.islice(iter(ds), n - len(seen))
+        ]
     return seen
 
 
@@ -36,11 +40,16 @@ def test_labels_and_loss_mask_follow_the_documented_convention(packed_run: Packe
     ds = dataset(packed_run)
     for i in range(len(ds.shards)):
         item, row = ds[i], ds.shards.row(i)
-        ids, labels, mask, cu = item["input_ids"], item["labels"], item["loss_mask"], item["cu_seqlens"].tolist()
+        ids, labels, mask, cu = (
+            item["input_ids"],
+            item["labels"],
+            item["loss_mask"],
+            item["cu_seqlens"].tolist(),
+        )
         assert ids.dtype == labels.dtype == item["position_ids"].dtype == torch.int64
         assert item["cu_seqlens"].dtype == torch.int32 and mask.dtype == torch.bool
         assert torch.equal(mask, labels != IGNORE_INDEX)
-        for j, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        for j, (a, b) in enumerate(itertools.pairwise(cu)):
             if row.doc_id[j] is None:
                 assert not mask[a:b].any()
                 continue
@@ -48,7 +57,9 @@ def test_labels_and_loss_mask_follow_the_documented_convention(packed_run: Packe
             assert torch.equal(labels[a : b - 1], ids[a + 1 : b]) and labels[b - 1] == IGNORE_INDEX
             assert torch.equal(item["position_ids"][a:b], torch.arange(b - a))
         # as many predictions as an unpacked document of each segment's length would have
-        assert int(mask.sum()) == sum(b - a - 1 for j, (a, b) in enumerate(zip(cu[:-1], cu[1:])) if row.doc_id[j])
+        assert int(mask.sum()) == sum(
+            b - a - 1 for j, (a, b) in enumerate(itertools.pairwise(cu)) if row.doc_id[j]
+        )
 
 
 def test_order_is_seeded_per_epoch(packed_run: PackedRun) -> None:
@@ -105,7 +116,7 @@ def test_a_state_from_other_data_or_settings_is_refused(packed_run: PackedRun) -
     with pytest.raises(ValueError, match="different seed"):
         dataset(packed_run, seed=2).load_state_dict(state)
     other = PackedDataset(packed_run.folder(1024), tokenizer=packed_run.tokenizer_path, seed=1)
-    with pytest.raises(ValueError, match="config_sha256|rows"):
+    with pytest.raises(ValueError, match=r"config_sha256|rows"):
         other.load_state_dict(state)
 
 
@@ -124,9 +135,9 @@ def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun
         PackedDataset(packed_run.folder(SEQ_LEN), tokenizer="f" * 64)
     with pytest.raises(ShardError, match="format version 1, this reader expects 2"):
         PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, format_version=2)
-    with pytest.raises(ShardError, match="no manifest.json"):
+    with pytest.raises(ShardError, match=r"no manifest\.json"):
         PackedDataset(tmp_path, tokenizer=None)
-    with pytest.raises(ValueError, match="tokenizer.json path or a sha256"):
+    with pytest.raises(ValueError, match=r"tokenizer\.json path or a sha256"):
         PackedDataset(packed_run.folder(SEQ_LEN), tokenizer="no-such-tokenizer.json")
     newer = tmp_path / "newer"
     shutil.copytree(packed_run.folder(SEQ_LEN), newer)

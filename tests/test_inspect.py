@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_pack_helpers import PackedRun, packed_run  # noqa: F401
+from test_pack_helpers import PackedRun
 
 from packer.format import ShardHeader, open_shard, write_shard
 from pipeline.cli import main
+
+pytest_plugins = ["test_pack_helpers"]  # the shared packed_run fixture
 
 SEQ_LEN = 256
 
@@ -70,7 +72,9 @@ def test_damaged_shards_are_clear_errors(copy: Path, capsys: pytest.CaptureFixtu
         shard.unlink()
     assert main(["inspect", str(copy), "--validate"]) == 1
     out = capsys.readouterr().out
-    expected = {"truncate": "truncated or corrupt", "corrupt": "truncated or corrupt", "delete": "missing"}[damage]
+    expected = {"truncate": "truncated or corrupt", "corrupt": "truncated or corrupt", "delete": "missing"}[
+        damage
+    ]
     assert "INVALID 00001_00000.arrow" in out and expected in out
     assert main(["inspect", str(copy)]) == 2
     assert "00001_00000.arrow" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """Inputs for the packer's tests: a small curated corpus in the layout curation writes, its
 tokenizer, and one packed run shared by the test modules (built once per session).
 
-Holds no tests; the packer's test modules import from it.
+Holds no tests. The packer's test modules import its helpers and load it as a plugin
+(``pytest_plugins = ["test_pack_helpers"]``) for the ``packed_run`` fixture.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from pipeline.config import RootConfig, parse_config
 from pipeline.docstore import DocumentWriter
 from pipeline.tokenizer import count_tokens, load_tokenizer, train_bpe
 
-WORDS = (
+_SENTENCE = (
     "the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
     "they you were her she there one all we their been has when who will more no if out so said what up its "
     "about into than them can only other new some could time these two may then do first any my now such like"
-).split()
+)
+WORDS = _SENTENCE.split()
 ORIGINAL = 128
 TARGET = 1024
 SEQ_LENS = [256, 1024]
@@ -36,7 +38,9 @@ def synthetic_texts(seed: int = 0) -> dict[str, list[str]]:
     rng = random.Random(seed)
 
     def text(words: int) -> str:
-        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))) for _ in range(words // 8 + 1)]
+        lines = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))) for _ in range(words // 8 + 1)
+        ]
         return "\n".join(lines)
 
     return {
@@ -73,7 +77,9 @@ def make_config(root: Path, **pack: Any) -> RootConfig:
         "executor": {"tasks": 2, "workers": 1},
     }
     settings.update(pack)
-    return parse_config({"output": str(root), "context": {"original": ORIGINAL, "target": TARGET}, "pack": settings})
+    return parse_config(
+        {"output": str(root), "context": {"original": ORIGINAL, "target": TARGET}, "pack": settings}
+    )
 
 
 def make_run(root: Path, seed: int = 0, with_counts: bool = True) -> tuple[Tokenizer, dict[str, str]]:
@@ -101,17 +107,13 @@ class PackedRun:
         return load_tokenizer(self.tokenizer_path)
 
 
-_RUNS: dict[str, PackedRun] = {}
-
-
 @pytest.fixture(scope="session")
 def packed_run(tmp_path_factory: pytest.TempPathFactory) -> PackedRun:
     """The synthetic corpus packed at :data:`SEQ_LENS` with best-fit decreasing, 2 tasks, several
-    pools and shards per task. Built once per session, shared by every module importing it."""
-    if "bfd" not in _RUNS:
-        root = tmp_path_factory.mktemp("packed")
-        _, texts = make_run(root)
-        manifests = run_pack(make_config(root))
-        assert manifests is not None
-        _RUNS["bfd"] = PackedRun(root, texts, manifests)
-    return _RUNS["bfd"]
+    pools and shards per task. Built once per session for every module that lists this module in
+    ``pytest_plugins``."""
+    root = tmp_path_factory.mktemp("packed")
+    _, texts = make_run(root)
+    manifests = run_pack(make_config(root))
+    assert manifests is not None
+    return PackedRun(root, texts, manifests)

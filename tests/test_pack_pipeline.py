@@ -4,23 +4,27 @@ times, byte-identical reruns, mixing, the coverage refusal, and configuration er
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pack_helpers import ORIGINAL, SEQ_LENS, PackedRun, make_config, make_run, packed_run  # noqa: F401
+from test_pack_helpers import ORIGINAL, SEQ_LENS, PackedRun, make_config, make_run
 from tokenizers import Tokenizer
 
 from packer.catalog import read_catalog
+from packer.format import ShardError
 from packer.manifest import CoverageError
 from packer.mix import plan_mix
 from packer.reader import ShardSet
 from packer.run import run_pack
 from packer.validate import validate_folder
 from pipeline.cli import main
-from pipeline.config import ConfigError, load_config
+from pipeline.config import ConfigError, ContextConfig, RootConfig, load_config
+
+pytest_plugins = ["test_pack_helpers"]  # the shared packed_run fixture
 
 
 def reference_tokens(tokenizer: Tokenizer, text: str, bos_id: int | None, eos_id: int) -> list[int]:
@@ -36,7 +40,7 @@ def segments_by_document(folder: Path) -> dict[str, list[tuple[int, list[int], i
     for r in range(len(shards)):
         row = shards.row(r)
         cu = row.cu_seqlens.tolist()
-        for j, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        for j, (a, b) in enumerate(itertools.pairwise(cu)):
             if row.doc_id[j] is not None:
                 found[row.doc_id[j]].append((row.doc_offset[j], row.input_ids[a:b].tolist(), r))
     return found
@@ -64,7 +68,9 @@ def test_outputs_validate_and_the_manifest_adds_up(packed_run: PackedRun, seq_le
     folder = packed_run.folder(seq_len)
     assert validate_folder(folder, packed_run.tokenizer_path) == []
     manifest = packed_run.manifests[seq_len]
-    assert manifest.tokens == sum(len(reference_tokens(packed_run.tokenizer, t, None, 0)) for t in packed_run.texts.values())
+    assert manifest.tokens == sum(
+        len(reference_tokens(packed_run.tokenizer, t, None, 0)) for t in packed_run.texts.values()
+    )
     assert manifest.tokens + manifest.padding == manifest.rows * seq_len
     assert sum(manifest.position_histogram) == manifest.tokens
     assert sum(s.documents for s in manifest.sources.values()) == len(packed_run.texts)
@@ -74,7 +80,9 @@ def test_outputs_validate_and_the_manifest_adds_up(packed_run: PackedRun, seq_le
     assert {p.name for p in folder.glob("*.arrow")} == {s.file for s in manifest.shards}
 
 
-def test_a_rerun_gives_byte_identical_output_and_a_resume_changes_nothing(packed_run: PackedRun, tmp_path: Path) -> None:
+def test_a_rerun_gives_byte_identical_output_and_a_resume_changes_nothing(
+    packed_run: PackedRun, tmp_path: Path
+) -> None:
     make_run(tmp_path)
     run_pack(make_config(tmp_path))
     for seq_len in SEQ_LENS:
@@ -96,7 +104,7 @@ def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> Non
     for name, target in mix.items():
         assert manifest.sources[name].target_fraction == target
         assert abs(manifest.sources[name].fraction - target) < 0.03, (name, manifest.sources[name].fraction)
-    # every document appears exactly as often as the plan says, never twice in a window
+    # every document appears exactly as often as the plan says, a short one always whole
     plan = plan_mix(read_catalog(tmp_path / "documents"), mix, 7, 1)
     eos = tokenizer.token_to_id("<|endoftext|>")
     found = segments_by_document(tmp_path / "shards" / "seq512")
@@ -108,8 +116,9 @@ def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> Non
             placed.update(range(offset, offset + len(tokens)))
         assert placed == Counter({i: copies for i in range(len(expected))} if copies else {}), doc_id
         if len(expected) <= 512:
-            rows = [row for _, _, row in found.get(doc_id, [])]
-            assert len(rows) == len(set(rows)) == copies
+            assert [(offset, len(tokens)) for offset, tokens, _ in found.get(doc_id, [])] == [
+                (0, len(expected))
+            ] * copies
     assert any(plan.copies("anchor", d) > 1 for d in texts if d.startswith("anchor"))  # anchor is upsampled
     assert validate_folder(tmp_path / "shards" / "seq512") == []
 
@@ -121,7 +130,9 @@ def test_bos_and_concat_baseline(tmp_path: Path) -> None:
     found = segments_by_document(tmp_path / "shards" / "seq256")
     for doc_id, text in texts.items():
         expected = reference_tokens(tokenizer, text, bos, eos)
-        assert sorted(Counter(i for o, t, _ in found[doc_id] for i in range(o, o + len(t)))) == list(range(len(expected)))
+        assert sorted(Counter(i for o, t, _ in found[doc_id] for i in range(o, o + len(t)))) == list(
+            range(len(expected))
+        )
         assert all(t == expected[o : o + len(t)] for o, t, _ in found[doc_id])
     assert manifest.header.strategy == "concat" and manifest.header.tokenizer.bos_id == bos
     assert manifest.short_document_pieces > 0  # the baseline cuts documents that would have fit
@@ -129,16 +140,18 @@ def test_bos_and_concat_baseline(tmp_path: Path) -> None:
     assert validate_folder(tmp_path / "shards" / "seq256") == []
 
 
+def with_context(cfg: RootConfig, original: int, target: int) -> RootConfig:
+    return cfg.model_copy(update={"context": ContextConfig(original=original, target=target)})
+
+
 def test_no_token_reaching_original_context_is_refused(tmp_path: Path) -> None:
-    texts = make_run(tmp_path)[1]
-    longest = max(len(t) for t in texts.values())
-    cfg = make_config(tmp_path, seq_lens=[256]).model_copy(
-        update={"context": make_config(tmp_path).context.model_copy(update={"original": 200})}
-    )
-    assert 200 < 256 < longest
-    run_pack(cfg)  # books reach 255 > 200: fine
-    with pytest.raises(CoverageError, match=r"(?s)seq_len 256: no token reaches position 300.*books: 256 tokens"):
-        run_pack(cfg.model_copy(update={"context": cfg.context.model_copy(update={"original": 300, "target": 300})}))
+    make_run(tmp_path)
+    cfg = make_config(tmp_path, seq_lens=[256])
+    run_pack(with_context(cfg, 200, 1024))  # books and papers reach position 255 > 200: packed
+    with pytest.raises(
+        CoverageError, match=r"(?s)seq_len 256: no token reaches position 300.*books: 256 tokens"
+    ):
+        run_pack(with_context(cfg, 300, 300))
 
 
 def test_refusal_is_explained_and_can_be_overridden(tmp_path: Path) -> None:
@@ -156,11 +169,11 @@ def test_refusal_is_explained_and_can_be_overridden(tmp_path: Path) -> None:
 def test_refusal_without_token_counts_comes_from_the_packed_windows(tmp_path: Path) -> None:
     make_run(tmp_path, with_counts=False)
     cfg = make_config(tmp_path, seq_lens=[256])
-    cfg = cfg.model_copy(update={"context": cfg.context.model_copy(update={"original": 400, "target": 400})})
+    cfg = with_context(cfg, 400, 400)
     with pytest.raises(CoverageError, match="no token reaches position 400"):
         run_pack(cfg)
     assert not (tmp_path / "shards" / "seq256" / "manifest.json").exists()
-    with pytest.raises(Exception, match="no manifest.json"):
+    with pytest.raises(ShardError, match=r"no manifest\.json"):
         ShardSet(tmp_path / "shards" / "seq256")
     # allowing it resumes the same run: the packed tasks are not redone
     allowed = cfg.model_copy(update={"pack": cfg.pack.model_copy(update={"allow_short_positions": True})})
@@ -170,12 +183,14 @@ def test_refusal_without_token_counts_comes_from_the_packed_windows(tmp_path: Pa
 def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     make_run(tmp_path)
     path = tmp_path / "run.yaml"
-    path.write_text(f"output: {tmp_path}\ncontext: {{original: 128, target: 1024}}\npack: {{seq_len: [256]}}\n")
+    path.write_text(
+        f"output: {tmp_path}\ncontext: {{original: 128, target: 1024}}\npack: {{seq_len: [256]}}\n"
+    )
     with pytest.raises(ConfigError, match=r"pack\.seq_len: unknown key \(did you mean 'seq_lens'\?\)"):
         load_config(path)
-    with pytest.raises(ConfigError, match="pack.eos_token: '</s>' is not in the vocabulary"):
+    with pytest.raises(ConfigError, match=r"pack\.eos_token: '</s>' is not in the vocabulary"):
         run_pack(make_config(tmp_path, eos_token="</s>"))
-    with pytest.raises(ConfigError, match="gives no fraction for curated source.*papers"):
+    with pytest.raises(ConfigError, match=r"gives no fraction for curated source.*papers"):
         run_pack(make_config(tmp_path, mix={"books": 0.5, "anchor": 0.5}))
     with pytest.raises(ConfigError, match="mix fractions must sum to 1"):
         make_config(tmp_path, mix={"books": 0.5, "papers": 0.2, "anchor": 0.2})
@@ -202,7 +217,9 @@ def test_manifest_is_plain_json_with_the_format_fields(packed_run: PackedRun) ->
     assert data["config"]["pack"]["seq_lens"] == SEQ_LENS
     assert all({"file", "rows", "bytes", "xxh3_128"} == set(s) for s in data["shards"])
     assert 0 < data["long_fraction"] < 1 and data["efficiency"] > 0.9
-    assert np.array(data["sources"]["books"]["position_histogram"]).sum() == data["sources"]["books"]["tokens"]
+    assert (
+        np.array(data["sources"]["books"]["position_histogram"]).sum() == data["sources"]["books"]["tokens"]
+    )
 
 
 def test_cli_prints_summary_and_mix_reached(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -216,6 +233,8 @@ def test_cli_prints_summary_and_mix_reached(tmp_path: Path, capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "planned mix (from curated token counts):" in out and "mix reached:" in out
     assert "books            target 0.600, share 0." in out
-    assert f"{tmp_path / 'shards' / 'seq256'}\n" in out and "efficiency" in out  # seq_lens default to context.target
+    assert (
+        f"{tmp_path / 'shards' / 'seq256'}\n" in out and "efficiency" in out
+    )  # seq_lens default to context.target
     assert main(["pack", "--config", str(config), "--output", str(tmp_path / "elsewhere")]) == 2
     assert "no tokenizer at" in capsys.readouterr().err

@@ -23,7 +23,12 @@ def prepare(root: Path) -> Path:
     config = {
         "output": str(root),
         "context": {"original": ORIGINAL, "target": TARGET},
-        "pack": {"seq_lens": SEQ_LENS, "shard_tokens": 2048, "pool_tokens": 4096, "executor": {"tasks": 8, "workers": 1}},
+        "pack": {
+            "seq_lens": SEQ_LENS,
+            "shard_tokens": 2048,
+            "pool_tokens": 4096,
+            "executor": {"tasks": 8, "workers": 1},
+        },
     }
     path = root / "run.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -35,7 +40,9 @@ def pack_command(config: Path) -> list[str]:
 
 
 def shard_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "shards").rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted((root / "shards").rglob("*")) if p.is_file()
+    }
 
 
 def test_killed_run_resumes_to_identical_bytes(tmp_path: Path) -> None:
@@ -57,7 +64,7 @@ def test_killed_run_resumes_to_identical_bytes(tmp_path: Path) -> None:
     assert 0 < done < 8, f"the kill should land mid-run ({done}/8 tasks complete)"
     assert not (killed / "shards" / f"seq{SEQ_LENS[0]}" / "manifest.json").exists()
 
-    result = subprocess.run(pack_command(config), capture_output=True, text=True)
+    result = subprocess.run(pack_command(config), check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"Skipping {done} already completed tasks" in result.stderr
     assert shard_bytes(killed) == shard_bytes(clean)

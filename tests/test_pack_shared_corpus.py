@@ -38,12 +38,15 @@ def shared_run(shared_corpus: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seq_len", SEQ_LENS)
-def test_shared_corpus_packs_at_the_lowest_possible_padding(shared_run: tuple[Path, dict], seq_len: int) -> None:
+def test_shared_corpus_packs_at_the_lowest_possible_padding(
+    shared_run: tuple[Path, dict], seq_len: int
+) -> None:
     root, manifests = shared_run
     manifest = manifests[seq_len]
     lowest = -manifest.tokens % seq_len  # nothing lost or repeated: at least ceil(tokens / seq_len) windows
     print(
-        f"\nseq_len {seq_len}: {manifest.rows} rows, {manifest.tokens:,} tokens, padding {manifest.padding:,} "
+        f"\nseq_len {seq_len}: {manifest.rows} rows, {manifest.tokens:,} tokens, "
+        f"padding {manifest.padding:,} "
         f"(lowest possible {lowest:,}), efficiency {manifest.efficiency:.4%}, "
         f"long fraction {manifest.long_fraction:.3f}, short-document pieces {manifest.short_document_pieces}"
     )

@@ -81,7 +81,10 @@ def test_corrupt_or_foreign_files_are_clear_errors(shard: Path, tmp_path: Path) 
     with pytest.raises(ShardError, match="truncated or corrupt"):
         open_shard(shard)
     foreign = tmp_path / "plain.arrow"
-    with pa.OSFile(str(foreign), "wb") as sink, pa.ipc.new_stream(sink, pa.schema([("x", pa.int32())])) as writer:
+    with (
+        pa.OSFile(str(foreign), "wb") as sink,
+        pa.ipc.new_stream(sink, pa.schema([("x", pa.int32())])) as writer,
+    ):
         writer.write_batch(pa.record_batch([pa.array([1], pa.int32())], names=["x"]))
     with pytest.raises(ShardError, match="not a longctx shard"):
         open_shard(foreign)
@@ -93,7 +96,7 @@ def test_rows_disagreeing_with_the_metadata_are_refused(tmp_path: Path) -> None:
     batch = small_batch()
     path = tmp_path / "s.arrow"
     write_shard(path, batch, HEADER)
-    meta, table = open_shard(path)
+    _, table = open_shard(path)
     schema = table.schema  # keeps the metadata, which says batch.num_rows
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch.slice(0, batch.num_rows - 1).replace_schema_metadata(schema.metadata))

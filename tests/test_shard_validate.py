@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from test_pack_helpers import PackedRun, packed_run  # noqa: F401
+from test_pack_helpers import PackedRun
 
 from packer.format import ShardHeader, open_shard, write_shard
 from packer.validate import validate_file
+
+pytest_plugins = ["test_pack_helpers"]  # the shared packed_run fixture
 
 Row = dict
 
@@ -72,7 +74,7 @@ CASES: list[tuple[Callable[[Row], str], Callable[[Row], bool], str]] = [
     (break_boundaries, lambda r: True, "must rise strictly from 0 to 256"),
     (drop_provenance, lambda r: True, "entries for"),
     (wrong_padding_token, has_padding, "padding must be pad id"),
-    (offset_outside_document, lambda r: True, "does not fit a document"),
+    (offset_outside_document, lambda r: True, "do not fit a document"),
     (missing_eos, ends_a_document, "does not end with EOS"),
     (id_outside_vocabulary, lambda r: True, "outside [0, "),
     (source_missing, lambda r: True, "must be null exactly for the padding segment"),
@@ -82,7 +84,11 @@ CASES: list[tuple[Callable[[Row], str], Callable[[Row], bool], str]] = [
 
 @pytest.mark.parametrize("damage, applies, message", CASES, ids=[c[0].__name__ for c in CASES])
 def test_each_broken_invariant_is_named(
-    packed_run: PackedRun, tmp_path: Path, damage: Callable[[Row], str], applies: Callable[[Row], bool], message: str
+    packed_run: PackedRun,
+    tmp_path: Path,
+    damage: Callable[[Row], str],
+    applies: Callable[[Row], bool],
+    message: str,
 ) -> None:
     for shard in sorted(packed_run.folder(256).glob("*.arrow")):  # the first shard with a row to damage
         meta, table = open_shard(shard)

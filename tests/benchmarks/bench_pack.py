@@ -29,17 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from datatrove.data import Document
+
+from packer.manifest import Manifest
+from packer.run import run_pack
+from pipeline.config import parse_config
+from pipeline.docstore import DocumentWriter
+from pipeline.readers.base import read_text_file
+from pipeline.tokenizer import load_tokenizer, train_bpe
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from test_pack_helpers import write_curated  # noqa: E402
-
-from packer.manifest import Manifest  # noqa: E402
-from packer.run import run_pack  # noqa: E402
-from pipeline.config import parse_config  # noqa: E402
-from pipeline.readers.base import read_text_file  # noqa: E402
-from pipeline.tokenizer import load_tokenizer, train_bpe  # noqa: E402
-
 T = TypeVar("T")
 
 
@@ -65,7 +64,9 @@ class Timing:
         return result
 
 
-def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, Timing], dict[str, Any]]:
+def interleaved(
+    contenders: dict[str, Callable[[], Any]], rounds: int
+) -> tuple[dict[str, Timing], dict[str, Any]]:
     """Run every contender once per round, round after round, so that load from other programs
     hits all of them alike; best times and last results per contender."""
     timings = {name: Timing() for name in contenders}
@@ -76,14 +77,22 @@ def interleaved(contenders: dict[str, Callable[[], Any]], rounds: int) -> tuple[
     return timings, results
 
 
-def pack_once(root: Path, seq_lens: list[int], strategy: str) -> dict[int, Manifest]:
+def write_curated(root: Path, texts: dict[str, list[str]]) -> None:
+    """The documents in the layout curation writes: ``documents/<source>/<rank>.parquet``."""
+    with DocumentWriter(root / "documents", "${source}/${rank}.parquet") as writer:
+        for source, docs in texts.items():
+            for i, text in enumerate(docs):
+                writer.write(Document(text=text, id=f"{source}/{i}", metadata={"source": source}), rank=0)
+
+
+def pack_once(root: Path, seq_lens: list[int], strategy: str, original: int) -> dict[int, Manifest]:
     """One complete, fresh pack job into ``root`` (curated documents and tokenizer already there)."""
     for sub in ("shards", "work"):
         shutil.rmtree(root / sub, ignore_errors=True)
     cfg = parse_config(
         {
             "output": str(root),
-            "context": {"original": 4096, "target": max(seq_lens)},
+            "context": {"original": original, "target": max(seq_lens)},
             "pack": {"seq_lens": seq_lens, "strategy": strategy, "executor": {"tasks": 1, "workers": 1}},
         }
     )
@@ -91,10 +100,13 @@ def pack_once(root: Path, seq_lens: list[int], strategy: str) -> dict[int, Manif
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--original", type=int, default=4096, help="context.original (for coverage figures)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     texts = {
@@ -107,7 +119,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         train_bpe(all_texts, args.vocab, root / "tokenizer.json")
-        write_curated(root, texts, tokenizer=None)
+        write_curated(root, texts)
         tokenizer = load_tokenizer(root / "tokenizer.json")
 
         contenders: dict[str, Callable[[], Any]] = {
@@ -116,33 +128,47 @@ def main() -> int:
         }
         runs = [[n] for n in args.seq_lens] + [args.seq_lens]
         for seq_lens in runs:
-            contenders[f"pack {seq_lens}"] = lambda seq_lens=seq_lens: pack_once(root, seq_lens, "bfd")
+            contenders[f"pack {seq_lens}"] = lambda seq_lens=seq_lens: pack_once(
+                root, seq_lens, "bfd", args.original
+            )
         timings, results = interleaved(contenders, args.repeats)
         tokens = sum(len(e.ids) for e in results["encode_batch"]) + len(all_texts)  # + one EOS per document
         bare, fast = timings["encode_batch"], timings["encode_batch_fast"]
         print(f"\n{tokens:,} tokens; best of {args.repeats} interleaved rounds")
         print(f"  bare encode_batch:      {bare}, {tokens / bare.wall / 1e6:.3f} M tokens/s wall")
-        print(f"  bare encode_batch_fast: {fast}, {tokens / fast.wall / 1e6:.3f} M tokens/s wall (what pack calls)")
+        print(
+            f"  bare encode_batch_fast: {fast}, {tokens / fast.wall / 1e6:.3f} M tokens/s wall "
+            "(what pack calls)"
+        )
         print("whole pack job (read Parquet, tokenize, pack, write shards and manifest; 1 local task):")
         bfd: dict[int, Manifest] = {}
         for seq_lens in runs:
             job = timings[f"pack {seq_lens}"]
             bfd.update(results[f"pack {seq_lens}"])
             print(
-                f"  seq_lens {seq_lens}: {job}, {tokens / job.wall / 1e6:.3f} M tokens/s wall; throughput relative to "
-                f"encode_batch {bare.wall / job.wall:.2f} (wall) {bare.cpu / job.cpu:.2f} (CPU), to encode_batch_fast "
-                f"{fast.wall / job.wall:.2f} (wall) {fast.cpu / job.cpu:.2f} (CPU)"
+                f"  seq_lens {seq_lens}: {job}, {tokens / job.wall / 1e6:.3f} M tokens/s wall; "
+                f"throughput relative to encode_batch {bare.wall / job.wall:.2f} (wall) "
+                f"{bare.cpu / job.cpu:.2f} (CPU), to encode_batch_fast {fast.wall / job.wall:.2f} (wall) "
+                f"{fast.cpu / job.cpu:.2f} (CPU)"
             )
 
         print("\npacking efficiency (non-padding tokens / all tokens):")
-        print(f"  {'seq_len':>8} {'strategy':>8} {'rows':>6} {'efficiency':>11} {'lowest padding':>15} {'short-doc pieces':>17}")
+        print(
+            f"  {'seq_len':>8} {'strategy':>8} {'rows':>6} {'efficiency':>11} {'lowest padding':>15} "
+            f"{'short-doc pieces':>17}"
+        )
         for seq_len in args.seq_lens:
             for strategy in ("bfd", "concat"):
-                manifest = bfd[seq_len] if strategy == "bfd" else pack_once(root, [seq_len], strategy)[seq_len]
+                manifest = (
+                    bfd[seq_len]
+                    if strategy == "bfd"
+                    else pack_once(root, [seq_len], strategy, args.original)[seq_len]
+                )
                 lowest = -manifest.tokens % seq_len
                 print(
                     f"  {seq_len:>8} {strategy:>8} {manifest.rows:>6} {manifest.efficiency:>11.4%} "
-                    f"{'yes' if manifest.padding == lowest else 'no':>15} {manifest.short_document_pieces:>17}"
+                    f"{'yes' if manifest.padding == lowest else 'no':>15} "
+                    f"{manifest.short_document_pieces:>17}"
                 )
     return 0
 
