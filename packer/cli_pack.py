@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)"
     )
+    parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
     parser.set_defaults(func=run)
 
 
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     start = time.monotonic()
-    manifests = run_pack(cfg)
+    manifests = run_pack(cfg, verbose=args.verbose)
     if manifests is None:
         print(f"packing submitted; shards will be in {cfg.output / 'shards'}")
         return 0

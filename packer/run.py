@@ -29,7 +29,7 @@ from packer.mix import MixPlan, MixSampler, format_fractions, plan_mix
 from packer.stage import CuratedDocumentReader, PackDocuments, WriteManifests
 from packer.tokens import tokenizer_info
 from pipeline.config import ConfigError, RootConfig
-from pipeline.executors import make_executor
+from pipeline.executors import Stage, run_stages
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def _check_same_run(layout: PackLayout, plan: PackPlan) -> None:
 
 def build_stages(
     cfg: RootConfig, layout: PackLayout, plan: PackPlan
-) -> list[tuple[str, list[PipelineStep], int]]:
+) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``."""
     pack = cfg.pack or PackConfig()
     summaries = layout.work / "tasks"
@@ -199,7 +199,7 @@ def build_stages(
     return [("pack", steps, pack.executor.tasks), ("manifest", [manifests], 1)]
 
 
-def run_pack(cfg: RootConfig) -> dict[int, Manifest] | None:
+def run_pack(cfg: RootConfig, verbose: bool = False) -> dict[int, Manifest] | None:
     """Run (or resume) packing of ``<output>/documents`` into ``<output>/shards/seq<N>/``.
 
     Returns the manifest of each window length once the stages have run (local and Ray
@@ -214,23 +214,6 @@ def run_pack(cfg: RootConfig) -> dict[int, Manifest] | None:
             flush=True,
         )
     _check_same_run(layout, plan)
-    stages = build_stages(cfg, layout, plan)
-    previous = None
-    for number, (name, pipeline, tasks) in enumerate(stages, start=1):
-        executor = make_executor(
-            pack.executor,
-            pipeline,
-            tasks=tasks,
-            logging_dir=layout.work / "logs" / f"{number}_{name}",
-            job_name=f"pack_{name}",
-            depends=previous if pack.executor.kind == "slurm" else None,
-        )
-        if pack.executor.kind == "slurm":
-            previous = executor
-            continue
-        print(f"[pack {number}/{len(stages)}] {name}: {tasks} task(s)", flush=True)
-        executor.run()
-    if previous is not None:
-        previous.run()
+    if not run_stages(pack.executor, build_stages(cfg, layout, plan), layout.work, "pack", verbose):
         return None
     return {h.seq_len: load_manifest(layout.output(h.seq_len)) for h in plan.headers}

@@ -32,10 +32,10 @@ from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 from pipeline.config import ConfigError, CurateConfig, RootConfig, SourceConfig
 from pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
 from pipeline.docstore import DocumentWriter, RankDocumentReader
-from pipeline.executors import make_executor
+from pipeline.executors import Stage, run_stages
 from pipeline.filters import ReadableFilter, TokenLengthFilter
 from pipeline.ledger import InputTally, LedgerWriter, merge_ledger, write_table_atomic
-from pipeline.progress import stderr_to_file, tail, task_progress
+from pipeline.progress import stderr_to_file
 from pipeline.stats import plot_summary, summarize_ledger, write_json_atomic
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
@@ -226,7 +226,7 @@ def _check_same_run(layout: CurationLayout, fingerprint: dict[str, Any]) -> None
 
 def build_stages(
     cfg: RootConfig, layout: CurationLayout, sources: list[SourceConfig], tokenizer_path: Path, run_info: dict[str, Any]
-) -> list[tuple[str, list[PipelineStep], int]]:
+) -> list[Stage]:
     """The job's stages in order, as ``(name, pipeline, tasks)``."""
     work = layout.work
     mh = cfg.curate.dedup.minhash
@@ -248,7 +248,7 @@ def build_stages(
     if mh.enabled:
         read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
     tasks = cfg.curate.executor.tasks
-    stages: list[tuple[str, list[PipelineStep], int]] = [("read", read, tasks)]
+    stages: list[Stage] = [("read", read, tasks)]
     if mh.enabled:
         buckets = MinhashDedupBuckets(str(work / "dedup" / "sigs"), str(work / "dedup" / "buckets"), config=minhash)
         stages.append(("buckets", [buckets], mh.num_buckets))
@@ -294,44 +294,6 @@ def synthetic_stage(cfg: RootConfig, layout: CurationLayout, tokenizer_path: Pat
     return synthetic_pipeline(layout.root, tasks)
 
 
-def execute_stages(
-    cfg: RootConfig, layout: CurationLayout, stages: list[tuple[str, list[PipelineStep], int]], verbose: bool = False
-) -> None:
-    """Run the stages. Locally (and on Ray) one after the other, printing a line per stage and per
-    finished task, with datatrove's logs in ``work/curate/logs/console.log`` unless ``verbose``;
-    on Slurm as a chain of dependent job arrays submitted at once."""
-    ecfg = cfg.curate.executor
-    console_log = layout.work / "logs" / "console.log"
-    previous = None
-    for number, (name, pipeline, tasks) in enumerate(stages, start=1):
-        logging_dir = layout.work / "logs" / f"{number}_{name}"
-        executor = make_executor(
-            ecfg,
-            pipeline,
-            tasks=tasks,
-            logging_dir=logging_dir,
-            job_name=f"curate_{name}",
-            depends=previous if ecfg.kind == "slurm" else None,
-        )
-        if ecfg.kind == "slurm":
-            previous = executor
-            continue
-        label = f"[curate {number}/{len(stages)}] {name}"
-        completions = logging_dir / "completions"
-        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
-        print(f"{label}: {tasks} task(s)" + (f", {done} done in an earlier run" if done else ""), flush=True)
-        quiet = contextlib.nullcontext() if verbose else stderr_to_file(console_log)
-        try:
-            with quiet, task_progress(label, completions, tasks):
-                executor.run()
-        except Exception as err:
-            raise RuntimeError(
-                f"curation stage '{name}' failed: {err}\n--- last lines of {console_log} ---\n{tail(console_log)}"
-            ) from err
-    if previous is not None:
-        previous.run()
-
-
 def run_curation(cfg: RootConfig, verbose: bool = False) -> dict[str, Any] | None:
     """Run (or resume) curation. Returns the summary written to ``stats.json`` once the stages have
     run (local and Ray executors); None when they were submitted to Slurm."""
@@ -349,7 +311,7 @@ def run_curation(cfg: RootConfig, verbose: bool = False) -> dict[str, Any] | Non
         "bounds": fingerprint["bounds"],
         "minhash_threshold": round(cfg.curate.dedup.minhash.threshold, 3) if cfg.curate.dedup.minhash.enabled else None,
     }
-    execute_stages(cfg, layout, build_stages(cfg, layout, sources, tokenizer_path, run_info), verbose)
-    if cfg.curate.executor.kind == "slurm":
+    stages = build_stages(cfg, layout, sources, tokenizer_path, run_info)
+    if not run_stages(cfg.curate.executor, stages, layout.work, "curate", verbose):
         return None
     return json.loads(layout.stats.read_text(encoding="utf-8"))

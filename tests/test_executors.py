@@ -10,8 +10,8 @@ from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
 
 from pipeline import curate
 from pipeline.config import parse_config
-from pipeline.curate import CurationLayout, build_stages, execute_stages, resolve_sources
-from pipeline.executors import make_executor
+from pipeline.curate import CurationLayout, build_stages, resolve_sources
+from pipeline.executors import make_executor, run_stages
 from pipeline.tokenizer import train_bpe
 
 SLURM = {"kind": "slurm", "tasks": 3, "slurm": {"partition": "cpu", "time": "01:00:00", "cpus_per_task": 4}}
@@ -41,7 +41,7 @@ def test_slurm_stages_are_chained_and_submitted_once(tmp_path: Path, monkeypatch
     stages = build_stages(cfg, layout, sources, cfg.tokenizer.path, {})
     submitted: list[SlurmPipelineExecutor] = []
     monkeypatch.setattr(SlurmPipelineExecutor, "run", lambda self: submitted.append(self))
-    execute_stages(cfg, layout, stages)
+    assert run_stages(cfg.curate.executor, stages, layout.work, "curate") is False
     assert len(submitted) == 1
     chain, ex = [], submitted[0]
     while ex is not None:

@@ -26,9 +26,9 @@ import yaml
 from packer import PackedDataset, zigzag_split
 from packer.run import run_pack
 from pipeline.config import ConfigError, parse_config
-from tests.test_pack_helpers import make_config as make_pack_config
+from test_pack_helpers import make_config as make_pack_config
 from pipeline.tokenizer import load_tokenizer
-from tests.test_pack_helpers import make_run, synthetic_texts, write_curated
+from test_pack_helpers import make_run, synthetic_texts, write_curated
 from trainer.coverage import CoverageError, CoverageTracker
 from trainer.model import ModelConfig, RingAttention, Transformer
 from trainer.rope import RopeConfig

@@ -68,7 +68,7 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
     timings["curate"] = time.monotonic() - t
 
     t = _stage(2, total, f"pack {cfg.pack.seq_lens or [cfg.context.target]}")
-    manifests = run_pack(cfg)
+    manifests = run_pack(cfg, verbose=verbose)
     timings["pack"] = time.monotonic() - t
 
     t = _stage(3, total, "validate shards")
