@@ -23,6 +23,7 @@ from packer.format import FORMAT_VERSION
 from packer.reader import PackedRow, ShardSet
 
 IGNORE_INDEX = -100
+_HOLDOUT_STREAM = 0x5EED0FF  # keeps the held-out draw apart from every epoch's shuffle
 
 
 def row_to_sample(row: PackedRow) -> dict[str, torch.Tensor]:
@@ -69,6 +70,12 @@ class PackedDataset(IterableDataset):
 
     ``tokenizer`` (the ``tokenizer.json`` you train with, or its sha256) and ``format_version`` are
     checked against the shards; a mismatch raises :class:`~packer.format.ShardError`.
+
+    ``holdout_rows`` sets that many rows aside for evaluation, drawn at random by ``seed`` alone (so
+    they are typical windows, not the part-filled ones that end each task's output): they are never
+    in a training order, and :meth:`heldout_rows` lists them. They are windows the model never
+    trained on; when ``pack.mix`` repeats documents, copies of their documents may still appear in
+    training windows.
     """
 
     def __init__(
@@ -81,14 +88,17 @@ class PackedDataset(IterableDataset):
         dp_rank: int = 0,
         dp_world_size: int = 1,
         format_version: int = FORMAT_VERSION,
+        holdout_rows: int = 0,
     ) -> None:
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
         self.shards = ShardSet(folder, tokenizer=tokenizer, format_version=format_version)
-        if len(self.shards) < dp_world_size:
+        if holdout_rows < 0 or len(self.shards) - holdout_rows < dp_world_size:
             raise ValueError(
-                f"{folder} has {len(self.shards)} rows, fewer than dp_world_size={dp_world_size}"
+                f"{folder} has {len(self.shards)} rows: holding out {holdout_rows} leaves fewer than "
+                f"dp_world_size={dp_world_size}"
             )
+        self.holdout = holdout_rows
         self.seed = seed
         self.shuffle = shuffle
         self.dp_rank = dp_rank
@@ -102,14 +112,24 @@ class PackedDataset(IterableDataset):
 
     def __len__(self) -> int:
         """Rows this rank gets per epoch."""
-        return len(self.shards) // self.dp_world_size
+        return (len(self.shards) - self.holdout) // self.dp_world_size
+
+    def heldout_rows(self) -> list[int]:
+        """Global indices of the rows set aside by ``holdout_rows``, in increasing order."""
+        return sorted(self._split()[0].tolist())
+
+    def _split(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(held-out rows, training rows)``; the draw depends on ``seed`` only, not on the epoch."""
+        rows = len(self.shards)
+        if not self.holdout:
+            return np.arange(0), np.arange(rows)
+        drawn = np.random.default_rng([self.seed, _HOLDOUT_STREAM]).permutation(rows)
+        return drawn[: self.holdout], np.sort(drawn[self.holdout :])
 
     def order(self, epoch: int) -> np.ndarray:
         """Global row indices this rank reads in ``epoch``, in order."""
-        rows = len(self.shards)
-        perm = (
-            np.random.default_rng([self.seed, epoch]).permutation(rows) if self.shuffle else np.arange(rows)
-        )
+        train = self._split()[1]
+        perm = train[np.random.default_rng([self.seed, epoch]).permutation(len(train))] if self.shuffle else train
         return perm[: len(self) * self.dp_world_size][self.dp_rank :: self.dp_world_size]
 
     def set_epoch(self, epoch: int) -> None:
@@ -146,6 +166,7 @@ class PackedDataset(IterableDataset):
             "shuffle": self.shuffle,
             "dp_world_size": self.dp_world_size,
             "rows": len(self.shards),
+            "holdout_rows": self.holdout,
             "config_sha256": self.shards.manifest.header.config_sha256,
         }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_pack_helpers import PackedRun
+from test_pack_helpers import SEQ_LENS, PackedRun
 from torch.utils.data import DataLoader
 
 from packer import IGNORE_INDEX, PackedDataset, ShardError, collate_packed
@@ -146,3 +146,23 @@ def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun
     (newer / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match="written in format version 2; this version of longctx reads 1"):
         PackedDataset(newer, tokenizer=packed_run.tokenizer_path)
+
+
+def test_heldout_rows_are_never_in_a_training_order(packed_run: PackedRun) -> None:
+    folder = packed_run.folder(SEQ_LENS[0])
+    total = len(PackedDataset(folder, tokenizer=packed_run.tokenizer_path))
+    held = set(PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5).heldout_rows())
+    assert len(held) == 5 and held <= set(range(total))
+    assert held != set(range(total - 5, total))  # drawn at random, not the part-filled tail
+    for world in (1, 2, 3):
+        for rank in range(world):
+            ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, dp_rank=rank, dp_world_size=world,
+                               holdout_rows=5)
+            assert set(ds.heldout_rows()) == held
+            for epoch in range(3):
+                assert not held & set(ds.order(epoch).tolist())
+    ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5)
+    assert sorted(ds.order(0).tolist()) == sorted(set(range(total)) - held)
+    assert ds.heldout_rows() == PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5, seed=0).heldout_rows()
+    with pytest.raises(ValueError, match="holding out"):
+        PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=total)

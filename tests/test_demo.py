@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,8 @@ def test_demo_runs_end_to_end_and_reuses_finished_stages(tmp_path: Path) -> None
                  "documents/synthetic", "train/final/config.json", "train/metrics.jsonl",
                  "eval/loss_by_position.png", "eval/needle.png"):
         assert (root / path).exists(), path
+    scored = json.loads((root / "eval" / "loss_by_position.json").read_text())
+    assert scored["held_out_rows"] == 8 == len(scored["rows"])
     losses_line = next(line for line in out.splitlines() if line.startswith("training loss"))
     first_loss, last_loss = (float(x) for x in losses_line.split()[2:5:2])
     assert last_loss < first_loss

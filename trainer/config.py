@@ -78,6 +78,9 @@ class TrainConfig(StrictModel):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     steps: int = Field(default=20, gt=0)
     grad_accum: int = Field(default=1, gt=0, description="micro-batches (packed rows) per optimizer step and DP rank")
+    holdout_rows: int = Field(
+        default=0, ge=0, description="last windows of the shard folder never trained on; longctx eval scores them"
+    )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
     activation_checkpointing: bool = False
@@ -110,7 +113,9 @@ class EvalConfig(StrictModel):
 
     model: Path | None = Field(default=None, description="a Hugging Face checkpoint folder; default <output>/train/final")
     shards: Path | None = Field(default=None, description="windows to score; default the training shards")
-    rows: int = Field(default=8, gt=0, description="windows scored for loss by position")
+    rows: int = Field(
+        default=8, gt=0, description="windows scored for loss by position: the held-out ones (train.holdout_rows) first"
+    )
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)

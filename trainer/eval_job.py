@@ -53,11 +53,19 @@ def run_eval(cfg: RootConfig) -> dict[str, Any]:
     tok_path = tokenizer_file(cfg)
     out = cfg.output / "eval"
     shards = ecfg.shards or (shards_folder(cfg) if cfg.train else cfg.output / "shards" / f"seq{cfg.context.target}")
-    dataset = PackedDataset(shards, tokenizer=tok_path, seed=ecfg.seed)
-    rows = [dataset[int(i)] for i in dataset.order(0)[: ecfg.rows]]
+    holdout = cfg.train.holdout_rows if cfg.train and shards == shards_folder(cfg) else 0
+    # the held-out draw depends on the training seed: use it, so these are the rows training skipped
+    seed = cfg.train.seed if holdout else ecfg.seed
+    dataset = PackedDataset(shards, tokenizer=tok_path, seed=seed, holdout_rows=holdout)
+    held_out = dataset.heldout_rows()[: ecfg.rows]
+    if len(held_out) < ecfg.rows:
+        print(f"warning: only {len(held_out)} held-out windows (train.holdout_rows); scoring "
+              f"{ecfg.rows - len(held_out)} training windows too", flush=True)
+    indices = held_out + [int(i) for i in dataset.order(0)[: ecfg.rows - len(held_out)]]
+    rows = [dataset[i] for i in indices]
     table = loss_by_position(model, rows, cfg.context.original, dataset.seq_len, device, bf16)
-    write_json_atomic({"model": str(model_dir), "shards": str(shards), "rows": len(rows), "buckets": table},
-                      out / "loss_by_position.json")
+    write_json_atomic({"model": str(model_dir), "shards": str(shards), "rows": indices,
+                       "held_out_rows": len(held_out), "buckets": table}, out / "loss_by_position.json")
     plot_loss_by_position(table, cfg.context.original, out / "loss_by_position.png", f"loss by position ({model_dir.name})")
     result: dict[str, Any] = {"loss_by_position": table, "loss_table": format_loss_table(table, cfg.context.original)}
     if ecfg.needle is not None:

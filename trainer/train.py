@@ -134,7 +134,12 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
     torch.manual_seed(tcfg.seed)
     layout = TrainLayout(cfg.output / "train")
     dataset = PackedDataset(
-        shards_folder(cfg), tokenizer=tokenizer_file(cfg), seed=tcfg.seed, dp_rank=state.dp_rank, dp_world_size=state.dp_size
+        shards_folder(cfg),
+        tokenizer=tokenizer_file(cfg),
+        seed=tcfg.seed,
+        dp_rank=state.dp_rank,
+        dp_world_size=state.dp_size,
+        holdout_rows=tcfg.holdout_rows,
     )
     manifest = dataset.shards.manifest
     seq_len, original = dataset.seq_len, cfg.context.original
