@@ -284,3 +284,22 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(shards_roo
     for a, b in zip(cp2, single):
         assert abs(a - b) <= 1e-5 * abs(b), (cp2, single)
     assert cp2[-1] < cp2[0]
+
+
+@pytest.mark.slow
+def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(shards_root: Path, tmp_path: Path) -> None:
+    """World 2 with cp=1 (data parallel): rank r takes rows r, r+2, ...; one process with
+    grad_accum=2 takes the same two rows per step. The global-token loss makes them equal."""
+    cfg = train_config(shards_root, tmp_path / "dp2", cp=1, steps=4)
+    path = tmp_path / "dp2.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "train", "--config", str(path), "--nproc", "2"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dp2 = [json.loads(line)["loss"] for line in (tmp_path / "dp2" / "train" / "metrics.jsonl").read_text().splitlines()]
+    single = train(parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, grad_accum=2)),
+                   progress=False).losses
+    assert len(dp2) == 4
+    for a, b in zip(dp2, single):
+        assert abs(a - b) <= 1e-5 * abs(b), (dp2, single)
