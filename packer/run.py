@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,32 +29,7 @@ from packer.stage import CuratedDocumentReader, PackDocuments, WriteManifests
 from packer.tokens import tokenizer_info
 from pipeline.config import ConfigError, RootConfig
 from pipeline.executors import Stage, run_stages
-
-
-@dataclass(frozen=True)
-class PackLayout:
-    """Where a pack run reads and writes, under the run's ``output`` folder."""
-
-    root: Path
-
-    @property
-    def documents(self) -> Path:
-        return self.root / "documents"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.root / "tokenizer.json"
-
-    @property
-    def shards(self) -> Path:
-        return self.root / "shards"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work" / "pack"
-
-    def output(self, seq_len: int) -> Path:
-        return self.shards / f"seq{seq_len}"
+from pipeline.layout import RunLayout
 
 
 @dataclass(frozen=True)
@@ -100,7 +74,7 @@ def check_planned_coverage(
             raise CoverageError(refusal)
 
 
-def make_plan(cfg: RootConfig, layout: PackLayout) -> PackPlan:
+def make_plan(cfg: RootConfig, layout: RunLayout) -> PackPlan:
     """Validate inputs and settings and decide the mix; a :class:`ConfigError` says what is wrong."""
     pack = cfg.pack or PackConfig()
     if not layout.tokenizer.is_file():
@@ -136,7 +110,7 @@ def make_plan(cfg: RootConfig, layout: PackLayout) -> PackPlan:
     return PackPlan(config, headers, mix, planned)
 
 
-def _check_same_run(layout: PackLayout, plan: PackPlan) -> None:
+def _check_same_run(layout: RunLayout, plan: PackPlan) -> None:
     """Refuse to resume into shards that a different configuration, tokenizer or input started."""
     fingerprint = {
         "config_sha256": plan.headers[0].config_sha256,
@@ -166,7 +140,7 @@ def _check_same_run(layout: PackLayout, plan: PackPlan) -> None:
 
 
 def build_stages(
-    cfg: RootConfig, layout: PackLayout, plan: PackPlan
+    cfg: RootConfig, layout: RunLayout, plan: PackPlan
 ) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``."""
     pack = cfg.pack or PackConfig()
@@ -206,7 +180,7 @@ def run_pack(cfg: RootConfig, verbose: bool = False) -> dict[int, Manifest] | No
     executors), or None when they were submitted to Slurm.
     """
     pack = cfg.pack or PackConfig()
-    layout = PackLayout(cfg.output)
+    layout = RunLayout(cfg.output, "pack")
     plan = make_plan(cfg, layout)
     if plan.mix is not None and all(n >= 0 for n in plan.planned_tokens.values()):
         print(

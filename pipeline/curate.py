@@ -21,7 +21,6 @@ import math
 import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from pipeline.config import ConfigError, CurateConfig, RootConfig, SourceConfig
 from pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
 from pipeline.docstore import DocumentWriter, RankDocumentReader
 from pipeline.executors import Stage, run_stages
+from pipeline.layout import RunLayout
 from pipeline.filters import ReadableFilter, TokenLengthFilter
 from pipeline.ledger import InputTally, LedgerWriter, merge_ledger, write_table_atomic
 from pipeline.progress import stderr_to_file
@@ -41,42 +41,7 @@ from pipeline.stats import plot_summary, summarize_ledger, write_json_atomic
 INPUT_SUBFOLDERS = ("books", "papers", "code")
 
 
-@dataclass(frozen=True)
-class CurationLayout:
-    """Where a curation run writes. Everything under ``work/`` is intermediate."""
-
-    root: Path
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work" / "curate"
-
-    @property
-    def documents(self) -> Path:
-        return self.root / "documents"
-
-    @property
-    def tokenizer(self) -> Path:
-        return self.root / "tokenizer.json"
-
-    @property
-    def ledger(self) -> Path:
-        return self.root / "ledger.parquet"
-
-    @property
-    def stats(self) -> Path:
-        return self.root / "stats.json"
-
-    @property
-    def plot(self) -> Path:
-        return self.root / "stats.png"
-
-    @property
-    def default_corpus(self) -> Path:
-        return self.root / "corpus"
-
-
-def resolve_sources(cfg: RootConfig, layout: CurationLayout) -> list[SourceConfig]:
+def resolve_sources(cfg: RootConfig, layout: RunLayout) -> list[SourceConfig]:
     """The sources of a run: ``curate.input``'s ``books/``, ``papers/``, ``code/`` subfolders, then
     ``curate.sources``; the embedded default corpus when neither is given."""
     sources: list[SourceConfig] = []
@@ -131,7 +96,7 @@ def length_bounds(cfg: RootConfig, sources: list[SourceConfig]) -> dict[str, tup
     }
 
 
-def prepare_tokenizer(cfg: RootConfig, layout: CurationLayout, sources: list[SourceConfig]) -> Path:
+def prepare_tokenizer(cfg: RootConfig, layout: RunLayout, sources: list[SourceConfig]) -> Path:
     """Put the run's tokenizer at ``<output>/tokenizer.json``: a copy of ``tokenizer.path``, or a
     byte-level BPE trained on a sample of every source (kept across reruns)."""
     if cfg.tokenizer.path is not None:
@@ -178,7 +143,7 @@ class FinalizeCuration(PipelineStep):
     type = "🧾 - LEDGER"
     name = "🏁 Finalize"
 
-    def __init__(self, layout: CurationLayout, run_info: dict[str, Any]) -> None:
+    def __init__(self, layout: RunLayout, run_info: dict[str, Any]) -> None:
         super().__init__()
         self.layout = layout
         self.run_info = run_info
@@ -209,7 +174,7 @@ def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path
     }
 
 
-def _check_same_run(layout: CurationLayout, fingerprint: dict[str, Any]) -> None:
+def _check_same_run(layout: RunLayout, fingerprint: dict[str, Any]) -> None:
     """Refuse to resume into an output that an earlier, different configuration started."""
     path = layout.work / "run.json"
     if path.exists():
@@ -225,7 +190,7 @@ def _check_same_run(layout: CurationLayout, fingerprint: dict[str, Any]) -> None
 
 
 def build_stages(
-    cfg: RootConfig, layout: CurationLayout, sources: list[SourceConfig], tokenizer_path: Path, run_info: dict[str, Any]
+    cfg: RootConfig, layout: RunLayout, sources: list[SourceConfig], tokenizer_path: Path, run_info: dict[str, Any]
 ) -> list[Stage]:
     """The job's stages in order, as ``(name, pipeline, tasks)``."""
     work = layout.work
@@ -271,7 +236,7 @@ def build_stages(
     return stages
 
 
-def synthetic_stage(cfg: RootConfig, layout: CurationLayout, tokenizer_path: Path) -> list[PipelineStep]:
+def synthetic_stage(cfg: RootConfig, layout: RunLayout, tokenizer_path: Path) -> list[PipelineStep]:
     """Synthetic tasks over the kept documents, written as source ``curate.synthetic.source``.
 
     One task: every example may draw its haystack from any curated file, and generating examples is
@@ -297,7 +262,7 @@ def synthetic_stage(cfg: RootConfig, layout: CurationLayout, tokenizer_path: Pat
 def run_curation(cfg: RootConfig, verbose: bool = False) -> dict[str, Any] | None:
     """Run (or resume) curation. Returns the summary written to ``stats.json`` once the stages have
     run (local and Ray executors); None when they were submitted to Slurm."""
-    layout = CurationLayout(cfg.output)
+    layout = RunLayout(cfg.output, "curate")
     sources = resolve_sources(cfg, layout)
     with contextlib.nullcontext() if verbose else stderr_to_file(layout.work / "logs" / "console.log"):
         tokenizer_path = prepare_tokenizer(cfg, layout, sources)

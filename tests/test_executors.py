@@ -10,7 +10,8 @@ from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
 
 from pipeline import curate
 from pipeline.config import parse_config
-from pipeline.curate import CurationLayout, build_stages, resolve_sources
+from pipeline.curate import build_stages, resolve_sources
+from pipeline.layout import RunLayout
 from pipeline.executors import make_executor, run_stages
 from pipeline.tokenizer import train_bpe
 
@@ -36,7 +37,7 @@ def test_local_executor_caps_workers_at_tasks(tmp_path: Path) -> None:
 
 def test_slurm_stages_are_chained_and_submitted_once(tmp_path: Path, monkeypatch) -> None:
     cfg = _config(tmp_path, SLURM)
-    layout = CurationLayout(cfg.output)
+    layout = RunLayout(cfg.output, "curate")
     sources = resolve_sources(cfg, layout)
     stages = build_stages(cfg, layout, sources, cfg.tokenizer.path, {})
     submitted: list[SlurmPipelineExecutor] = []

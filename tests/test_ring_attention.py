@@ -328,7 +328,7 @@ def test_ring_matches_reference_on_random_layouts(tmp_path: Path, world: int, ex
 def test_error_does_not_grow_with_ring_size(tmp_path: Path) -> None:
     errors_out = str(tmp_path / "errors.pt")
     launch(tmp_path, 4, _measure_error_by_ring_size, errors_out)
-    for case, by_size in torch.load(errors_out).items():
+    for case, by_size in torch.load(errors_out, weights_only=True).items():
         assert len(by_size) == 4
         assert max(by_size) <= 2 * by_size[0], (case, by_size)
 
