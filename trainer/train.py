@@ -9,6 +9,7 @@ depend on how windows are split; gradients are summed over all ranks.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from packer import PackedDataset, zigzag_split
-from pipeline.config import RootConfig
+from pipeline.config import ConfigError, RootConfig
 from trainer.attention.comm import WAIT_CLOCK
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig
@@ -130,7 +131,23 @@ def train(cfg: RootConfig, progress: bool = True) -> TrainResult:
         shutdown()
 
 
-def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: bool) -> TrainResult:
+@dataclass
+class _Run:
+    """Everything one training run holds between steps."""
+
+    layout: TrainLayout
+    dataset: PackedDataset
+    model: Transformer
+    optimizer: torch.optim.AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    tracker: CoverageTracker
+    meta: dict[str, Any]
+    seq_len: int
+    start_step: int
+
+
+def _setup(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState) -> _Run:
+    """Data, coverage check, model, optimizer and schedule; restored from the latest checkpoint."""
     torch.manual_seed(tcfg.seed)
     layout = TrainLayout(cfg.output / "train")
     dataset = PackedDataset(
@@ -144,7 +161,7 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
     manifest = dataset.shards.manifest
     seq_len, original = dataset.seq_len, cfg.context.original
     if seq_len % (2 * state.cp_size):
-        raise ValueError(f"seq_len {seq_len} is not divisible by 2 * cp = {2 * state.cp_size}")
+        raise ConfigError(f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}")
     required = required_position(original, cfg.context.target, tcfg.coverage.required_position)
     try:
         check_shard_coverage(
@@ -155,104 +172,137 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
             raise
         if state.is_main:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
-
     model = build_model(cfg, manifest.header.tokenizer.vocab_size, state)
     model.config.check_context_length(seq_len)
     optimizer = make_optimizer(model, tcfg)
     scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
-    tracker = CoverageTracker(original, seq_len, tcfg.coverage.max_steps_without_long)
-    meta = {
-        "world_size": state.world_size,
-        "cp": state.cp_size,
-        "shards_config_sha256": manifest.header.config_sha256,
-        "seq_len": seq_len,
-        "model": model.config.to_hf(),
-        "seed": tcfg.seed,
-        "grad_accum": tcfg.grad_accum,
-    }
-    start_step = 0
+    run = _Run(
+        layout=layout,
+        dataset=dataset,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        tracker=CoverageTracker(original, seq_len, tcfg.coverage.max_steps_without_long),
+        meta={
+            "world_size": state.world_size,
+            "cp": state.cp_size,
+            "shards_config_sha256": manifest.header.config_sha256,
+            "seq_len": seq_len,
+            "model": model.config.to_hf(),
+            "seed": tcfg.seed,
+            "grad_accum": tcfg.grad_accum,
+        },
+        seq_len=seq_len,
+        start_step=0,
+    )
     resume_from = latest_checkpoint(layout.checkpoints)
     if resume_from is not None:
-        start_step, rank_state = load_checkpoint(resume_from, model, optimizer, scheduler, state.rank, meta)
+        run.start_step, rank_state = load_checkpoint(resume_from, model, optimizer, scheduler, state.rank, run.meta)
         dataset.load_state_dict(rank_state["data"])
         for key, value in rank_state["coverage"].items():
-            setattr(tracker, key, value)
+            setattr(run.tracker, key, value)
         if state.is_main:
-            print(f"resuming from {resume_from} (step {start_step})", flush=True)
-    writer = MetricsWriter(layout.metrics, start_step) if state.is_main else None
-    use_bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
+            print(f"resuming from {resume_from} (step {run.start_step})", flush=True)
+    return run
+
+
+@dataclass
+class _StepStats:
+    """One optimizer step's sums over all ranks."""
+
+    loss: float
+    bucket_loss: list[float]
+    bucket_count: list[int]
+    max_position: int
+    comm_s: float
+
+
+def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool) -> _StepStats:
+    """Backward of every micro-batch with the loss divided by the group's token count, gradients
+    summed over ranks, and the step's loss and per-bucket statistics reduced over ranks."""
+    comm = 0.0
+    n_buckets = len(run.tracker.edges)
+    count = torch.tensor(float(sum(int(s.loss_mask.sum()) for s in shards)), dtype=torch.float64)
+    t = time.perf_counter()
+    all_reduce_sum(count, state)
+    comm += time.perf_counter() - t
+    if count.item() == 0:
+        raise ValueError("no loss-masked token in the step's windows")
+    run.optimizer.zero_grad(set_to_none=True)
+    stats = torch.zeros(1 + 2 * n_buckets, dtype=torch.float64)  # loss sum, loss per bucket, tokens per bucket
+    device = state.device
+    for shard in shards:
+        labels = torch.where(shard.loss_mask, shard.labels, -100).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            hidden = run.model(
+                shard.input_ids.to(device),
+                shard.position_ids.to(device),
+                shard.indices.to(device),
+                shard.segment_ids.to(device),
+                rope_seq_len=run.seq_len,
+            )
+            loss_sum = run.model.cross_entropy_sum(hidden, labels)
+        (loss_sum / count.item()).backward()
+        stats[0] += float(loss_sum.detach())
+        # loss by position: one more pass of the LM head without gradients
+        per_token = token_losses(run.model, hidden.detach(), labels).double().cpu()
+        mask = shard.loss_mask
+        stats[1 : 1 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
+        stats[1 + n_buckets :] += run.tracker.local_counts(shard.position_ids, mask).double()
+    max_pos = torch.tensor(max((int(s.position_ids[s.loss_mask].max()) for s in shards if s.loss_mask.any()), default=-1))
+    t = time.perf_counter()
+    sync_gradients([p for p in run.model.parameters() if p.requires_grad], state)
+    all_reduce_sum(stats, state)
+    all_reduce_max(max_pos, state)
+    comm += time.perf_counter() - t
+    return _StepStats(
+        loss=float(stats[0] / count),
+        bucket_loss=stats[1 : 1 + n_buckets].tolist(),
+        bucket_count=stats[1 + n_buckets :].round().to(torch.int64).tolist(),
+        max_position=int(max_pos),
+        comm_s=comm,
+    )
+
+
+def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: bool) -> TrainResult:
+    run = _setup(cfg, tcfg, state)
+    tracker, original = run.tracker, cfg.context.original
+    writer = MetricsWriter(run.layout.metrics, run.start_step) if state.is_main else None
+    bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
     peak = peak_flops(state.device, None)
-    rows = _rows(dataset)
-    params = [p for p in model.parameters() if p.requires_grad]
+    rows = _rows(run.dataset)
+    params = [p for p in run.model.parameters() if p.requires_grad]
     bar = None
     if progress and state.is_main:
         from tqdm import tqdm
 
-        bar = tqdm(total=tcfg.steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=tcfg.steps, initial=run.start_step, desc="train", unit="step", dynamic_ncols=True)
     losses: list[float] = []
     records: list[dict[str, Any]] = []
     tokens_seen, time_spent = 0, 0.0
-    for step in range(start_step, tcfg.steps):
-        start = time.perf_counter()
-        ring_wait_before = WAIT_CLOCK.seconds
-        comm = 0.0
+    for step in range(run.start_step, tcfg.steps):
+        start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
         micro = [next(rows) for _ in range(tcfg.grad_accum)]
         shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
-        count = torch.tensor(float(sum(int(s.loss_mask.sum()) for s in shards)), dtype=torch.float64)
-        t = time.perf_counter()
-        all_reduce_sum(count, state)
-        comm += time.perf_counter() - t
-        if count.item() == 0:
-            raise ValueError(f"step {step}: no loss-masked token in the batch")
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        bucket_loss = torch.zeros(len(tracker.edges), dtype=torch.float64)
-        bucket_count = torch.zeros(len(tracker.edges), dtype=torch.int64)
-        for shard in shards:
-            labels = torch.where(shard.loss_mask, shard.labels, -100).to(state.device)
-            positions = shard.position_ids.to(state.device)
-            with torch.autocast(state.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                hidden = model(
-                    shard.input_ids.to(state.device),
-                    positions,
-                    shard.indices.to(state.device),
-                    shard.segment_ids.to(state.device),
-                    rope_seq_len=seq_len,
-                )
-                micro_sum = model.cross_entropy_sum(hidden, labels)
-            (micro_sum / count.item()).backward()
-            loss_sum += micro_sum.detach().double().cpu()
-            per_token = token_losses(model, hidden.detach(), labels).double().cpu()
-            buckets = tracker.bucket_of(shard.position_ids)
-            mask = shard.loss_mask
-            bucket_loss += torch.zeros_like(bucket_loss).index_add_(0, buckets[mask], per_token[mask.cpu()])
-            bucket_count += tracker.local_counts(shard.position_ids, mask)
-        t = time.perf_counter()
-        sync_gradients(params, state)
-        stats = torch.cat([loss_sum.view(1), bucket_loss, bucket_count.double()])
-        all_reduce_sum(stats, state)
-        max_pos = torch.tensor(
-            max((int(s.position_ids[s.loss_mask].max()) for s in shards if s.loss_mask.any()), default=-1)
-        )
-        all_reduce_max(max_pos, state)
-        comm += time.perf_counter() - t
+        stats = _forward_backward(run, shards, state, bf16)
+        if not math.isfinite(stats.loss):
+            raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        nb = len(tracker.edges)
-        loss = float(stats[0] / count)
-        counts = stats[1 + nb :].round().to(torch.int64).tolist()
-        tracker.add(counts, int(max_pos))
+        lr = run.scheduler.get_last_lr()[0]
+        run.optimizer.step()
+        run.scheduler.step()
+        tracker.add(stats.bucket_count, stats.max_position)
         elapsed = time.perf_counter() - start
-        comm += WAIT_CLOCK.seconds - ring_wait_before
-        step_tokens = seq_len * tcfg.grad_accum * state.dp_size
+        comm = stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before
+        step_tokens = run.seq_len * tcfg.grad_accum * state.dp_size
         tokens_seen += step_tokens
         time_spent += elapsed
-        flops = training_flops(model.config, step_tokens, sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size)
+        pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
+        flops = training_flops(run.model.config, step_tokens, pairs)
+        counts = stats.bucket_count
         record = {
             "step": step + 1,
-            "loss": loss,
+            "loss": stats.loss,
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens_per_s": step_tokens / elapsed,
@@ -261,30 +311,28 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
             "max_position": tracker.max_position,
             "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
             "loss_by_position": {
-                str(edge): float(stats[1 + i] / stats[1 + nb + i]) if stats[1 + nb + i] > 0 else None
-                for i, edge in enumerate(tracker.edges)
+                str(edge): total / n if n else None
+                for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
             },
         }
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {step + 1}: loss is {loss}")
-        losses.append(loss)
+        losses.append(stats.loss)
         records.append(record)
         if writer is not None and ((step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps):
             writer.write(record)
         if bar is not None:
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
             bar.update(1)
         if not tcfg.coverage.allow_short:
             tracker.check()
         if (step + 1) % tcfg.checkpoint.every == 0 or step + 1 == tcfg.steps:
             save_checkpoint(
-                layout.checkpoints,
+                run.layout.checkpoints,
                 step + 1,
-                model,
-                optimizer,
-                scheduler,
-                {"data": dataset.state_dict(), "coverage": _tracker_state(tracker)},
-                meta,
+                run.model,
+                run.optimizer,
+                run.scheduler,
+                {"data": run.dataset.state_dict(), "coverage": _tracker_state(tracker)},
+                run.meta,
                 state.rank,
                 tcfg.checkpoint.keep,
             )
@@ -292,18 +340,16 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
         bar.close()
     final = None
     if state.is_main:
-        import shutil
-
-        shutil.rmtree(layout.final_model, ignore_errors=True)
-        save_model(model, layout.final_model)
-        final = layout.final_model
+        shutil.rmtree(run.layout.final_model, ignore_errors=True)
+        save_model(run.model, run.layout.final_model)
+        final = run.layout.final_model
     return TrainResult(
         steps=tcfg.steps,
         losses=losses,
         coverage=tracker.summary(),
         final_model=final,
         tokens_per_s=tokens_seen / time_spent if time_spent else 0.0,
-        resumed_from=start_step,
+        resumed_from=run.start_step,
         records=records,
     )
 
