@@ -219,8 +219,10 @@ def test_resume_into_a_changed_run_is_refused(shards_root: Path, tmp_path: Path)
 def test_metrics_record_what_the_issue_asks_for(shards_root: Path, tmp_path: Path) -> None:
     train(parse_config(train_config(shards_root, tmp_path / "m", steps=2)), progress=False)
     record = json.loads((tmp_path / "m" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm_fraction", "max_position", "loss_by_position"):
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm_fraction", "max_position", "loss_by_position",
+                "attention_score_fraction"):
         assert key in record
+    assert 0 < record["attention_score_fraction"] <= 1  # one process: one block pair, no ring to skip
     assert record["max_position"] >= 128
     buckets = {int(k): v for k, v in record["loss_by_position"].items()}
     assert 128 in buckets and buckets[0] is not None
@@ -277,7 +279,9 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(shards_roo
     elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stderr[-3000:]
     assert elapsed < 180
-    cp2 = [json.loads(line)["loss"] for line in (tmp_path / "cp2" / "train" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "cp2" / "train" / "metrics.jsonl").read_text().splitlines()]
+    cp2 = [r["loss"] for r in records]
+    assert all(0 < r["attention_score_fraction"] < 1 for r in records)  # the zigzag ring skips masked scores
     single = train(parse_config(train_config(shards_root, tmp_path / "cp1", cp=1, steps=8,
                                              checkpoint={"every": 4, "keep": 1})), progress=False).losses
     assert len(cp2) == 8

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.attention import build_ring_plan, ring_attention
+from trainer.attention import RingStats, build_ring_plan, ring_attention
 from trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
 
 # Configuration ---------------------------------------------------------------------------------------------
@@ -308,10 +308,13 @@ class RingAttention:
     def __init__(self, group: dist.ProcessGroup | None = None, *, backend: str = "auto") -> None:
         self.group = group
         self.backend = backend
+        self.last_stats: RingStats | None = None
 
     def bind(self, q_index: Tensor, q_segment: Tensor) -> RowAttention:
-        """Plan ring attention for one row; the returned callable attends ``(q, k, v)``."""
+        """Plan ring attention for one row; the returned callable attends ``(q, k, v)``.
+        ``last_stats`` keeps the plan's statistics (share of block pairs computed) for metrics."""
         plan = build_ring_plan(q_index, q_segment, group=self.group)
+        self.last_stats = plan.stats
         return partial(ring_attention, plan=plan, backend=self.backend)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:

@@ -215,6 +215,7 @@ class _StepStats:
     bucket_count: list[int]
     max_position: int
     comm_s: float
+    attention_score_fraction: float | None
 
 
 def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool) -> _StepStats:
@@ -222,6 +223,7 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool)
     summed over ranks, and the step's loss and per-bucket statistics reduced over ranks."""
     comm = 0.0
     n_buckets = len(run.tracker.edges)
+    score_fractions: list[float] = []
     count = torch.tensor(float(sum(int(s.loss_mask.sum()) for s in shards)), dtype=torch.float64)
     t = time.perf_counter()
     all_reduce_sum(count, state)
@@ -242,6 +244,9 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool)
                 rope_seq_len=run.seq_len,
             )
             loss_sum = run.model.cross_entropy_sum(hidden, labels)
+        ring_stats = getattr(run.model.attention, "last_stats", None)
+        if ring_stats is not None:
+            score_fractions.append(ring_stats.score_fraction)
         (loss_sum / count.item()).backward()
         stats[0] += float(loss_sum.detach())
         # loss by position: one more pass of the LM head without gradients
@@ -261,6 +266,7 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool)
         bucket_count=stats[1 + n_buckets :].round().to(torch.int64).tolist(),
         max_position=int(max_pos),
         comm_s=comm,
+        attention_score_fraction=sum(score_fractions) / len(score_fractions) if score_fractions else None,
     )
 
 
@@ -308,6 +314,7 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
             "tokens_per_s": step_tokens / elapsed,
             "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
             "comm_fraction": comm / elapsed,
+            "attention_score_fraction": stats.attention_score_fraction,
             "max_position": tracker.max_position,
             "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
             "loss_by_position": {
