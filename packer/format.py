@@ -18,13 +18,15 @@ import pyarrow as pa
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pipeline.errors import LongctxError
+
 FORMAT_NAME = "longctx-packed-windows"
 FORMAT_VERSION = 1
 METADATA_KEY = b"longctx"
 SHARD_SUFFIX = ".arrow"
 
 
-class ShardError(Exception):
+class ShardError(LongctxError):
     """A shard or shard folder is missing, truncated, corrupt, or not what the caller expects."""
 
 

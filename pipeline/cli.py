@@ -36,13 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``longctx`` console script."""
-    from pipeline.config import ConfigError
+    from pipeline.errors import LongctxError
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ConfigError as err:
+    except LongctxError as err:
         print(f"longctx {args.command}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

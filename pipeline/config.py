@@ -15,8 +15,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.errors import LongctxError
 
-class ConfigError(ValueError):
+
+class ConfigError(LongctxError, ValueError):
     """A configuration file is malformed, names an unknown key, has a wrong type or a missing path."""
 
 
