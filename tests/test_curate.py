@@ -301,7 +301,7 @@ def test_repository_vendored_twice_collapses(tmp_path: Path, tokenizer_file) -> 
     """pip vendors ``requests``; the standalone ``requests`` is the same project at a nearby version."""
     pip_spec, req_spec = importlib.util.find_spec("pip"), importlib.util.find_spec("requests")
     if pip_spec is None or req_spec is None:
-        pytest.skip("needs pip and requests installed (requests comes with the test extra's datasets)")
+        pytest.skip("needs pip and requests installed (requests is in the test extra)")
     vendored = Path(pip_spec.origin).parent / "_vendor" / "requests"
     if not vendored.is_dir():
         pytest.skip("this pip does not vendor requests")
