@@ -119,24 +119,18 @@ def _check_same_run(layout: RunLayout, plan: PackPlan) -> None:
             [str(f.relative_to(layout.documents)), f.stat().st_size] for f in document_files(layout.documents)
         ],
     }
-    path = layout.work / "run.json"
-    if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k))
-        if changed:
-            raise ConfigError(
-                f"{layout.shards} holds a pack run made with a different {', '.join(changed)}; "
-                f"delete {layout.shards} and {layout.work} (or choose another output) to pack again"
-            )
-        return
-    if layout.shards.exists() and any(layout.shards.iterdir()):
+    changed = layout.changed_since_recorded(fingerprint)
+    if changed:
         raise ConfigError(
-            f"{layout.shards} exists but was not written by this pack run; delete it or choose another output"
+            f"{layout.shards} holds a pack run made with a different {', '.join(changed)}; "
+            f"delete {layout.shards} and {layout.work} (or choose another output) to pack again"
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(fingerprint, indent=1, sort_keys=True), encoding="utf-8")
-    tmp.replace(path)
+    if changed is None:
+        if layout.shards.exists() and any(layout.shards.iterdir()):
+            raise ConfigError(
+                f"{layout.shards} exists but was not written by this pack run; delete it or choose another output"
+            )
+        layout.record_run(fingerprint)
 
 
 def build_stages(

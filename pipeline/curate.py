@@ -176,17 +176,14 @@ def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path
 
 def _check_same_run(layout: RunLayout, fingerprint: dict[str, Any]) -> None:
     """Refuse to resume into an output that an earlier, different configuration started."""
-    path = layout.work / "run.json"
-    if path.exists():
-        previous = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(previous) | set(fingerprint) if previous.get(k) != fingerprint.get(k))
-        if changed:
-            raise ConfigError(
-                f"{layout.root} holds a curation run made with a different configuration (differs in: "
-                f"{', '.join(changed)}); choose another --output or delete {layout.root}"
-            )
-    else:
-        write_json_atomic(fingerprint, path)
+    changed = layout.changed_since_recorded(fingerprint)
+    if changed is None:
+        layout.record_run(fingerprint)
+    elif changed:
+        raise ConfigError(
+            f"{layout.root} holds a curation run made with a different configuration (differs in: "
+            f"{', '.join(changed)}); choose another --output or delete {layout.root}"
+        )
 
 
 def build_stages(
