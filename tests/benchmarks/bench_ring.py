@@ -27,21 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from layouts import document_segments
+
 from packer.cp import zigzag_indices
 from trainer.attention import RingPlan, build_ring_plan, ring_attention
 from trainer.attention.kernels import kernel_calls, select_kernels
-
-
-def document_segments(seq_len: int, mean_length: int | None, seed: int = 0) -> torch.Tensor:
-    """Segment ids of a window of documents with random lengths (one document if ``mean_length`` is None)."""
-    if mean_length is None:
-        return torch.zeros(seq_len, dtype=torch.int64)
-    generator = torch.Generator().manual_seed(seed)
-    lengths: list[int] = []
-    while sum(lengths) < seq_len:
-        lengths.append(int(torch.randint(1, 2 * mean_length, (1,), generator=generator)))
-    lengths[-1] -= sum(lengths) - seq_len
-    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
 
 
 def time_attention(

@@ -24,6 +24,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from layouts import document_segments
+
 from packer.cp import zigzag_indices
 from trainer.attention import build_ring_plan, ring_attention
 from trainer.attention.kernels import block_backward, block_forward, kernel_calls, select_kernels
@@ -31,18 +33,6 @@ from trainer.attention.masks import block_mask
 from trainer.attention.merge import merge_into
 
 TOLERANCE = 2e-2
-
-
-def segments(seq_len: int, mean_length: int | None, seed: int = 0) -> torch.Tensor:
-    """Segment ids of a window of documents with random lengths (one document if ``mean_length`` is None)."""
-    if mean_length is None:
-        return torch.zeros(seq_len, dtype=torch.int64)
-    generator = torch.Generator().manual_seed(seed)
-    lengths: list[int] = []
-    while sum(lengths) < seq_len:
-        lengths.append(int(torch.randint(1, 2 * mean_length, (1,), generator=generator)))
-    lengths[-1] -= sum(lengths) - seq_len
-    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
 
 
 def error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -124,7 +114,7 @@ def check_exactness(args: argparse.Namespace) -> bool:
     print(f"\nexactness, bf16, {seq_len} tokens, heads {heads}/{kv_heads}, head_dim {dim}")
     print("  errors: CUDA vs CPU fp64 / CPU bf16 vs CPU fp64 / CUDA vs CPU bf16")
     for layout, mean in (("one document", None), ("many documents", 100), ("one-token documents", 1)):
-        segment = segments(seq_len, mean)
+        segment = document_segments(seq_len, mean)
         for check, run in (("single-rank call", full_call), ("zigzag P=4 blocks", zigzag_block_calls)):
             exact = run(segment, inputs, "cpu", torch.float64, "auto")
             cpu = run(segment, inputs, "cpu", torch.bfloat16, "auto")
@@ -182,9 +172,9 @@ def check_speed(args: argparse.Namespace) -> None:
         k, v = (torch.randn(seq_len, kv_heads, dim, **options) for _ in "kv")
         grad = torch.randn_like(q)
         flops = 3.5 * 2 * seq_len**2 * heads * dim  # causal forward 2*T^2*H*D, backward 2.5x forward
-        ours = time_ring(q, k, v, grad, segments(seq_len, None))
+        ours = time_ring(q, k, v, grad, document_segments(seq_len, None))
         sdpa = time_sdpa(q, k, v, grad)
-        documents = time_ring(q, k, v, grad, segments(seq_len, 2048))
+        documents = time_ring(q, k, v, grad, document_segments(seq_len, 2048))
         print(
             f"  {seq_len:6d} tokens: ring_attention {flops / ours / 1e9:6.1f} TFLOP/s ({ours:.2f} ms),"
             f" SDPA {flops / sdpa / 1e9:6.1f} TFLOP/s ({sdpa:.2f} ms), ours/SDPA time {ours / sdpa:.2f}"
