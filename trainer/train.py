@@ -218,9 +218,13 @@ class _StepStats:
     attention_score_fraction: float | None
 
 
-def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool) -> _StepStats:
+def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool, position_losses: bool) -> _StepStats:
     """Backward of every micro-batch with the loss divided by the group's token count, gradients
-    summed over ranks, and the step's loss and per-bucket statistics reduced over ranks."""
+    summed over ranks, and the step's loss and per-bucket statistics reduced over ranks.
+
+    Loss by position costs one more pass of the LM head, so it is computed only when
+    ``position_losses`` is set (on logged steps); the position counts for coverage are always kept.
+    """
     comm = 0.0
     n_buckets = len(run.tracker.edges)
     score_fractions: list[float] = []
@@ -249,10 +253,10 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool)
             score_fractions.append(ring_stats.score_fraction)
         (loss_sum / count.item()).backward()
         stats[0] += float(loss_sum.detach())
-        # loss by position: one more pass of the LM head without gradients
-        per_token = token_losses(run.model, hidden.detach(), labels).double().cpu()
         mask = shard.loss_mask
-        stats[1 : 1 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
+        if position_losses:
+            per_token = token_losses(run.model, hidden.detach(), labels).double().cpu()
+            stats[1 : 1 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
         stats[1 + n_buckets :] += run.tracker.local_counts(shard.position_ids, mask).double()
     max_pos = torch.tensor(max((int(s.position_ids[s.loss_mask].max()) for s in shards if s.loss_mask.any()), default=-1))
     t = time.perf_counter()
@@ -290,7 +294,8 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
         start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
         micro = [next(rows) for _ in range(tcfg.grad_accum)]
         shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
-        stats = _forward_backward(run, shards, state, bf16)
+        logged = (step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps
+        stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
         if not math.isfinite(stats.loss):
             raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
@@ -318,13 +323,13 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
             "max_position": tracker.max_position,
             "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
             "loss_by_position": {
-                str(edge): total / n if n else None
+                str(edge): total / n if n and logged else None
                 for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
             },
         }
         losses.append(stats.loss)
         records.append(record)
-        if writer is not None and ((step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps):
+        if writer is not None and logged:
             writer.write(record)
         if bar is not None:
             bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
