@@ -1,0 +1,103 @@
+"""Atomic writes: every file and folder longctx writes appears whole or not at all.
+
+A writer writes under a temporary name beside the target (``<name>.tmp``, so it lies on the same
+file system and the rename is atomic) and renames it onto the target when it is complete. Whatever
+goes wrong in between, an exception or an interrupt, the temporary file or folder is removed, so a
+reader never sees half a file and a failed writer leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pyarrow is imported by write_table only
+    import pyarrow as pa
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temporary_path(path: Path) -> Path:
+    """The temporary name ``path`` is written under before it is renamed into place."""
+    return path.with_name(path.name + TEMP_SUFFIX)
+
+
+def discard(path: Path) -> None:
+    """Remove a temporary file or folder, if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def commit(tmp: Path, path: Path, *, fsync: bool = False) -> None:
+    """Rename the complete ``tmp`` onto ``path``; a folder at ``path`` is replaced (removed first)."""
+    if fsync and tmp.is_file():
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+    if tmp.is_dir() and path.is_dir():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path, *, fsync: bool = False) -> Iterator[Path]:
+    """The temporary path to write ``path`` under (a file or a folder the caller creates).
+
+    When the block ends normally the temporary is renamed onto ``path`` (an existing folder there is
+    replaced); when it raises, the temporary is removed. A leftover of an earlier, killed writer is
+    removed first. ``fsync`` flushes a file to disk before the rename.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    discard(tmp)
+    try:
+        yield tmp
+        commit(tmp, path, fsync=fsync)
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def write_bytes(path: Path, data: bytes | memoryview, *, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path, fsync=fsync) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: Path, data: Any, *, indent: int = 2) -> None:
+    """Write ``data`` as JSON (sorted keys, a final newline) to ``path`` atomically."""
+    write_text(path, json.dumps(data, indent=indent, sort_keys=True) + "\n")
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """Write ``table`` as a Parquet file at ``path`` atomically."""
+    import pyarrow.parquet as pq
+
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def write_figure(path: Path, figure: Any, *, dpi: int = 100) -> None:
+    """Save a matplotlib ``figure`` at ``path`` atomically (format from the suffix, PNG when there is
+    none) and close it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(figure)

@@ -1,0 +1,154 @@
+"""datatrove executors from an ``executor`` config section (local here, Slurm or Ray on a cluster),
+and the runner that chains a job's stages on them.
+
+A job is a list of stages, each a datatrove pipeline with its number of tasks. The stages' executors
+are chained with datatrove's own ``depends=``: running the last one runs (or, on Slurm, submits) the
+others first, in order, and a stage starts only once every task of the one before has completed.
+Completed tasks are recorded under ``work/logs/<n>_<stage>/completions`` and skipped when the job runs
+again, which is what makes a killed job resumable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from datatrove.executor import LocalPipelineExecutor, RayPipelineExecutor, SlurmPipelineExecutor
+from datatrove.executor.base import PipelineExecutor
+from datatrove.pipeline.base import PipelineStep
+
+from longctx.core.config import ExecutorConfig
+from longctx.core.errors import ConfigError
+from longctx.core.progress import stderr_to_file, tail, task_progress
+
+Stage = tuple[str, list[PipelineStep], int]
+"""A stage of a job: its name, its pipeline and its number of tasks."""
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """What the console shows of one stage run here (locally or on Ray): a line when it starts, one
+    per finished task, and on failure the end of the log its tasks wrote."""
+
+    job: str
+    name: str
+    number: int
+    total: int
+    tasks: int
+    logging_dir: Path
+    console_log: Path
+    verbose: bool
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        label = f"[{self.job} {self.number}/{self.total}] {self.name}"
+        completions = self.logging_dir / "completions"
+        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
+        print(
+            f"{label}: {self.tasks} task(s)" + (f", {done} done in an earlier run" if done else ""),
+            flush=True,
+        )
+        quiet = contextlib.nullcontext() if self.verbose else stderr_to_file(self.console_log)
+        try:
+            with quiet, task_progress(label, completions, self.tasks):
+                yield
+        except ConfigError:
+            raise  # a user error with its own message (e.g. a coverage refusal)
+        except Exception:
+            if not self.verbose:
+                log = self.console_log
+                print(f"{self.job} stage '{self.name}' failed; last lines of {log}:\n{tail(log)}", file=sys.stderr)
+            raise
+
+
+class _Reported:
+    """Mixin for executors that run here: the stage it depends on runs first (as datatrove's
+    ``depends`` would), then this stage runs inside its :class:`StageReport`."""
+
+    report: StageReport | None = None
+    depends: PipelineExecutor | None
+    _launched: bool
+
+    def run(self) -> Any:
+        if self.depends is not None and not self.depends._launched:
+            self.depends.run()  # so that its console lines come before this stage's
+        if self.report is None:
+            return super().run()  # type: ignore[misc]
+        with self.report.running():
+            return super().run()  # type: ignore[misc]
+
+
+class ReportedLocalExecutor(_Reported, LocalPipelineExecutor):
+    """datatrove's local executor with a console report."""
+
+
+class ReportedRayExecutor(_Reported, RayPipelineExecutor):
+    """datatrove's Ray executor with a console report."""
+
+
+def make_executor(
+    cfg: ExecutorConfig,
+    pipeline: list[PipelineStep],
+    *,
+    tasks: int,
+    logging_dir: Path,
+    job_name: str,
+    depends: PipelineExecutor | None = None,
+    report: StageReport | None = None,
+) -> PipelineExecutor:
+    """One datatrove executor for one stage, run after ``depends``. Completed tasks are recorded in
+    ``logging_dir`` and skipped when the stage runs again."""
+    common: dict[str, Any] = dict(
+        pipeline=pipeline, tasks=tasks, logging_dir=str(logging_dir), depends=depends
+    )
+    if cfg.kind == "slurm":
+        assert cfg.slurm is not None  # the config validator guarantees it
+        return SlurmPipelineExecutor(
+            job_name=job_name,
+            time=cfg.slurm.time,
+            partition=cfg.slurm.partition,
+            cpus_per_task=cfg.slurm.cpus_per_task,
+            mem_per_cpu_gb=cfg.slurm.mem_per_cpu_gb,
+            qos=cfg.slurm.qos,
+            sbatch_args=cfg.slurm.sbatch_args or None,
+            **common,
+        )
+    executor: ReportedLocalExecutor | ReportedRayExecutor
+    if cfg.kind == "local":
+        workers = tasks if cfg.workers == -1 else min(cfg.workers, tasks)
+        executor = ReportedLocalExecutor(workers=workers, **common)
+    else:
+        executor = ReportedRayExecutor(workers=tasks if cfg.workers == -1 else cfg.workers, **common)
+    executor.report = report
+    return executor
+
+
+def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, verbose: bool = False) -> bool:
+    """Run a job's stages in order; True when they ran here, False when submitted to Slurm.
+
+    The stages' executors are chained with ``depends=`` and the last one is run. Locally (and on
+    Ray) each stage prints a line when it starts and one per finished task, and datatrove's logs go
+    to ``work/logs/console.log`` (to the console instead with ``verbose``); a failure names the stage
+    and shows the end of that log. On Slurm the chain is submitted at once as dependent job arrays.
+    """
+    console_log = work / "logs" / "console.log"
+    last: PipelineExecutor | None = None
+    for number, (name, pipeline, tasks) in enumerate(stages, start=1):
+        logging_dir = work / "logs" / f"{number}_{name}"
+        report = StageReport(job, name, number, len(stages), tasks, logging_dir, console_log, verbose)
+        last = make_executor(
+            cfg,
+            pipeline,
+            tasks=tasks,
+            logging_dir=logging_dir,
+            job_name=f"{job}_{name}",
+            depends=last,
+            report=report,
+        )
+    if last is not None:
+        last.run()
+    return cfg.kind != "slurm"

@@ -1,0 +1,113 @@
+"""The output folder of a run, shared by every job (curate, pack, train, eval)::
+
+    <output>/
+      corpus/                  the embedded default corpus, when no input is given
+      tokenizer.json           the run's tokenizer (copied or trained by curate)
+      documents/<source>/      curated documents (Parquet)
+      ledger.parquet, stats.json, stats.png
+      shards/seq<N>/           packed windows of N tokens and their manifest.json
+      train/                   checkpoints/, metrics.jsonl, final/ (the trained model)
+      eval/                    evaluation results
+      work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
+
+Every path of an output folder is built here, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+SHARD_FOLDER_PREFIX = "seq"
+
+
+def shard_folder(shards: Path, seq_len: int) -> Path:
+    """The folder of windows of ``seq_len`` tokens under a shards folder: ``<shards>/seq<N>``."""
+    return shards / f"{SHARD_FOLDER_PREFIX}{seq_len}"
+
+
+def shard_folders(shards: Path) -> list[Path]:
+    """The ``seq<N>`` folders under a shards folder, by ascending ``N``."""
+    found = [
+        p for p in shards.glob(f"{SHARD_FOLDER_PREFIX}*") if p.name[len(SHARD_FOLDER_PREFIX) :].isdigit()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(SHARD_FOLDER_PREFIX) :]))
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Paths of one run folder, seen from one job (``job`` names its ``work/`` subfolder)."""
+
+    root: Path
+    job: str = ""
+
+    @property
+    def work(self) -> Path:
+        """This job's intermediate files, run record and logs."""
+        if not self.job:
+            raise ValueError("RunLayout.work needs the job's name")
+        return self.root / "work" / self.job
+
+    @property
+    def run_record(self) -> Path:
+        """What determined this job's output (``work/<job>/run.json``), written when it first ran."""
+        return self.work / "run.json"
+
+    @property
+    def console_log(self) -> Path:
+        """Where the job's datatrove task logs go when they are not shown on the console."""
+        return self.work / "logs" / "console.log"
+
+    @property
+    def default_corpus(self) -> Path:
+        return self.root / "corpus"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / "tokenizer.json"
+
+    @property
+    def documents(self) -> Path:
+        return self.root / "documents"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.parquet"
+
+    @property
+    def stats(self) -> Path:
+        return self.root / "stats.json"
+
+    @property
+    def plot(self) -> Path:
+        return self.root / "stats.png"
+
+    @property
+    def shards(self) -> Path:
+        return self.root / "shards"
+
+    def shard_folder(self, seq_len: int) -> Path:
+        """The shard folder of windows of ``seq_len`` tokens."""
+        return shard_folder(self.shards, seq_len)
+
+    @property
+    def train(self) -> Path:
+        return self.root / "train"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.train / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        """One JSON line per logged training step."""
+        return self.train / "metrics.jsonl"
+
+    @property
+    def final_model(self) -> Path:
+        """The trained model, as a Hugging Face checkpoint folder."""
+        return self.train / "final"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
