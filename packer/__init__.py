@@ -1,9 +1,12 @@
 """Tokenize, mix and pack curated documents into self-describing Arrow shards, and read them back.
 
 The reading side is importable from the package root (imported on first use, so that
-``import packer`` stays cheap for the CLI)::
+``import longctx.packer`` stays cheap for the CLI)::
 
-    from packer import PackedDataset, collate_packed, zigzag_split
+    from longctx.packer import PackedDataset, collate_packed
+
+Splitting a window over context-parallel ranks is the trainer's job
+(``longctx.trainer.attention.zigzag``).
 """
 
 from __future__ import annotations
@@ -12,18 +15,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "PackedDataset": "packer.dataset",
-    "collate_packed": "packer.dataset",
-    "row_to_sample": "packer.dataset",
-    "IGNORE_INDEX": "packer.dataset",
-    "ShardSet": "packer.reader",
-    "PackedRow": "packer.reader",
-    "ContextParallelShard": "packer.cp",
-    "zigzag_split": "packer.cp",
-    "zigzag_indices": "packer.cp",
-    "FORMAT_VERSION": "packer.format",
-    "ShardError": "packer.format",
-    "run_pack": "packer.run",
+    "PackedDataset": "longctx.packer.dataset",
+    "collate_packed": "longctx.packer.dataset",
+    "row_to_sample": "longctx.packer.dataset",
+    "IGNORE_INDEX": "longctx.packer.dataset",
+    "ShardSet": "longctx.packer.reader",
+    "PackedRow": "longctx.packer.reader",
+    "FORMAT_VERSION": "longctx.packer.format",
+    "ShardError": "longctx.packer.format",
+    "run_pack": "longctx.packer.run",
 }
 
 __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
@@ -33,9 +33,6 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "IGNORE_INDEX",
     "ShardSet",
     "PackedRow",
-    "ContextParallelShard",
-    "zigzag_split",
-    "zigzag_indices",
     "FORMAT_VERSION",
     "ShardError",
     "run_pack",
@@ -44,5 +41,5 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
-        raise AttributeError(f"module 'packer' has no attribute {name!r}")
+        raise AttributeError(f"module 'longctx.packer' has no attribute {name!r}")
     return getattr(importlib.import_module(_EXPORTS[name]), name)

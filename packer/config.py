@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.config import ExecutorConfig, StrictModel
+from longctx.core.config import ExecutorConfig, StrictModel
+from longctx.core.tokenizer import EOS_TOKEN
 
 
 class PackConfig(StrictModel):
@@ -40,7 +41,7 @@ class PackConfig(StrictModel):
         description="tokens the mix should reach; default: all tokens of the sources it uses",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
-    eos_token: str = Field(default="<|endoftext|>", description="appended to every document")
+    eos_token: str = Field(default=EOS_TOKEN, description="appended to every document")
     bos_token: str | None = Field(default=None, description="prepended to every document when set")
     pad_token: str | None = Field(
         default=None, description="fills unused window tokens; default: the EOS token"

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from packer.format import FORMAT_VERSION
-from packer.reader import PackedRow, ShardSet
+from longctx.packer.format import FORMAT_VERSION
+from longctx.packer.reader import PackedRow, ShardSet
 
 IGNORE_INDEX = -100
 _HOLDOUT_STREAM = 0x5EED0FF  # keeps the held-out draw apart from every epoch's shuffle

@@ -10,7 +10,6 @@ renamed, so a reader never sees half a shard.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +17,8 @@ import pyarrow as pa
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.errors import LongctxError
+from longctx.core.atomic import write_bytes
+from longctx.core.errors import LongctxError
 
 FORMAT_NAME = "longctx-packed-windows"
 FORMAT_VERSION = 1
@@ -107,13 +107,7 @@ def write_shard(path: Path, batch: pa.RecordBatch, header: ShardHeader) -> Shard
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_batch(batch.replace_schema_metadata(schema.metadata))
     data = sink.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_bytes(path, memoryview(data), fsync=True)
     return ShardFile(file=path.name, rows=batch.num_rows, bytes=data.size, xxh3_128=checksum(data))
 
 

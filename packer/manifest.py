@@ -11,7 +11,6 @@ without one. The datatrove step that writes manifests is :class:`packer.stage.Wr
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from packer.format import FrozenModel, ShardError, ShardFile, ShardHeader, check_version
-from packer.stats import HISTOGRAM_BUCKETS, OutputStats, num_buckets
-from pipeline.config import ConfigError
+from longctx.core.atomic import write_json
+from longctx.core.buckets import HISTOGRAM_BUCKETS, num_buckets
+from longctx.core.errors import ConfigError
+from longctx.packer.format import FrozenModel, ShardError, ShardFile, ShardHeader, check_version
+from longctx.packer.stats import OutputStats
 
 MANIFEST_NAME = "manifest.json"
 
@@ -137,11 +138,7 @@ def coverage_refusal(seq_len: int, original: int, longest: Mapping[str, int]) ->
 def write_manifest(folder: Path, manifest: Manifest) -> Path:
     """Write ``folder/manifest.json`` atomically."""
     path = folder / MANIFEST_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(
-        json.dumps(manifest.model_dump(mode="json"), indent=1, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    os.replace(tmp, path)
+    write_json(path, manifest.model_dump(mode="json"), indent=1)
     return path
 
 

@@ -18,8 +18,8 @@ import xxhash
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 
-from packer.catalog import SourceCatalog
-from pipeline.config import ConfigError
+from longctx.core.errors import ConfigError
+from longctx.packer.catalog import SourceCatalog
 
 _ALL = 1 << 64  # above every 64-bit hash
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
-from packer.manifest import Manifest, load_manifest
-from pipeline.tokenizer import tokenizer_fingerprint
+from longctx.core.tokenizer import tokenizer_fingerprint
+from longctx.packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
+from longctx.packer.manifest import Manifest, load_manifest
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from packer.manifest import Manifest
-from packer.reader import PackedRow, ShardColumns
-from packer.stats import OutputStats, bucket_bounds
+from longctx.core.atomic import write_figure
+from longctx.core.buckets import bucket_bounds
+from longctx.packer.manifest import Manifest
+from longctx.packer.reader import PackedRow, ShardColumns
+from longctx.packer.stats import OutputStats
 
 
 def stats_from_shards(shards: Iterable[ShardColumns], seq_len: int, original_context: int) -> OutputStats:
@@ -158,6 +160,4 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
         f"seq_len {manifest.header.seq_len:,}: {manifest.rows:,} rows, efficiency {manifest.efficiency:.3%}"
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    write_figure(path, fig, dpi=120)

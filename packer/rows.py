@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from packer.binpack import Packing
-from packer.format import shard_schema
-from packer.pool import DocumentPool
+from longctx.packer.binpack import Packing
+from longctx.packer.format import shard_schema
+from longctx.packer.pool import DocumentPool
 
 
 def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) -> pa.RecordBatch:

@@ -18,47 +18,32 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from datatrove.data import Document, DocumentsPipeline
+from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.readers import ParquetReader
 from datatrove.utils.batching import batched
 
-from packer.binpack import pack
-from packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
-from packer.manifest import CoverageError, Manifest, build_manifest, coverage_refusal, write_manifest
-from packer.pool import DocumentPool, PoolBuilder
-from packer.rows import build_rows
-from packer.stats import OutputStats
-from packer.tokens import encode_documents
-from pipeline.tokenizer import load_tokenizer
+from longctx.core.atomic import write_json
+from longctx.core.layout import RunLayout, shard_folder
+from longctx.core.tokenizer import load_tokenizer
+from longctx.packer.binpack import pack
+from longctx.packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
+from longctx.packer.manifest import CoverageError, Manifest, build_manifest, coverage_refusal, write_manifest
+from longctx.packer.pool import DocumentPool, PoolBuilder
+from longctx.packer.rows import build_rows
+from longctx.packer.stats import OutputStats
+from longctx.packer.tokens import encode_documents
 
 ROW_BUILD_TOKENS = 1 << 23  # rows are built this many tokens at a time (temporaries of ~30 bytes a token)
 
 
-class CuratedDocumentReader(ParquetReader):
-    """datatrove's Parquet reader over ``<output>/documents``; a document's source is its file's folder."""
-
-    name = "📒 Curated documents"
-
-    def __init__(self, documents: Path, batch_size: int, progress: bool = False) -> None:
-        super().__init__(
-            str(documents),
-            glob_pattern="**/*.parquet",
-            batch_size=batch_size,
-            file_progress=progress,
-            doc_progress=progress,
-        )
-
-    def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
-        document = super().get_document_from_dict(data, source_file, id_in_file)
-        if document is not None:
-            document.metadata["source"] = source_file.split("/", 1)[0]
-        return document
+def summaries_folder(layout: RunLayout) -> Path:
+    """Where the pack tasks record what they wrote, one ``seq<N>/<rank>.json`` per window length."""
+    return layout.work / "tasks"
 
 
-def summary_path(summaries: Path, seq_len: int, rank: int) -> Path:
+def summary_path(layout: RunLayout, seq_len: int, rank: int) -> Path:
     """Where task ``rank`` records what it wrote for windows of ``seq_len``."""
-    return summaries / f"seq{seq_len}" / f"{rank:05d}.json"
+    return shard_folder(summaries_folder(layout), seq_len) / f"{rank:05d}.json"
 
 
 class ShardSeries:
@@ -96,19 +81,15 @@ class ShardSeries:
         )
         self.stats.add_documents(pool.sources[d] for d in np.flatnonzero(pool.copies).tolist())
 
-    def finish(self, summaries: Path) -> None:
+    def finish(self, layout: RunLayout) -> None:
         """Write the last shard and the task's summary."""
         self._write(final=True)
-        path = summary_path(summaries, self.header.seq_len, self.rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
         summary = {
             "rank": self.rank,
             "shards": [f.model_dump() for f in self.files],
             "stats": self.stats.to_json(),
         }
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(path)
+        write_json(summary_path(layout, self.header.seq_len, self.rank), summary, indent=1)
 
     def _write(self, final: bool) -> None:
         pending = sum(batch.num_rows for batch in self._pending)
@@ -133,28 +114,24 @@ class PackDocuments(PipelineStep):
 
     def __init__(
         self,
-        tokenizer_path: Path,
+        layout: RunLayout,
         headers: list[ShardHeader],
-        shards: Path,
-        summaries: Path,
         pool_tokens: int,
         shard_tokens: int,
         batch_size: int,
     ) -> None:
         super().__init__()
-        self.tokenizer_path = tokenizer_path
+        self.layout = layout
         self.headers = headers
-        self.shards = shards
-        self.summaries = summaries
         self.pool_tokens = pool_tokens
         self.shard_tokens = shard_tokens
         self.batch_size = batch_size
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        tokenizer = load_tokenizer(self.tokenizer_path)
+        tokenizer = load_tokenizer(self.layout.tokenizer)
         info = self.headers[0].tokenizer
         series = [
-            ShardSeries(self.shards / f"seq{h.seq_len}", rank, h, max(1, self.shard_tokens // h.seq_len))
+            ShardSeries(self.layout.shard_folder(h.seq_len), rank, h, max(1, self.shard_tokens // h.seq_len))
             for h in self.headers
         ]
         for s in series:
@@ -173,7 +150,7 @@ class PackDocuments(PipelineStep):
         if len(pool):
             self._pack(pool.build(), series)
         for s in series:
-            s.finish(self.summaries)
+            s.finish(self.layout)
 
     def _pack(self, pool: DocumentPool, series: list[ShardSeries]) -> None:
         for s in series:
@@ -193,35 +170,33 @@ class WriteManifests(PipelineStep):
 
     def __init__(
         self,
+        layout: RunLayout,
         headers: list[ShardHeader],
         config: dict[str, Any],
-        shards: Path,
-        summaries: Path,
         tasks: int,
         targets: Mapping[str, float] | None,
         allow_short_positions: bool,
     ) -> None:
         super().__init__()
+        self.layout = layout
         self.headers = headers
         self.config = config
-        self.shards = shards
-        self.summaries = summaries
         self.tasks = tasks
         self.targets = dict(targets) if targets else None
         self.allow_short_positions = allow_short_positions
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         for header in self.headers:
-            write_manifest(self.shards / f"seq{header.seq_len}", self.manifest_for(header))
+            write_manifest(self.layout.shard_folder(header.seq_len), self.manifest_for(header))
         if data:
             yield from data
 
     def manifest_for(self, header: ShardHeader) -> Manifest:
-        folder = self.shards / f"seq{header.seq_len}"
+        folder = self.layout.shard_folder(header.seq_len)
         stats = OutputStats(header.seq_len, header.original_context)
         files: list[ShardFile] = []
         for rank in range(self.tasks):
-            path = summary_path(self.summaries, header.seq_len, rank)
+            path = summary_path(self.layout, header.seq_len, rank)
             if not path.is_file():
                 raise ShardError(f"task {rank} left no summary at {path}; run pack again to finish it")
             summary = json.loads(path.read_text(encoding="utf-8"))

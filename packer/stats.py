@@ -3,8 +3,10 @@
 Positions restart at 0 in every segment, so a segment of length ``L`` holds positions ``0..L-1``:
 every statistic here follows from segment lengths alone, without touching tokens.
 
-Histograms use power-of-two buckets: bucket ``k`` counts values ``v`` with ``v.bit_length() == k``,
-i.e. bucket 0 holds 0 and bucket ``k >= 1`` holds ``[2**(k-1), 2**k)``.
+Histograms use longctx's power-of-two buckets (``longctx.core.buckets``): bucket ``k`` counts
+values ``v`` with ``v.bit_length() == k``, i.e. bucket 0 holds 0 and bucket ``k >= 1`` holds
+``[2**(k-1), 2**k)``. An output of ``seq_len``-token windows has ``num_buckets(seq_len)`` of them, for
+positions ``< seq_len`` and segment lengths ``<= seq_len``.
 """
 
 from __future__ import annotations
@@ -15,19 +17,7 @@ from typing import Any
 
 import numpy as np
 
-HISTOGRAM_BUCKETS = (
-    "bucket k counts values v with v.bit_length() == k: k=0 holds 0, k>=1 holds [2**(k-1), 2**k)"
-)
-
-
-def num_buckets(seq_len: int) -> int:
-    """Buckets needed for positions ``< seq_len`` and segment lengths ``<= seq_len``."""
-    return seq_len.bit_length() + 1
-
-
-def bucket_bounds(k: int) -> tuple[int, int]:
-    """Half-open value range ``[lo, hi)`` of bucket ``k``."""
-    return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)
+from longctx.core.buckets import bucket_bounds, num_buckets, value_histogram
 
 
 def position_histogram(lengths: np.ndarray, buckets: int) -> np.ndarray:
@@ -38,12 +28,6 @@ def position_histogram(lengths: np.ndarray, buckets: int) -> np.ndarray:
         lo, hi = bucket_bounds(k)
         out[k] = np.clip(lengths - lo, 0, hi - lo).sum()
     return out
-
-
-def value_histogram(values: np.ndarray, buckets: int) -> np.ndarray:
-    """Counts of values (non-negative integers) per bucket."""
-    values = np.asarray(values, dtype=np.int64)
-    return np.bincount(np.frexp(values)[1], minlength=buckets)[:buckets].astype(np.int64)
 
 
 @dataclass

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from packer.config import PackConfig
-from packer.format import TokenizerInfo
-from pipeline.config import ConfigError
-from pipeline.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.core.errors import ConfigError
+from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.packer.config import PackConfig
+from longctx.packer.format import TokenizerInfo
 
 
 def _token_id(tokenizer: Tokenizer, token: str, key: str, path: Path) -> int:

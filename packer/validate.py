@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from packer.format import SHARD_SUFFIX, ShardError, file_checksum, open_shard
-from packer.manifest import build_manifest, load_manifest
-from packer.reader import ShardColumns
-from packer.report import stats_from_shards
-from pipeline.tokenizer import tokenizer_fingerprint
+from longctx.core.tokenizer import tokenizer_fingerprint
+from longctx.packer.format import SHARD_SUFFIX, ShardError, file_checksum, open_shard
+from longctx.packer.manifest import build_manifest, load_manifest
+from longctx.packer.reader import ShardColumns
+from longctx.packer.report import stats_from_shards
 
 PROVENANCE = ("doc_id", "doc_source", "doc_offset", "doc_length")
 

@@ -1,66 +1,16 @@
-"""YAML configuration, validated before any work starts.
-
-One YAML file describes a run. Its sections are validated by pydantic models that forbid unknown
-keys, so a typo (``min_token`` for ``min_tokens``) is an error naming the key and a suggestion,
-never a silently ignored setting. Paths must exist where the model says so. Relative paths are
-taken relative to the current working directory.
+"""The ``curate`` section of a run's YAML config: sources, length bounds, deduplication, executor and
+synthetic tasks. Built on the strict base of ``longctx.core.config``; the roof (``longctx.config``)
+puts it into the run config beside the other parts' sections.
 """
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from pipeline.errors import LongctxError
-
-
-class ConfigError(LongctxError, ValueError):
-    """A configuration file is malformed, names an unknown key, has a wrong type or a missing path."""
-
-
-class StrictModel(BaseModel):
-    """Base for every config section: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def _must_exist(value: Path | None) -> Path | None:
-    if value is not None and not Path(value).exists():
-        raise ValueError(f"path does not exist: {value}")
-    return value
-
-
-class ContextConfig(StrictModel):
-    """The model's pretraining window and the window the run extends it to, in tokens."""
-
-    original: int = Field(gt=0, description="context length the model was pretrained at")
-    target: int = Field(gt=0, description="context length to extend to")
-
-    @model_validator(mode="after")
-    def _target_above_original(self) -> "ContextConfig":
-        if self.target < self.original:
-            raise ValueError(f"target ({self.target}) must be at least original ({self.original})")
-        return self
-
-
-class TokenizerConfig(StrictModel):
-    """Which tokenizer counts (and later packs) tokens.
-
-    ``path`` is a Hugging Face ``tokenizer.json`` (bring your model's). When it is null, curation
-    trains a small byte-level BPE on the input and saves it as ``<output>/tokenizer.json``: good for
-    the demo, not for a real model.
-    """
-
-    path: Path | None = None
-    train_vocab_size: int = Field(default=4096, ge=260)
-    train_sample_bytes: int = Field(default=20_000_000, gt=0, description="text sampled for BPE training")
-
-    _exists = field_validator("path")(_must_exist)
-
+from longctx.core.config import ExecutorConfig, StrictModel, must_exist
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
 
@@ -86,7 +36,7 @@ class SourceConfig(StrictModel):
     strip_gutenberg: bool = True
     limit: int = -1
 
-    _exists = field_validator("path")(_must_exist)
+    _exists = field_validator("path")(must_exist)
 
     @model_validator(mode="after")
     def _bounds(self) -> "SourceConfig":
@@ -114,32 +64,6 @@ class MinHashConfig(StrictModel):
 class DedupConfig(StrictModel):
     exact: bool = True
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
-
-
-class SlurmConfig(StrictModel):
-    """Passed to datatrove's ``SlurmPipelineExecutor``."""
-
-    partition: str
-    time: str = "24:00:00"
-    cpus_per_task: int = 1
-    mem_per_cpu_gb: int = 2
-    qos: str = "normal"
-    sbatch_args: dict[str, str] = Field(default_factory=dict)
-
-
-class ExecutorConfig(StrictModel):
-    """Where stages run: datatrove's local, Slurm or Ray executor."""
-
-    kind: Literal["local", "slurm", "ray"] = "local"
-    tasks: int = Field(default=2, gt=0, description="shards of the input, one task each")
-    workers: int = Field(default=-1, description="tasks run at once on the local executor; -1 = all")
-    slurm: SlurmConfig | None = None
-
-    @model_validator(mode="after")
-    def _slurm_needs_settings(self) -> "ExecutorConfig":
-        if self.kind == "slurm" and self.slurm is None:
-            raise ValueError("kind: slurm needs a 'slurm' section (at least 'partition')")
-        return self
 
 
 class SyntheticConfig(StrictModel):
@@ -173,92 +97,4 @@ class CurateConfig(StrictModel):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig | None = None
 
-    _exists = field_validator("input")(_must_exist)
-
-
-class RootConfig(StrictModel):
-    """A whole run."""
-
-    output: Path = Path("runs/default")
-    context: ContextConfig
-    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
-    curate: CurateConfig = Field(default_factory=CurateConfig)
-    pack: packer.config.PackConfig | None = None
-    train: trainer.config.TrainConfig | None = None
-    eval: trainer.config.EvalConfig | None = None
-
-
-# packer.config and trainer.config build on the sections above, so they are imported after them;
-# RootConfig's ``pack``, ``train`` and ``eval`` annotations are resolved when a config is first validated.
-import packer.config  # noqa: E402
-import trainer.config  # noqa: E402
-
-
-def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the model found at ``loc`` (for "did you mean" suggestions)."""
-    current: Any = model
-    for part in loc:
-        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
-            continue
-        field = current.model_fields.get(part)
-        if field is None:
-            break
-        annotation = field.annotation
-        for candidate in getattr(annotation, "__args__", ()) or (annotation,):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                current = candidate
-                break
-            for inner in getattr(candidate, "__args__", ()):
-                if isinstance(inner, type) and issubclass(inner, BaseModel):
-                    current = inner
-                    break
-    if isinstance(current, type) and issubclass(current, BaseModel):
-        return list(current.model_fields)
-    return []
-
-
-def format_validation_error(err: ValidationError, model: type[BaseModel], origin: str) -> str:
-    """One line per problem, each naming the dotted key."""
-    lines = [f"invalid configuration in {origin}:"]
-    for problem in err.errors():
-        loc = tuple(problem["loc"])
-        key = ".".join(str(p) for p in loc) or "<root>"
-        if problem["type"] == "extra_forbidden":
-            known = _known_keys(model, loc[:-1])
-            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else (f" (known keys: {', '.join(known)})" if known else "")
-            lines.append(f"  {key}: unknown key{hint}")
-        else:
-            msg = problem["msg"].removeprefix("Value error, ")
-            lines.append(f"  {key}: {msg} (got {problem.get('input')!r})")
-    return "\n".join(lines)
-
-
-def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
-    """Validate a config mapping; raise :class:`ConfigError` naming every bad key."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
-    try:
-        return RootConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, RootConfig, origin)) from None
-
-
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:
-    """Read a YAML config with ``yaml.safe_load``, apply dotted-key overrides, validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        target = data
-        *parents, last = dotted.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[last] = value
-    return parse_config(data, str(path))
+    _exists = field_validator("input")(must_exist)

@@ -15,10 +15,8 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,33 +26,38 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 
-from pipeline.config import ConfigError, CurateConfig, RootConfig, SourceConfig
-from pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
-from pipeline.docstore import DocumentWriter, RankDocumentReader
-from pipeline.executors import Stage, run_stages
-from pipeline.layout import RunLayout
-from pipeline.filters import ReadableFilter, TokenLengthFilter
-from pipeline.ledger import InputTally, LedgerWriter, merge_ledger, write_table_atomic
-from pipeline.progress import stderr_to_file
-from pipeline.stats import plot_summary, summarize_ledger, write_json_atomic
+from longctx.core.atomic import atomic_path, write_json, write_table
+from longctx.core.config import ContextConfig, TokenizerConfig
+from longctx.core.errors import ConfigError
+from longctx.core.executors import Stage, run_stages
+from longctx.core.layout import RunLayout
+from longctx.core.progress import stderr_to_file
+from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.pipeline.config import CurateConfig, SourceConfig
+from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
+from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
+from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
+from longctx.pipeline.ledger import InputTally, LedgerWriter, merge_ledger
+from longctx.pipeline.stats import plot_summary, summarize_ledger
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
 
 
-def resolve_sources(cfg: RootConfig, layout: RunLayout) -> list[SourceConfig]:
+def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfig]:
     """The sources of a run: ``curate.input``'s ``books/``, ``papers/``, ``code/`` subfolders, then
     ``curate.sources``; the embedded default corpus when neither is given."""
     sources: list[SourceConfig] = []
-    if cfg.curate.input is not None:
-        found = [sub for sub in INPUT_SUBFOLDERS if (cfg.curate.input / sub).is_dir()]
+    if curate.input is not None:
+        found = [sub for sub in INPUT_SUBFOLDERS if (curate.input / sub).is_dir()]
         if not found:
             raise ConfigError(
-                f"curate.input: {cfg.curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
+                f"curate.input: {curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
             )
-        sources += [SourceConfig(name=sub, kind=sub, path=cfg.curate.input / sub) for sub in found]
-    sources += cfg.curate.sources
+        sources += [SourceConfig(name=sub, kind=sub, path=curate.input / sub) for sub in found]
+    sources += curate.sources
     if not sources:
-        from pipeline.default_corpus import build_default_corpus
+        from longctx.pipeline.default_corpus import build_default_corpus
 
         sources = build_default_corpus(layout.default_corpus)
     names = [s.name for s in sources]
@@ -64,69 +67,67 @@ def resolve_sources(cfg: RootConfig, layout: RunLayout) -> list[SourceConfig]:
     return sources
 
 
-def make_reader(source: SourceConfig, cfg: CurateConfig) -> PipelineStep:
+def make_reader(source: SourceConfig, curate: CurateConfig) -> PipelineStep:
     """The datatrove reader step for one source."""
     if source.kind == "books":
-        from pipeline.readers.books import BookFolderReader
+        from longctx.pipeline.readers.books import BookFolderReader
 
         return BookFolderReader(
-            source.path, source.name, source.strip_gutenberg, max_bytes=cfg.max_book_bytes, limit=source.limit
+            source.path, source.name, source.strip_gutenberg, max_bytes=curate.max_book_bytes, limit=source.limit
         )
     if source.kind == "papers":
-        from pipeline.readers.papers import PaperReader
+        from longctx.pipeline.readers.papers import PaperReader
 
         return PaperReader(source.path, source=source.name, limit=source.limit)
     if source.kind == "code":
-        from pipeline.readers.code import CodeRepoReader
+        from longctx.pipeline.readers.code import CodeRepoReader
 
-        return CodeRepoReader(source.path, source=source.name, max_file_bytes=cfg.max_file_bytes, limit=source.limit)
-    from pipeline.readers.tabular import make_tabular_reader
+        return CodeRepoReader(source.path, source=source.name, max_file_bytes=curate.max_file_bytes, limit=source.limit)
+    from longctx.pipeline.readers.tabular import make_tabular_reader
 
     return make_tabular_reader(
         source.kind, source.path, source.name, source.text_key, source.id_key, source.glob, source.limit
     )
 
 
-def length_bounds(cfg: RootConfig, sources: list[SourceConfig]) -> dict[str, tuple[int, int | None]]:
+def length_bounds(
+    curate: CurateConfig, target: int, sources: list[SourceConfig]
+) -> dict[str, tuple[int, int | None]]:
     """Per source ``(min_tokens, max_tokens)``: the source's own bounds, else at least
-    ``min_fraction_of_target`` of the target context and no upper bound."""
-    default_min = math.ceil(cfg.curate.min_fraction_of_target * cfg.context.target)
+    ``min_fraction_of_target`` of the ``target`` context and no upper bound."""
+    default_min = math.ceil(curate.min_fraction_of_target * target)
     return {
         s.name: (s.min_tokens if s.min_tokens is not None else default_min, s.max_tokens) for s in sources
     }
 
 
-def prepare_tokenizer(cfg: RootConfig, layout: RunLayout, sources: list[SourceConfig]) -> Path:
+def prepare_tokenizer(
+    tokenizer: TokenizerConfig, curate: CurateConfig, layout: RunLayout, sources: list[SourceConfig]
+) -> Path:
     """Put the run's tokenizer at ``<output>/tokenizer.json``: a copy of ``tokenizer.path``, or a
     byte-level BPE trained on a sample of every source (kept across reruns)."""
-    if cfg.tokenizer.path is not None:
-        from pipeline.tokenizer import load_tokenizer
-
-        load_tokenizer(cfg.tokenizer.path)  # fail early on a malformed file
-        if not layout.tokenizer.exists() or layout.tokenizer.read_bytes() != cfg.tokenizer.path.read_bytes():
-            layout.root.mkdir(parents=True, exist_ok=True)
-            tmp = layout.tokenizer.with_name("tokenizer.json.tmp")
-            shutil.copyfile(cfg.tokenizer.path, tmp)
-            os.replace(tmp, layout.tokenizer)
+    if tokenizer.path is not None:
+        load_tokenizer(tokenizer.path)  # fail early on a malformed file
+        if not layout.tokenizer.exists() or layout.tokenizer.read_bytes() != tokenizer.path.read_bytes():
+            with atomic_path(layout.tokenizer) as tmp:
+                shutil.copyfile(tokenizer.path, tmp)
         return layout.tokenizer
     if not layout.tokenizer.exists():
-        from pipeline.tokenizer import train_bpe
+        from longctx.pipeline.bpe import train_bpe
 
-        print(f"training a {cfg.tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
+        print(f"training a {tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
         train_bpe(
-            _sample_texts(sources, cfg.curate, cfg.tokenizer.train_sample_bytes),
-            cfg.tokenizer.train_vocab_size,
-            layout.tokenizer,
+            _sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, layout.tokenizer
         )
     return layout.tokenizer
 
 
-def _sample_texts(sources: list[SourceConfig], cfg: CurateConfig, budget: int) -> Iterator[str]:
+def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int) -> Iterator[str]:
     """Up to ``budget / len(sources)`` characters of readable text from each source, in pieces."""
     per_source = budget // max(1, len(sources))
     for source in sources:
         taken = 0
-        for doc in make_reader(source, cfg).run(None, 0, 1):
+        for doc in make_reader(source, curate).run(None, 0, 1):
             if doc.metadata.get("skip_reason"):
                 continue
             piece = doc.text[: per_source - taken]
@@ -150,58 +151,53 @@ class FinalizeCuration(PipelineStep):
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
-        write_table_atomic(ledger, self.layout.ledger)
+        write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
-        write_json_atomic(summary, self.layout.stats)
+        write_json(self.layout.stats, summary)
         plot_summary(summary, self.layout.plot)
         if data:
             yield from data
 
 
-def run_fingerprint(cfg: RootConfig, sources: list[SourceConfig], tokenizer_path: Path) -> dict[str, Any]:
+def run_fingerprint(
+    curate: CurateConfig, target: int, sources: list[SourceConfig], tokenizer_path: Path
+) -> dict[str, Any]:
     """What determines the output: resolved sources, bounds, dedup settings, tokenizer, task count."""
-    from pipeline.tokenizer import tokenizer_fingerprint
-
     return {
         "sources": [json.loads(s.model_dump_json()) for s in sources],
-        "bounds": {k: list(v) for k, v in length_bounds(cfg, sources).items()},
-        "dedup": json.loads(cfg.curate.dedup.model_dump_json()),
-        "synthetic": json.loads(cfg.curate.synthetic.model_dump_json()) if cfg.curate.synthetic else None,
-        "max_file_bytes": cfg.curate.max_file_bytes,
-        "max_book_bytes": cfg.curate.max_book_bytes,
-        "tasks": cfg.curate.executor.tasks,
+        "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
+        "dedup": json.loads(curate.dedup.model_dump_json()),
+        "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,
+        "max_file_bytes": curate.max_file_bytes,
+        "max_book_bytes": curate.max_book_bytes,
+        "tasks": curate.executor.tasks,
         "tokenizer_sha256": tokenizer_fingerprint(tokenizer_path),
     }
 
 
-def _check_same_run(layout: RunLayout, fingerprint: dict[str, Any]) -> None:
-    """Refuse to resume into an output that an earlier, different configuration started."""
-    changed = layout.changed_since_recorded(fingerprint)
-    if changed is None:
-        layout.record_run(fingerprint)
-    elif changed:
-        raise ConfigError(
-            f"{layout.root} holds a curation run made with a different configuration (differs in: "
-            f"{', '.join(changed)}); choose another --output or delete {layout.root}"
-        )
-
-
 def build_stages(
-    cfg: RootConfig, layout: RunLayout, sources: list[SourceConfig], tokenizer_path: Path, run_info: dict[str, Any]
+    curate: CurateConfig,
+    layout: RunLayout,
+    sources: list[SourceConfig],
+    tokenizer_path: Path,
+    run_info: dict[str, Any],
+    *,
+    target: int,
 ) -> list[Stage]:
-    """The job's stages in order, as ``(name, pipeline, tasks)``."""
+    """The job's stages in order, as ``(name, pipeline, tasks)``. ``target`` is the context length the
+    run extends to: the default lower length bound and the synthetic prompt length follow from it."""
     work = layout.work
-    mh = cfg.curate.dedup.minhash
+    mh = curate.dedup.minhash
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
     )
-    read: list[PipelineStep] = [make_reader(s, cfg.curate) for s in sources]
+    read: list[PipelineStep] = [make_reader(s, curate) for s in sources]
     read += [
         InputTally(work / "inputs"),
         ReadableFilter(exclusion_writer=LedgerWriter(work / "ledger" / "unreadable", "filtered")),
         TokenLengthFilter(
             tokenizer_path,
-            length_bounds(cfg, sources),
+            length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
         ),
         DocumentWriter(work / "filtered"),
@@ -209,13 +205,15 @@ def build_stages(
     ]
     if mh.enabled:
         read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
-    tasks = cfg.curate.executor.tasks
+    tasks = curate.executor.tasks
     stages: list[Stage] = [("read", read, tasks)]
     if mh.enabled:
         buckets = MinhashDedupBuckets(str(work / "dedup" / "sigs"), str(work / "dedup" / "buckets"), config=minhash)
         stages.append(("buckets", [buckets], mh.num_buckets))
     dups_folder = work / "dedup" / "buckets" if mh.enabled else None
-    resolver = DuplicateResolver(work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", cfg.curate.dedup.exact)
+    resolver = DuplicateResolver(
+        work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact
+    )
     stages.append(("resolve", [resolver], 1))
     write: list[PipelineStep] = [
         RankDocumentReader(work / "filtered"),
@@ -228,52 +226,41 @@ def build_stages(
     ]
     stages.append(("write", write, tasks))
     stages.append(("finalize", [FinalizeCuration(layout, run_info)], 1))
-    if cfg.curate.synthetic is not None:
-        stages.append(("synthetic", synthetic_stage(cfg, layout, tokenizer_path), 1))
+    if curate.synthetic is not None:
+        from longctx.pipeline.synthetic.stage import synthetic_pipeline, synthetic_tasks
+
+        step = synthetic_tasks(curate.synthetic, tokenizer_path, target)
+        stages.append(("synthetic", synthetic_pipeline(layout.root, step), 1))
     return stages
 
 
-def synthetic_stage(cfg: RootConfig, layout: RunLayout, tokenizer_path: Path) -> list[PipelineStep]:
-    """Synthetic tasks over the kept documents, written as source ``curate.synthetic.source``.
+def run_curation(
+    curate: CurateConfig,
+    *,
+    context: ContextConfig,
+    tokenizer: TokenizerConfig,
+    output: Path,
+    verbose: bool = False,
+) -> dict[str, Any] | None:
+    """Run (or resume) curation into the run folder ``output``.
 
-    One task: every example may draw its haystack from any curated file, and generating examples is
-    cheap next to curation. The synthetic documents are generated, not inputs, so they have no
-    ledger rows.
+    Returns the summary written to ``stats.json`` once the stages have run (local and Ray executors);
+    None when they were submitted to Slurm.
     """
-    from pipeline.synthetic import SyntheticTasks, synthetic_pipeline
-
-    syn = cfg.curate.synthetic
-    assert syn is not None
-    tasks = SyntheticTasks(
-        tokenizer_path,
-        n_examples=syn.n_examples,
-        context_tokens=syn.context_tokens or [cfg.context.target - 64],
-        kinds=syn.kinds,
-        depths=syn.depths,
-        seed=syn.seed,
-        source=syn.source,
-    )
-    return synthetic_pipeline(layout.root, tasks)
-
-
-def run_curation(cfg: RootConfig, verbose: bool = False) -> dict[str, Any] | None:
-    """Run (or resume) curation. Returns the summary written to ``stats.json`` once the stages have
-    run (local and Ray executors); None when they were submitted to Slurm."""
-    layout = RunLayout(cfg.output, "curate")
-    sources = resolve_sources(cfg, layout)
-    with contextlib.nullcontext() if verbose else stderr_to_file(layout.work / "logs" / "console.log"):
-        tokenizer_path = prepare_tokenizer(cfg, layout, sources)
-    fingerprint = run_fingerprint(cfg, sources, tokenizer_path)
-    _check_same_run(layout, fingerprint)
-    config_hash = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    layout = RunLayout(output, "curate")
+    sources = resolve_sources(curate, layout)
+    with contextlib.nullcontext() if verbose else stderr_to_file(layout.console_log):
+        tokenizer_path = prepare_tokenizer(tokenizer, curate, layout, sources)
+    fingerprint = run_fingerprint(curate, context.target, sources, tokenizer_path)
+    check_same_run(layout, fingerprint, layout.root, fresh=False)
     run_info = {
-        "config_hash": config_hash,
+        "config_hash": config_hash(fingerprint)[:16],
         "tokenizer_sha256": fingerprint["tokenizer_sha256"],
-        "context": {"original": cfg.context.original, "target": cfg.context.target},
+        "context": {"original": context.original, "target": context.target},
         "bounds": fingerprint["bounds"],
-        "minhash_threshold": round(cfg.curate.dedup.minhash.threshold, 3) if cfg.curate.dedup.minhash.enabled else None,
+        "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
     }
-    stages = build_stages(cfg, layout, sources, tokenizer_path, run_info)
-    if not run_stages(cfg.curate.executor, stages, layout.work, "curate", verbose):
+    stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
+    if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
         return None
     return json.loads(layout.stats.read_text(encoding="utf-8"))

@@ -20,13 +20,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 from datatrove.data import Document, DocumentsPipeline
+from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashDedupSignature, _mersenne_prime
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
+from datatrove.utils.binaryio import read_tuples_from_file
 from datatrove.utils.word_tokenizers import WordTokenizer
 
-from pipeline.ledger import write_table_atomic
+from longctx.core.atomic import write_table
 
 INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
 DECISIONS_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("kind", pa.string())])
@@ -112,7 +114,7 @@ class DedupIndex(PipelineStep):
             hashes.append(exact_hash(doc.text))
             yield doc
         table = pa.table({"idx": list(range(len(ids))), "id": ids, "text_hash": hashes}, schema=INDEX_SCHEMA)
-        write_table_atomic(table, self.output_folder / f"{rank:05d}.parquet")
+        write_table(self.output_folder / f"{rank:05d}.parquet", table)
 
 
 def _find(parent: dict[str, str], node: str) -> str:
@@ -190,12 +192,14 @@ class DuplicateResolver(PipelineStep):
         index = pa.concat_tables(tables) if tables else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
         pairs: list[tuple[int, int, int, int]] = []
         if self.dups_folder is not None:
-            for path in sorted(self.dups_folder.glob("*.dups")):
-                raw = np.fromfile(path, dtype="<u4").reshape(-1, 4)
-                pairs.extend(tuple(int(v) for v in row) for row in raw)
+            # MinHash stage 2's pairs, read as its own cluster stage reads them
+            dups = get_datafolder(str(self.dups_folder))
+            for name in dups.list_files(glob_pattern="*.dups"):
+                with dups.open(name, "rb") as f:
+                    pairs.extend(read_tuples_from_file(f, "4I", lines_to_buffer=-1))
         decisions = resolve_duplicates(index, pairs, self.use_exact)
         self.stat_update("duplicates", value=len(decisions))
-        write_table_atomic(decisions, self.output_file)
+        write_table(self.output_file, decisions)
         if data:
             yield from data
 

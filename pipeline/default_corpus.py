@@ -18,7 +18,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from pipeline.config import SourceConfig
+from longctx.core.atomic import atomic_path
+from longctx.pipeline.config import SourceConfig
 
 # Packages left out: the test suite (120 MB), bundled wheels, and trees that are mostly data or
 # legacy copies. What remains is about 5 MB of code in ~30 repositories.
@@ -39,36 +40,42 @@ def _copy_package(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, symlinks=True, ignore=ignore)
 
 
+def _write_corpus(folder: Path) -> None:
+    (folder / "books").mkdir(parents=True)
+    (folder / "code").mkdir()
+    (folder / "anchor").mkdir()
+    root = stdlib_dir()
+    for package in sorted(root.iterdir()):
+        if (
+            package.is_dir()
+            and not package.is_symlink()
+            and (package / "__init__.py").is_file()
+            and package.name not in EXCLUDED_PACKAGES
+        ):
+            _copy_package(package, folder / "code" / package.name)
+    from pydoc_data.topics import topics
+
+    reference = "\n\n".join(f"{name}\n{'=' * len(name)}\n\n{text.strip()}" for name, text in sorted(topics.items()))
+    (folder / "books" / "python_language_reference.txt").write_text(
+        "The Python Language Reference (as bundled for pydoc)\n\n" + reference + "\n", encoding="utf-8"
+    )
+    license_file = root / "LICENSE.txt"
+    if license_file.is_file():
+        shutil.copyfile(license_file, folder / "books" / "python_license.txt")
+    with open(folder / "anchor" / "topics.jsonl", "w", encoding="utf-8") as f:
+        for name, text in sorted(topics.items()):
+            f.write(json.dumps({"id": name, "text": text.strip()}) + "\n")
+    (folder / ".complete").write_text("ok\n")
+
+
 def build_default_corpus(dest: str | os.PathLike) -> list[SourceConfig]:
     """Materialize the default corpus under ``dest`` (once; a complete copy is reused) and
     return its sources: ``books``, ``code`` and a short ``anchor`` source with its own bounds."""
     dest = Path(dest)
     done = dest / ".complete"
     if not done.exists():
-        tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "books").mkdir(parents=True)
-        (tmp / "code").mkdir()
-        (tmp / "anchor").mkdir()
-        root = stdlib_dir()
-        for package in sorted(root.iterdir()):
-            if package.is_dir() and not package.is_symlink() and (package / "__init__.py").is_file() and package.name not in EXCLUDED_PACKAGES:
-                _copy_package(package, tmp / "code" / package.name)
-        from pydoc_data.topics import topics
-
-        reference = "\n\n".join(f"{name}\n{'=' * len(name)}\n\n{text.strip()}" for name, text in sorted(topics.items()))
-        (tmp / "books" / "python_language_reference.txt").write_text(
-            "The Python Language Reference (as bundled for pydoc)\n\n" + reference + "\n", encoding="utf-8"
-        )
-        license_file = root / "LICENSE.txt"
-        if license_file.is_file():
-            shutil.copyfile(license_file, tmp / "books" / "python_license.txt")
-        with open(tmp / "anchor" / "topics.jsonl", "w", encoding="utf-8") as f:
-            for name, text in sorted(topics.items()):
-                f.write(json.dumps({"id": name, "text": text.strip()}) + "\n")
-        (tmp / ".complete").write_text("ok\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        with atomic_path(dest) as tmp:
+            _write_corpus(tmp)
     low, high = ANCHOR_BOUNDS
     return [
         SourceConfig(name="books", kind="books", path=dest / "books"),

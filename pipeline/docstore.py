@@ -1,36 +1,33 @@
-"""Documents on disk between and after stages: Parquet with ``text``, ``id``, ``source``,
-``token_count`` and ``metadata`` (a JSON string, since metadata keys differ between sources).
+"""The datatrove steps that write and read documents on disk, between and after stages.
 
-datatrove's own readers (``ParquetReader``) decode the JSON ``metadata`` column and merge the
-other columns into ``Document.metadata``, so these files are ordinary datatrove input.
+Files hold the columns of :data:`~longctx.pipeline.documents.DOCUMENT_SCHEMA` (``text``, ``id``,
+``source``, ``token_count`` and ``metadata`` as JSON). datatrove's own readers (``ParquetReader``)
+decode the JSON ``metadata`` column and merge the other columns into ``Document.metadata``, so these
+files are ordinary datatrove input. Listing and reading the curated documents without datatrove is
+:mod:`longctx.pipeline.documents`; these steps build on it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.readers import ParquetReader
 from datatrove.pipeline.writers.parquet import ParquetWriter
 
-DOCUMENT_SCHEMA = pa.schema(
-    [
-        ("text", pa.large_string()),
-        ("id", pa.string()),
-        ("source", pa.string()),
-        ("token_count", pa.int64()),
-        ("metadata", pa.string()),
-    ]
+from longctx.pipeline.documents import (
+    DOCUMENT_SCHEMA,
+    DOCUMENTS_GLOB,
+    document_metadata,
+    encode_metadata,
+    iter_rows,
 )
-_COLUMNS = ("source", "token_count")
 
 
 class DocumentWriter(ParquetWriter):
-    """Parquet writer for curated documents with the fixed :data:`DOCUMENT_SCHEMA`.
+    """Parquet writer for documents with the fixed :data:`DOCUMENT_SCHEMA`.
 
     ``output_filename`` may use ``${rank}`` and metadata tags such as ``${source}``.
     """
@@ -39,26 +36,20 @@ class DocumentWriter(ParquetWriter):
 
     def __init__(self, output_folder: str | os.PathLike, output_filename: str = "${rank}.parquet") -> None:
         super().__init__(
-            str(output_folder), output_filename=output_filename, schema=DOCUMENT_SCHEMA, max_file_size=-1, batch_size=64
+            str(output_folder),
+            output_filename=output_filename,
+            schema=DOCUMENT_SCHEMA,
+            max_file_size=-1,
+            batch_size=64,
         )
 
     def _default_adapter(self, document: Document) -> dict:
-        meta = {k: v for k, v in document.metadata.items() if k not in _COLUMNS}
-        return {
-            "text": document.text,
-            "id": document.id,
-            "source": str(document.metadata.get("source", "")),
-            "token_count": int(document.metadata.get("token_count", -1)),
-            "metadata": json.dumps(meta, ensure_ascii=False, sort_keys=True),
-        }
+        return {"text": document.text, "id": document.id, **encode_metadata(document.metadata)}
 
 
 def document_from_row(row: dict) -> Document:
     """Inverse of :class:`DocumentWriter`'s adapter."""
-    metadata = json.loads(row["metadata"]) if row.get("metadata") else {}
-    metadata["source"] = row["source"]
-    metadata["token_count"] = row["token_count"]
-    return Document(text=row["text"], id=row["id"], metadata=metadata)
+    return Document(text=row["text"], id=row["id"], metadata=document_metadata(row))
 
 
 class RankDocumentReader(PipelineStep):
@@ -81,7 +72,29 @@ class RankDocumentReader(PipelineStep):
         path = self.folder / f"{rank:05d}.parquet"
         if not path.exists():
             return
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=16):
-            for row in batch.to_pylist():
-                self.stat_update("documents")
-                yield document_from_row(row)
+        for row in iter_rows(path):
+            self.stat_update("documents")
+            yield document_from_row(row)
+
+
+class CuratedDocumentReader(ParquetReader):
+    """datatrove's Parquet reader over a curated documents folder (the files of
+    :func:`~longctx.pipeline.documents.document_files`, shared among tasks file by file); a document's
+    source is its file's folder."""
+
+    name = "📒 Curated documents"
+
+    def __init__(self, documents: str | os.PathLike, batch_size: int = 1000, progress: bool = False) -> None:
+        super().__init__(
+            str(documents),
+            glob_pattern=DOCUMENTS_GLOB,
+            batch_size=batch_size,
+            file_progress=progress,
+            doc_progress=progress,
+        )
+
+    def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
+        document = super().get_document_from_dict(data, source_file, id_in_file)
+        if document is not None:
+            document.metadata["source"] = source_file.split("/", 1)[0]
+        return document

@@ -9,7 +9,7 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
 
-from pipeline.tokenizer import count_tokens, load_tokenizer
+from longctx.core.tokenizer import count_tokens, load_tokenizer
 
 
 class ReadableFilter(BaseFilter):

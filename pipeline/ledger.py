@@ -16,6 +16,8 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.parquet import ParquetWriter
 
+from longctx.core.atomic import write_table
+
 LEDGER_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -83,17 +85,9 @@ class InputTally(PipelineStep):
             sources.append(str(doc.metadata.get("source", "")))
             self.stat_update("inputs")
             yield doc
-        write_table_atomic(
-            pa.table({"id": ids, "source": sources}, schema=INPUTS_SCHEMA), self.output_folder / f"{rank:05d}.parquet"
+        write_table(
+            self.output_folder / f"{rank:05d}.parquet", pa.table({"id": ids, "source": sources}, schema=INPUTS_SCHEMA)
         )
-
-
-def write_table_atomic(table: pa.Table, path: Path) -> None:
-    """Write a Parquet file under a temporary name and rename it, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
 
 
 def read_parquet_folder(folder: Path, schema: pa.Schema) -> pa.Table:

@@ -1,20 +1,17 @@
 """Summary of a curation run from its ledger: outcomes per source, token totals, and the
-distribution of kept document lengths (power-of-two buckets), as JSON and as a figure."""
+distribution of kept document lengths (power-of-two buckets keyed by their lower edge, see
+``longctx.core.buckets``), as JSON and as a figure."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-
-def pow2_bucket(n_tokens: int) -> int:
-    """Lower edge of the power-of-two bucket holding ``n_tokens`` (0 for 0)."""
-    return 0 if n_tokens <= 0 else 1 << (int(n_tokens).bit_length() - 1)
+from longctx.core.atomic import write_figure
+from longctx.core.buckets import bucket_floor
 
 
 def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
@@ -33,7 +30,7 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
         s[row["outcome"]] += 1
         if row["outcome"] == "kept":
             s["kept_tokens"] += row["tokens"]
-            s["length_histogram"][pow2_bucket(row["tokens"])] += 1
+            s["length_histogram"][bucket_floor(row["tokens"])] += 1
         else:
             s["reasons"][row["reason"]] += 1
     sources = {}
@@ -46,13 +43,6 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
         }
     totals = {k: sum(s[k] for s in sources.values()) for k in ("inputs", "kept", "filtered", "duplicate", "kept_tokens")}
     return {"sources": sources, "totals": totals}
-
-
-def write_json_atomic(data: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def plot_summary(summary: dict[str, Any], path: Path) -> None:
@@ -84,11 +74,7 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     if sources:
         ax_len.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    write_figure(path, fig)
 
 
 def _short(n: int) -> str:

@@ -3,15 +3,15 @@
 Layout of ``<dir>/step_<N>/``: ``model.safetensors`` and ``optimizer.pt`` / ``scheduler.pt``
 (written by rank 0: the model is replicated over the data- and context-parallel ranks),
 ``rank_<r>.pt`` for every rank (its dataloader position and RNG states), and ``meta.json``.
-All ranks write into ``step_<N>.tmp/``; after a barrier, rank 0 renames it and then replaces the
-``latest`` pointer file, so a crash at any moment leaves either the old or the new checkpoint.
+All ranks write into ``step_<N>.tmp/`` (``longctx.core.atomic``'s temporary name); after a barrier,
+rank 0 renames it and then replaces the ``latest`` pointer file, so a crash at any moment leaves
+either the old or the new checkpoint.
 Files are read with ``torch.load(weights_only=True)``: no pickled code runs on resume.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_model
 
-from pipeline.config import ConfigError
+from longctx.core.atomic import TEMP_SUFFIX, commit, discard, temporary_path, write_text
+from longctx.core.errors import ConfigError
 
 LATEST = "latest"
 
@@ -60,26 +61,28 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` collectively (every rank calls this); returns its folder."""
     final = root / f"step_{step:07d}"
-    tmp = root / f"step_{step:07d}.tmp"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    _barrier()
-    torch.save(rank_state | {"rng": rng_state()}, tmp / f"rank_{rank:05d}.pt")
-    if rank == 0:
-        save_model(model, str(tmp / "model.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        (tmp / "meta.json").write_text(json.dumps(meta | {"step": step}, indent=2))
-    _barrier()
-    if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = root / (LATEST + ".tmp")
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, root / LATEST)
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    tmp = temporary_path(final)
+    try:
+        if rank == 0:
+            discard(tmp)
+            tmp.mkdir(parents=True)
+        _barrier()
+        torch.save(rank_state | {"rng": rng_state()}, tmp / f"rank_{rank:05d}.pt")
+        if rank == 0:
+            save_model(model, str(tmp / "model.safetensors"))
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            (tmp / "meta.json").write_text(json.dumps(meta | {"step": step}, indent=2))
+        _barrier()
+        if rank == 0:
+            commit(tmp, final)
+            write_text(root / LATEST, final.name + "\n")
+            for old in sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(TEMP_SUFFIX))[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if rank == 0:
+            discard(tmp)
+        raise
     _barrier()
     return final
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from pipeline.config import StrictModel, _must_exist
+from longctx.core.config import StrictModel, must_exist
 
 
 class TinyModelConfig(StrictModel):
@@ -34,7 +34,7 @@ class ModelSection(StrictModel):
     rope_theta: float | None = Field(default=None, gt=0)
     rope_scaling: dict[str, Any] | None = None
 
-    _exists = field_validator("hf_path")(_must_exist)
+    _exists = field_validator("hf_path")(must_exist)
 
 
 class OptimConfig(StrictModel):
@@ -120,4 +120,4 @@ class EvalConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
 
-    _exists = field_validator("model", "shards")(_must_exist)
+    _exists = field_validator("model", "shards")(must_exist)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipeline.config import ConfigError
+from longctx.core.buckets import bucket_edges
+from longctx.core.errors import ConfigError
 
 
 class CoverageError(ConfigError):
@@ -44,15 +45,11 @@ def check_shard_coverage(max_position: int, per_source_max: dict[str, int], requ
     raise CoverageError("\n".join(lines))
 
 
-def pow2_buckets(seq_len: int, original: int) -> list[int]:
-    """Lower edges 0, 1, 2, 4, ... up to ``seq_len``, plus ``original`` so that "at or beyond the
-    original context" is exactly a set of buckets: bucket ``b`` holds positions in
-    ``[edge_b, edge_{b+1})``."""
-    edges, edge = [0], 1
-    while edge < seq_len:
-        edges.append(edge)
-        edge *= 2
-    return sorted(set(edges) | {original})
+def position_edges(seq_len: int, original: int) -> list[int]:
+    """Lower edges of the power-of-two position buckets of ``seq_len``-token windows (0, 1, 2, 4, ...;
+    ``longctx.core.buckets``), plus ``original`` so that "at or beyond the original context" is
+    exactly a set of buckets: bucket ``b`` holds positions in ``[edge_b, edge_{b+1})``."""
+    return bucket_edges(seq_len, extra=(original,))
 
 
 @dataclass
@@ -69,7 +66,7 @@ class CoverageTracker:
     long_tokens: int = 0
 
     def __post_init__(self) -> None:
-        self.edges = pow2_buckets(self.seq_len, self.original)
+        self.edges = position_edges(self.seq_len, self.original)
         self.histogram = [0] * len(self.edges)
 
     def bucket_of(self, positions: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,11 @@
 - Needle retrieval: for a grid of context lengths x needle depths, greedy decoding must reproduce
   the needle's value.
 
-Both work on the bundled model and on any Hugging Face checkpoint loaded by ``trainer.hf_io``.
+Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.hf_io``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Any
 
 import torch
 
-from trainer.coverage import pow2_buckets
-from trainer.metrics import token_losses
-from trainer.model import Transformer
+from longctx.core.atomic import write_figure
+from longctx.trainer.coverage import position_edges
+from longctx.trainer.metrics import token_losses
+from longctx.trainer.model import Transformer
 
 
 @torch.no_grad()
@@ -38,7 +38,7 @@ def loss_by_position(
     Returns one row per bucket: ``start``, ``end`` (exclusive), ``tokens`` and ``mean_loss`` (None
     for a bucket no token reached). Positions are per document, as the model sees them.
     """
-    edges = pow2_buckets(seq_len, original)
+    edges = position_edges(seq_len, original)
     bounds = torch.tensor(edges[1:])
     sums = torch.zeros(len(edges), dtype=torch.float64)
     counts = torch.zeros(len(edges), dtype=torch.int64)
@@ -126,10 +126,10 @@ def needle_grid(
     max_new_tokens: int = 16,
     stop_ids: Sequence[int] = (),
 ) -> list[NeedleResult]:
-    """Build one example per (length, depth, kind) with :func:`pipeline.synthetic.make_grid` and
+    """Build one example per (length, depth, kind) with :func:`longctx.pipeline.synthetic.tasks.make_grid` and
     score greedy decoding against its answer. Decoding stops at a token of ``stop_ids`` or as soon
     as the score is settled (:func:`answer_settled`)."""
-    from pipeline.synthetic import make_grid
+    from longctx.pipeline.synthetic.tasks import make_grid
 
     results = []
     for kind in kinds:
@@ -163,7 +163,7 @@ def plot_loss_by_position(rows: list[dict[str, Any]], original: int, path: Path,
     ax.set_title(title or "loss by position")
     ax.legend()
     fig.tight_layout()
-    _save(fig, path)
+    write_figure(path, fig)
 
 
 def plot_needle_heatmap(results: list[NeedleResult], path: Path) -> None:
@@ -192,17 +192,7 @@ def plot_needle_heatmap(results: list[NeedleResult], path: Path) -> None:
             ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=8)
     fig.colorbar(image, ax=ax, label="accuracy")
     fig.tight_layout()
-    _save(fig, path)
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    write_figure(path, fig)
 
 
 def format_loss_table(rows: list[dict[str, Any]], original: int) -> str:

@@ -1,7 +1,7 @@
 """Load and save Hugging Face checkpoints: ``config.json`` plus safetensors, one file or sharded.
 
 Only safetensors are read: pickle-based ``pytorch_model.bin`` files can execute code when loaded
-and are refused with a message. Parameter names are the model's own (``trainer.model`` uses
+and are refused with a message. Parameter names are the model's own (``longctx.trainer.model`` uses
 Hugging Face's names), so the only translations are the ones transformers makes too: a tied model
 stores no ``lm_head.weight`` (one present anyway is ignored), and ``rotary_emb.inv_freq`` buffers
 saved by old Llama conversions are skipped (frequencies always come from the config).
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from trainer.model import Attention, ModelConfig, Transformer
+from longctx.core.atomic import atomic_path
+from longctx.trainer.model import Attention, ModelConfig, Transformer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -179,8 +179,9 @@ def save_checkpoint(
 
     ``state_dict`` holds full tensors under Hugging Face names (``Transformer.state_dict()``), cast
     to ``dtype`` when given. Above ``max_shard_bytes`` the weights are sharded with an index. The
-    checkpoint is written to a temporary sibling directory and renamed into place, so ``directory``
-    (which must not exist, or be empty) never holds a partial checkpoint.
+    checkpoint is written under a temporary name beside ``directory`` and renamed into place
+    (``longctx.core.atomic``), so ``directory`` (which must not exist, or be empty) never holds a
+    partial checkpoint.
     """
     target = Path(directory)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -193,10 +194,8 @@ def save_checkpoint(
         raise ValueError("state_dict is empty")
     stored_dtype = dtype or next(iter(tensors.values())).dtype
     shards = _shards(tensors, max_shard_bytes)
-    staging = target.with_name(f".{target.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with atomic_path(target) as staging:
+        staging.mkdir()
         if len(shards) == 1:
             save_file(shards[0], staging / WEIGHTS_NAME, metadata={"format": "pt"})
         else:
@@ -210,12 +209,6 @@ def save_checkpoint(
             (staging / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         hf_config = {**config.to_hf(), "torch_dtype": str(stored_dtype).removeprefix("torch.")}
         (staging / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-        if target.exists():
-            target.rmdir()
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def save_model(

@@ -1,16 +1,20 @@
-"""Training metrics: JSON lines per step, FLOPs and MFU estimates, loss by position bucket."""
+"""Training metrics: JSON lines per step, the device peak for MFU, per-token losses.
+
+The FLOPs an MFU figure divides by come from ``longctx.trainer.flops``, the model ``longctx plan``
+uses too.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from trainer.model import ModelConfig, Transformer
+from longctx.core.atomic import write_text
+from longctx.trainer.model import Transformer
 
 # Dense bf16 peak per device, FLOP/s, by a substring of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
@@ -24,23 +28,6 @@ def peak_flops(device: torch.device, configured_tflops: float | None) -> float |
         return None
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
-
-def matmul_params(config: ModelConfig) -> int:
-    """Parameters that take part in a matmul per token (embeddings lookups excluded, LM head included)."""
-    h, d = config.hidden_size, config.head_dim
-    attn = h * d * (config.num_attention_heads * 2 + config.num_key_value_heads * 2)
-    mlp = 3 * h * config.intermediate_size
-    return config.num_hidden_layers * (attn + mlp) + h * config.vocab_size
-
-
-def training_flops(config: ModelConfig, tokens: int, causal_pairs: int) -> float:
-    """FLOPs of forward plus backward: 6 per matmul parameter per token, plus attention scores and
-    values over the (query, key) pairs that document-masked causal attention really computes
-    (``causal_pairs`` = sum over segments of ``len * (len + 1) / 2``): 4 FLOPs per pair per head
-    dimension in the forward, 3x that with the backward."""
-    attention = 12 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * causal_pairs
-    return 6.0 * matmul_params(config) * tokens + attention
 
 
 @torch.no_grad()
@@ -63,9 +50,7 @@ class MetricsWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
             kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            write_text(path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:

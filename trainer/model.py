@@ -4,13 +4,13 @@ Architecture: token embedding, ``num_hidden_layers`` pre-norm blocks (RMSNorm, g
 self-attention with RoPE, RMSNorm, SwiGLU MLP), final RMSNorm, and an output projection that is
 either its own matrix or the transposed embedding (``tie_word_embeddings``). Module and parameter
 names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) so a
-checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``trainer.hf_io``).
+checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.hf_io``).
 
 A row is a packed training window: several documents back to back, each token carrying its position
 in its own document (``position_ids``, for RoPE), its global index in the window (``token_index``,
 which under context parallelism is a zigzag subset rather than ``0..T-1``) and its document id
 (``segment_ids``). Attention is causal within a document and masked across documents; it is
-pluggable (:data:`Attention`), and the default is ``trainer.attention.ring_attention``.
+pluggable (:data:`Attention`), and the default is ``longctx.trainer.attention.ring_attention``.
 
 :meth:`Transformer.forward` returns final hidden states rather than logits: at long context the
 ``[tokens, vocab]`` logits are the largest activation of the model, so the loss is computed in token
@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.attention import RingStats, build_ring_plan, ring_attention
-from trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
+from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
+from longctx.trainer.flops import ModelShape
+from longctx.trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
 
 # Configuration ---------------------------------------------------------------------------------------------
 
@@ -113,6 +114,21 @@ class ModelConfig:
             )
         if self.rope.head_dim != self.head_dim:
             raise ValueError(f"rope.head_dim {self.rope.head_dim} differs from head_dim {self.head_dim}")
+
+    @property
+    def shape(self) -> ModelShape:
+        """The dimensions the FLOP model (``longctx.trainer.flops``) reads."""
+        return ModelShape(
+            name=self.model_type,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_layers=self.num_hidden_layers,
+            num_heads=self.num_attention_heads,
+            num_kv_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
     @property
     def qkv_bias(self) -> bool:
@@ -299,7 +315,7 @@ class BindableAttention(Protocol):
 
 
 class RingAttention:
-    """``trainer.attention.ring_attention`` over a context-parallel process group.
+    """``longctx.trainer.attention.ring_attention`` over a context-parallel process group.
 
     ``group=None`` is a plain local call (this process holds the whole window). :meth:`bind` builds
     the ring plan (a collective over ``group``) once per row; every layer then reuses it.

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pipeline.config import ConfigError
+from longctx.core.errors import ConfigError
 
 
 @dataclass(frozen=True)

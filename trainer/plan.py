@@ -2,16 +2,15 @@
 
 Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
 preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
-torch; ``longctx plan`` (``trainer.cli_plan``) prints these figures and writes them as CSV.
+torch; ``longctx plan`` (``longctx.commands.plan``) prints these figures and writes them as CSV.
 
 Conventions used throughout (symbols as in the docstrings below):
 
-* ``h`` hidden size, ``i`` MLP (SwiGLU) intermediate size, ``n`` layers, ``a`` query heads, ``g`` key/value
-  heads, ``d`` head dimension, ``q = a*d`` and ``k = g*d`` the query and key/value widths, ``V`` vocabulary.
-* A multiply-add counts as 2 FLOPs. FLOPs are *forward* unless named ``train``; training is 3x forward
-  (the backward computes gradients of both inputs and weights: 2x forward), without recomputation.
-* Causal attention: the query at position ``t`` sees ``t + 1`` keys, on average ``(L + 1) / 2``; we use
-  ``L / 2``, as FlashAttention's FLOP counts do, since block-skipping kernels do about that much work.
+* The model's shape, parameter counts and FLOPs are ``longctx.trainer.flops`` (the FLOP model the
+  training metrics use too), with its symbols: ``h`` hidden size, ``i`` MLP intermediate size, ``n``
+  layers, ``a``/``g`` query/key-value heads, ``d`` head dimension, ``q = a*d``, ``k = g*d``, ``V``
+  vocabulary. FLOPs are *forward* unless named ``train``; training is 3x forward. Causal attention
+  counts ``L / 2`` keys per query, as FlashAttention's FLOP counts do.
 * Activations and ring transfers are bf16 (2 bytes per element); optimizer and gradient accumulators
   are fp32 (4 bytes).
 * Attention is full (whole-window) causal attention: longctx trains no sliding-window layers.
@@ -27,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError
+from longctx.core.errors import ConfigError
+from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_count, train_flops_per_token
 
 ACTIVATION_BYTES = 2
 """Bytes per element of activations and of the key/value blocks sent around the ring (bf16)."""
@@ -103,78 +103,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 """Public ``config.json`` dimensions of common models: the keys the planner reads, plus ``model_type``."""
 
-_REQUIRED_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "vocab_size",
-)
-_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of a dense Llama-family decoder (RMSNorm, GQA attention with RoPE, SwiGLU MLP)."""
-
-    name: str
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-
-    @property
-    def q_dim(self) -> int:
-        """Width of the queries (and of the attention output): heads x head_dim."""
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of the keys (and of the values): key/value heads x head_dim."""
-        return self.num_kv_heads * self.head_dim
-
-    @classmethod
-    def from_hf(cls, config: Mapping[str, Any], name: str) -> ModelShape:
-        """Read the dimensions from a Hugging Face ``config.json`` dict.
-
-        ``num_key_value_heads`` defaults to ``num_attention_heads`` (multi-head attention) and
-        ``head_dim`` to ``hidden_size // num_attention_heads``, as transformers does. Raises
-        :class:`ConfigError` for missing or non-positive dimensions, query heads that the key/value
-        heads do not divide, and mixture-of-experts configs (whose MLP these formulas do not describe).
-        """
-        missing = [key for key in _REQUIRED_KEYS if config.get(key) is None]
-        if missing:
-            raise ConfigError(f"{name}: config.json lacks {', '.join(missing)}")
-        moe = [key for key in _MOE_KEYS if config.get(key)]
-        if moe:
-            raise ConfigError(f"{name}: mixture-of-experts configs ({', '.join(moe)}) are not supported")
-        heads = config["num_attention_heads"]
-        values = {
-            "hidden_size": config["hidden_size"],
-            "intermediate_size": config["intermediate_size"],
-            "num_layers": config["num_hidden_layers"],
-            "num_heads": heads,
-            "num_kv_heads": config.get("num_key_value_heads") or heads,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
-            "vocab_size": config["vocab_size"],
-        }
-        bad = [
-            f"{key}={value!r}" for key, value in values.items() if not isinstance(value, int) or value <= 0
-        ]
-        if bad:
-            raise ConfigError(f"{name}: dimensions must be positive integers, got {', '.join(bad)}")
-        if values["num_heads"] % values["num_kv_heads"]:
-            raise ConfigError(
-                f"{name}: {values['num_heads']} query heads are not a multiple of "
-                f"{values['num_kv_heads']} key/value heads"
-            )
-        return cls(name=name, tie_word_embeddings=bool(config.get("tie_word_embeddings", False)), **values)
-
-
 def load_model_shape(spec: str) -> ModelShape:
     """The shape named by ``spec``: a preset (case-insensitive), a model folder, or a ``config.json`` path.
 
@@ -201,68 +129,6 @@ def load_model_shape(spec: str) -> ModelShape:
     return ModelShape.from_hf(config, str(spec))
 
 
-def param_count(model: ModelShape) -> int:
-    """All parameters: ``n * (h(2q + 2k) + 3hi + 2h) + h + V*h * (1 if tied else 2)``.
-
-    Per layer: the q, k, v, o projections ``h*q + 2*h*k + q*h``, the SwiGLU gate/up/down ``3*h*i`` and two
-    RMSNorm weights; then the final norm, the input embedding and (unless tied) the output projection.
-    Llama-3-8B: 8,030,261,248.
-    """
-    h = model.hidden_size
-    per_layer = h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.intermediate_size + 2 * h
-    embeddings = model.vocab_size * h * (1 if model.tie_word_embeddings else 2)
-    return model.num_layers * per_layer + h + embeddings
-
-
-def matmul_param_count(model: ModelShape) -> int:
-    """Parameters that take part in a matmul for every token: ``n * (h(2q + 2k) + 3hi) + V*h``.
-
-    The input embedding is a lookup (no FLOPs) and norms are elementwise; the output projection ``V*h``
-    counts once whether or not it is tied to the embedding. Forward FLOPs of the dense part are ``2x``
-    this, which is where the usual "6 x parameters x tokens" for training comes from.
-    """
-    h = model.hidden_size
-    per_layer = h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.intermediate_size
-    return model.num_layers * per_layer + model.vocab_size * h
-
-
-@dataclass(frozen=True)
-class LayerFlops:
-    """Forward FLOPs of one layer for one token at a given context length."""
-
-    projections: float
-    mlp: float
-    attention: float
-
-    @property
-    def dense(self) -> float:
-        """Projections plus MLP: the part that does not grow with context length."""
-        return self.projections + self.mlp
-
-    @property
-    def attention_ratio(self) -> float:
-        """Attention FLOPs over dense FLOPs; above 1 attention dominates the layer."""
-        return self.attention / self.dense
-
-
-def layer_flops(model: ModelShape, length: int, *, causal: bool = True) -> LayerFlops:
-    """Per-layer, per-token forward FLOPs at context length ``length`` (``L``).
-
-    * projections ``2h(q + 2k + q)``: q, k, v and o, each ``2 x inputs x outputs``;
-    * MLP ``2 * 3hi``: gate, up and down projections of SwiGLU (the elementwise SiLU and product are
-      negligible);
-    * attention ``2 * 2 * L' * q``: scores ``QK^T`` and ``P V``, each ``2 * L' * d`` per head, where
-      ``L' = L / 2`` for causal attention (the average number of visible keys) and ``L' = L`` for full.
-    """
-    h = model.hidden_size
-    keys = length / 2 if causal else length
-    return LayerFlops(
-        projections=2.0 * h * (2 * model.q_dim + 2 * model.kv_dim),
-        mlp=6.0 * h * model.intermediate_size,
-        attention=4.0 * keys * model.q_dim,
-    )
-
-
 def crossover_length(model: ModelShape, *, causal: bool = False) -> float:
     """Context length at which a layer's attention FLOPs equal its projection + MLP FLOPs.
 
@@ -276,25 +142,6 @@ def crossover_length(model: ModelShape, *, causal: bool = False) -> float:
     """
     flops = layer_flops(model, 1, causal=causal)
     return flops.dense / flops.attention
-
-
-def forward_flops_per_token(model: ModelShape, length: int, *, causal: bool = True) -> float:
-    """Whole-model forward FLOPs per token: ``n * (projections + MLP + attention(L)) + 2hV`` (logits)."""
-    per_layer = layer_flops(model, length, causal=causal)
-    return (
-        model.num_layers * (per_layer.dense + per_layer.attention)
-        + 2.0 * model.hidden_size * model.vocab_size
-    )
-
-
-def train_flops_per_token(model: ModelShape, length: int) -> float:
-    """Training FLOPs per token (forward + backward, causal): ``3 x forward = 6 N_matmul + 6 n q L``.
-
-    ``N_matmul`` is :func:`matmul_param_count`. The attention term is PaLM's ``12 n q L`` (Chowdhery
-    et al. 2022, appendix B) halved for causal masking; MFU figures quoted with the full ``12 n q L``
-    read correspondingly higher at long context.
-    """
-    return 3.0 * forward_flops_per_token(model, length, causal=True)
 
 
 def activation_bytes_per_token(model: ModelShape, length: int, *, flash: bool) -> float:
@@ -337,7 +184,7 @@ def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = Tr
     """Forward FLOPs of one ring step of one layer: ``b`` queries against one block of ``b`` keys.
 
     Per head, ``QK^T`` and ``PV`` are each ``2 b^2 d``, so the full block pair is ``4 b^2 q``. With
-    causal attention in longctx's zigzag layout (``packer.cp.zigzag_indices``) every step computes
+    causal attention in longctx's zigzag layout (``longctx.trainer.attention.zigzag.zigzag_indices``) every step computes
     about half of the pair's scores, so ``2 b^2 q``.
     """
     return 4.0 * block_tokens**2 * model.q_dim * (0.5 if causal else 1.0)
@@ -401,7 +248,7 @@ def ring_step(
 ) -> RingStep:
     """Times and bytes of one causal ring step at context ``length`` over ``cp`` ranks (``b = L / cp``).
 
-    Backward moves the K/V block and its fp32 dK/dV accumulator (``trainer.attention.ring``) and
+    Backward moves the K/V block and its fp32 dK/dV accumulator (``longctx.trainer.attention.ring``) and
     computes :data:`ATTENTION_BACKWARD_FACTOR` x the forward FLOPs.
     """
     block = length // cp
@@ -457,7 +304,7 @@ def rank_memory(
     * activations for ``b`` tokens with FlashAttention-style blocks (ring attention never materializes
       scores): ``n b A`` with ``A`` from :func:`activation_bytes_per_token`; with activation
       checkpointing, every layer's bf16 input ``n b 2h`` plus one layer's full activations ``b A``;
-    * ring buffers, the backward peak of one layer (``trainer.attention.ring``): the held and the
+    * ring buffers, the backward peak of one layer (``longctx.trainer.attention.ring``): the held and the
       arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32. The rank's
       own K/V are counted in its activations; the output logits are never whole, since longctx
       computes the loss in chunks.

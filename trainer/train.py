@@ -18,41 +18,29 @@ from typing import Any
 
 import torch
 
-from packer import PackedDataset, zigzag_split
-from pipeline.config import ConfigError, RootConfig
-from trainer.attention.comm import WAIT_CLOCK
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.config import TrainConfig
-from trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
-from trainer.hf_io import load_config as load_hf_config
-from trainer.hf_io import load_weights, save_model
-from trainer.metrics import MetricsWriter, peak_flops, token_losses, training_flops
-from trainer.model import ModelConfig, RingAttention, Transformer
-from trainer.parallel import ParallelState, all_reduce_max, all_reduce_sum, init_parallel, shutdown, sync_gradients
-from trainer.schedule import make_scheduler
-
-
-@dataclass(frozen=True)
-class TrainLayout:
-    """Where a training run writes, under ``<output>/train``."""
-
-    root: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
-
-    @property
-    def final_model(self) -> Path:
-        return self.root / "final"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
+from longctx.core.config import ContextConfig
+from longctx.core.errors import ConfigError
+from longctx.core.layout import RunLayout
+from longctx.packer.dataset import PackedDataset
+from longctx.trainer.attention.comm import WAIT_CLOCK
+from longctx.trainer.attention.zigzag import zigzag_split
+from longctx.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from longctx.trainer.config import TrainConfig
+from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
+from longctx.trainer.flops import training_flops
+from longctx.trainer.hf_io import load_config as load_hf_config
+from longctx.trainer.hf_io import load_weights, save_model
+from longctx.trainer.metrics import MetricsWriter, peak_flops, token_losses
+from longctx.trainer.model import ModelConfig, RingAttention, Transformer
+from longctx.trainer.parallel import (
+    ParallelState,
+    all_reduce_max,
+    all_reduce_sum,
+    init_parallel,
+    shutdown,
+    sync_gradients,
+)
+from longctx.trainer.schedule import make_scheduler
 
 
 @dataclass
@@ -66,27 +54,28 @@ class TrainResult:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
-def shards_folder(cfg: RootConfig) -> Path:
-    """``train.shards``, else the packer's output for ``context.target``."""
-    assert cfg.train is not None
-    return cfg.train.shards or cfg.output / "shards" / f"seq{cfg.context.target}"
+def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> Path:
+    """``train.shards``, else the packer's output for the ``target`` context."""
+    return train.shards or layout.shard_folder(target)
 
 
-def tokenizer_file(cfg: RootConfig) -> Path:
-    """The tokenizer the shards were packed with (curation copies it to ``<output>/tokenizer.json``)."""
-    return cfg.output / "tokenizer.json" if (cfg.output / "tokenizer.json").exists() else cfg.tokenizer.path
+def tokenizer_file(layout: RunLayout, configured: Path | None) -> Path | None:
+    """The tokenizer the shards were packed with: the run's ``tokenizer.json`` (curation copies it
+    there), else the configured ``tokenizer.path``."""
+    return layout.tokenizer if layout.tokenizer.exists() else configured
 
 
-def build_model(cfg: RootConfig, vocab_size: int, state: ParallelState) -> Transformer:
+def build_model(
+    tcfg: TrainConfig, context: ContextConfig, vocab_size: int, state: ParallelState
+) -> Transformer:
     """The model of ``train.model`` with the run's RoPE settings, on the run's device."""
-    tcfg: TrainConfig = cfg.train
     section = tcfg.model
     if section.hf_path is not None:
         model_cfg = load_hf_config(section.hf_path)
     else:
         model_cfg = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
     model_cfg = model_cfg.with_rope(
-        rope_scaling=section.rope_scaling, rope_theta=section.rope_theta, max_position_embeddings=cfg.context.target
+        rope_scaling=section.rope_scaling, rope_theta=section.rope_theta, max_position_embeddings=context.target
     )
     if model_cfg.vocab_size < vocab_size:
         raise ValueError(f"the shards' vocabulary ({vocab_size}) is larger than the model's ({model_cfg.vocab_size})")
@@ -119,23 +108,42 @@ def _causal_pairs(cu_seqlens: torch.Tensor) -> int:
     return int((lengths * (lengths + 1) // 2).sum())
 
 
-def train(cfg: RootConfig, progress: bool = True) -> TrainResult:
-    """Run (or resume) ``train`` under the current torchrun job (or as one process)."""
-    if cfg.train is None:
-        raise ValueError("the config has no 'train' section")
-    tcfg = cfg.train
-    state = init_parallel(tcfg.cp, tcfg.comm_timeout_s)
+def train(
+    train: TrainConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    tokenizer: Path | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Run (or resume) training under the current torchrun job (or as one process).
+
+    Reads the shards (``train.shards``, else ``<output>/shards/seq<context.target>``) and writes
+    ``<output>/train``. ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder
+    holds no ``tokenizer.json``.
+    """
+    state = init_parallel(train.cp, train.comm_timeout_s)
     try:
-        return _train(cfg, tcfg, state, progress)
+        return _train(_Job(train, context, RunLayout(output), tokenizer), state, progress)
     finally:
         shutdown()
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a training run was asked to do: its section, the context lengths and the run folder."""
+
+    train: TrainConfig
+    context: ContextConfig
+    layout: RunLayout
+    tokenizer: Path | None
 
 
 @dataclass
 class _Run:
     """Everything one training run holds between steps."""
 
-    layout: TrainLayout
+    layout: RunLayout
     dataset: PackedDataset
     model: Transformer
     optimizer: torch.optim.AdamW
@@ -146,23 +154,23 @@ class _Run:
     start_step: int
 
 
-def _setup(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState) -> _Run:
+def _setup(job: _Job, state: ParallelState) -> _Run:
     """Data, coverage check, model, optimizer and schedule; restored from the latest checkpoint."""
+    tcfg, layout = job.train, job.layout
     torch.manual_seed(tcfg.seed)
-    layout = TrainLayout(cfg.output / "train")
     dataset = PackedDataset(
-        shards_folder(cfg),
-        tokenizer=tokenizer_file(cfg),
+        shards_folder(tcfg, layout, job.context.target),
+        tokenizer=tokenizer_file(layout, job.tokenizer),
         seed=tcfg.seed,
         dp_rank=state.dp_rank,
         dp_world_size=state.dp_size,
         holdout_rows=tcfg.holdout_rows,
     )
     manifest = dataset.shards.manifest
-    seq_len, original = dataset.seq_len, cfg.context.original
+    seq_len, original = dataset.seq_len, job.context.original
     if seq_len % (2 * state.cp_size):
         raise ConfigError(f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}")
-    required = required_position(original, cfg.context.target, tcfg.coverage.required_position)
+    required = required_position(original, job.context.target, tcfg.coverage.required_position)
     try:
         check_shard_coverage(
             manifest.max_position, {name: s.max_position for name, s in manifest.sources.items()}, required, original
@@ -172,7 +180,7 @@ def _setup(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState) -> _Run:
             raise
         if state.is_main:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
-    model = build_model(cfg, manifest.header.tokenizer.vocab_size, state)
+    model = build_model(tcfg, job.context, manifest.header.tokenizer.vocab_size, state)
     model.config.check_context_length(seq_len)
     optimizer = make_optimizer(model, tcfg)
     scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
@@ -274,9 +282,10 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool,
     )
 
 
-def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: bool) -> TrainResult:
-    run = _setup(cfg, tcfg, state)
-    tracker, original = run.tracker, cfg.context.original
+def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
+    run = _setup(job, state)
+    tcfg = job.train
+    tracker, original = run.tracker, job.context.original
     writer = MetricsWriter(run.layout.metrics, run.start_step) if state.is_main else None
     bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
     peak = peak_flops(state.device, None)
@@ -309,7 +318,7 @@ def _train(cfg: RootConfig, tcfg: TrainConfig, state: ParallelState, progress: b
         tokens_seen += step_tokens
         time_spent += elapsed
         pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
-        flops = training_flops(run.model.config, step_tokens, pairs)
+        flops = training_flops(run.model.config.shape, step_tokens, pairs)
         counts = stats.bucket_count
         record = {
             "step": step + 1,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from datatrove.data import Document
 
-from pipeline.gutenberg import strip_gutenberg
-from pipeline.readers.base import SourceReader, read_text_file, walk_files
+from longctx.pipeline.readers.base import SourceReader, read_text_file, walk_files
+from longctx.pipeline.readers.gutenberg import strip_gutenberg
 
 BOOK_SUFFIXES = (".txt",)
 

@@ -2,7 +2,7 @@
 
 The document is every kept file of the repository, each preceded by a header line with its path
 (:data:`FILE_HEADER`), files separated by one blank line, in the order of
-:func:`pipeline.code_order.order_files`: a file comes after the in-repository files it imports, so a
+:func:`longctx.pipeline.readers.code_order.order_files`: a file comes after the in-repository files it imports, so a
 model reading the document front to back has seen a definition before its use. The repository's
 top-level README comes first, as an overview.
 
@@ -40,8 +40,8 @@ from pathlib import Path
 
 from datatrove.data import Document
 
-from pipeline.code_order import file_dependencies, order_files
-from pipeline.readers.base import SourceReader, UnreadableInput, read_text_file
+from longctx.pipeline.readers.base import SourceReader, UnreadableInput, read_text_file
+from longctx.pipeline.readers.code_order import file_dependencies, order_files
 
 # Each file starts with this line; ``path`` is relative to the repository root, with ``/`` separators.
 FILE_HEADER = "# ===== {path} =====\n"

@@ -3,7 +3,7 @@
 Units, directly under the input folder (sorted, hidden entries and symlinks skipped):
 
 * ``*.tex`` file: one paper; includes resolve against the file's folder and may not leave it;
-* sub-folder: one paper; its main ``.tex`` file is found with :func:`pipeline.latex.find_main_file`,
+* sub-folder: one paper; its main ``.tex`` file is found with :func:`longctx.pipeline.readers.latex.find_main_file`,
   or, for a folder without any ``.tex`` file, its main Markdown file (:func:`find_main_markdown`);
 * ``*.md`` / ``*.markdown`` / ``*.txt`` file: one paper, passed through with newlines normalized.
 
@@ -25,7 +25,8 @@ from pathlib import Path
 
 from datatrove.data import Document
 
-from pipeline.latex import (
+from longctx.pipeline.readers.base import SourceReader, UnreadableInput, read_text_file
+from longctx.pipeline.readers.latex import (
     MAX_FILE_BYTES,
     MainFileChoice,
     Problem,
@@ -33,7 +34,6 @@ from pipeline.latex import (
     flatten_latex,
     is_within,
 )
-from pipeline.readers.base import SourceReader, UnreadableInput, read_text_file
 
 LATEX_SUFFIXES = frozenset({".tex"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})

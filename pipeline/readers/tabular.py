@@ -15,7 +15,7 @@ from typing import Any
 from datatrove.pipeline.readers import HuggingFaceDatasetReader, JsonlReader, ParquetReader
 from datatrove.pipeline.readers.base import BaseReader
 
-from pipeline.readers.base import normalize_newlines
+from longctx.pipeline.readers.base import normalize_newlines
 
 _PLACEHOLDER = " "  # datatrove drops documents whose text is falsy; the ReadableFilter drops this one
 

@@ -16,10 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.config import parse_config
-from pipeline.curate import run_curation
-from pipeline.readers.base import walk_files
-from pipeline.tokenizer import load_tokenizer, train_bpe
+from longctx import jobs
+from longctx.config import parse_config
+from longctx.core.tokenizer import load_tokenizer
+from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.readers.base import walk_files
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
 
@@ -53,7 +54,7 @@ def main() -> int:
             "curate": {"input": str(args.corpus), "executor": {"tasks": args.tasks, "workers": args.tasks}},
         })
         start = time.perf_counter()
-        summary = run_curation(cfg)
+        summary = jobs.curate(cfg)
         t_cur = time.perf_counter() - start
     finally:
         shutil.rmtree(work, ignore_errors=True)

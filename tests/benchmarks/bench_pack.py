@@ -31,12 +31,13 @@ from typing import Any, TypeVar
 
 from datatrove.data import Document
 
-from packer.manifest import Manifest
-from packer.run import run_pack
-from pipeline.config import parse_config
-from pipeline.docstore import DocumentWriter
-from pipeline.readers.base import read_text_file
-from pipeline.tokenizer import load_tokenizer, train_bpe
+from longctx import jobs
+from longctx.config import parse_config
+from longctx.core.tokenizer import load_tokenizer
+from longctx.packer.manifest import Manifest
+from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.docstore import DocumentWriter
+from longctx.pipeline.readers.base import read_text_file
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -96,7 +97,7 @@ def pack_once(root: Path, seq_lens: list[int], strategy: str, original: int) -> 
             "pack": {"seq_lens": seq_lens, "strategy": strategy, "executor": {"tasks": 1, "workers": 1}},
         }
     )
-    return run_pack(cfg)
+    return jobs.pack(cfg)
 
 
 def main() -> int:

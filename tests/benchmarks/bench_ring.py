@@ -26,12 +26,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from layouts import document_segments
 
-from packer.cp import zigzag_indices
-from trainer.attention import RingPlan, build_ring_plan, ring_attention
-from trainer.attention.kernels import kernel_calls, select_kernels
+from longctx.trainer.attention import RingPlan, build_ring_plan, ring_attention
+from longctx.trainer.attention.kernels import kernel_calls
+from longctx.trainer.attention.select import select_kernels
+from longctx.trainer.attention.zigzag import zigzag_indices
 
 
 def time_attention(

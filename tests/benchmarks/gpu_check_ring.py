@@ -23,14 +23,14 @@ import sys
 
 import torch
 import torch.nn.functional as F
-
 from layouts import document_segments
 
-from packer.cp import zigzag_indices
-from trainer.attention import build_ring_plan, ring_attention
-from trainer.attention.kernels import block_backward, block_forward, kernel_calls, select_kernels
-from trainer.attention.masks import block_mask
-from trainer.attention.merge import merge_into
+from longctx.trainer.attention import build_ring_plan, ring_attention
+from longctx.trainer.attention.kernels import block_backward, block_forward, kernel_calls
+from longctx.trainer.attention.masks import block_mask
+from longctx.trainer.attention.merge import merge_into
+from longctx.trainer.attention.select import select_kernels
+from longctx.trainer.attention.zigzag import zigzag_indices
 
 TOLERANCE = 2e-2
 

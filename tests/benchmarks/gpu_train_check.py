@@ -16,9 +16,10 @@ import time
 
 import torch
 
-from trainer.metrics import matmul_params, peak_flops, training_flops
-from trainer.model import ModelConfig, RingAttention, Transformer
-from trainer.rope import RopeConfig
+from longctx.trainer.flops import matmul_param_count, training_flops
+from longctx.trainer.metrics import peak_flops
+from longctx.trainer.model import ModelConfig, RingAttention, Transformer
+from longctx.trainer.rope import RopeConfig
 
 
 def packed_row(seq_len: int, vocab: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -63,7 +64,7 @@ def main() -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, betas=(0.9, 0.95), weight_decay=0.1)
     generator = torch.Generator().manual_seed(0)
     print(f"device {torch.cuda.get_device_name() if cuda else 'cpu'}; {params / 1e9:.3f}B parameters "
-          f"({matmul_params(config) / 1e9:.3f}B in matmuls); seq_len {seq_len}; bf16 autocast {cuda}")
+          f"({matmul_param_count(config.shape) / 1e9:.3f}B in matmuls); seq_len {seq_len}; bf16 autocast {cuda}")
     times, losses = [], []
     for step in range(args.steps):
         row = packed_row(seq_len, config.vocab_size, generator)
@@ -87,7 +88,7 @@ def main() -> int:
         times.append(time.perf_counter() - start)
         losses.append(float(loss.detach()))
         pairs = int((row["lengths"] * (row["lengths"] + 1) // 2).sum())
-        flops = training_flops(config, seq_len, pairs)
+        flops = training_flops(config.shape, seq_len, pairs)
         peak = peak_flops(device, None)
         mfu = f"{flops / times[-1] / peak:.1%}" if peak else "n/a"
         print(f"step {step + 1}: loss {losses[-1]:.4f}, {times[-1]:.3f} s, {seq_len / times[-1]:,.0f} tokens/s, "

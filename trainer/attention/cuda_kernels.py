@@ -26,9 +26,15 @@ import math
 import torch
 from torch import Tensor
 
-from trainer.attention.kernels import BlockKernel, MathKernel, accumulator_dtype, heads_first, tokens_first
-from trainer.attention.masks import BlockMask, VarlenLayout, block_mask
-from trainer.attention.merge import normalize_empty_rows
+from longctx.trainer.attention.kernels import (
+    BlockKernel,
+    MathKernel,
+    accumulator_dtype,
+    heads_first,
+    tokens_first,
+)
+from longctx.trainer.attention.masks import BlockMask, VarlenLayout, block_mask
+from longctx.trainer.attention.merge import normalize_empty_rows
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from trainer.attention.comm import RingCommError
-from trainer.attention.masks import BlockMask, block_mask, pair_extents
+from longctx.trainer.attention.comm import RingCommError
+from longctx.trainer.attention.masks import BlockMask, block_mask, pair_extents
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,19 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from trainer.attention.comm import TAG_DKV, TAG_KV, StepExchange
-from trainer.attention.kernels import (
+from longctx.trainer.attention.comm import TAG_DKV, TAG_KV, StepExchange
+from longctx.trainer.attention.kernels import (
     BlockKernel,
     accumulator_dtype,
     block_backward,
     block_forward,
     default_scale,
     kernel_calls,
-    select_kernels,
 )
-from trainer.attention.masks import BlockMask
-from trainer.attention.merge import merge_into
-from trainer.attention.plan import RingPlan
+from longctx.trainer.attention.masks import BlockMask
+from longctx.trainer.attention.merge import merge_into
+from longctx.trainer.attention.plan import RingPlan
+from longctx.trainer.attention.select import select_kernels
 
 
 def _describe_kv(source: int) -> str:

@@ -1,0 +1,56 @@
+"""The ``longctx`` command (``python -m longctx.cli``, which is also what torchrun runs).
+
+Each subcommand lives in its own module of ``longctx.commands`` exposing ``add_parser(subparsers)``
+and ``run(args) -> int``; they keep heavy imports (datatrove, torch) inside ``run`` so that
+``longctx --help`` is instant. User errors (:class:`~longctx.core.errors.LongctxError`) print one
+line and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand name -> module implementing it
+COMMANDS: dict[str, str] = {
+    "curate": "longctx.commands.curate",
+    "pack": "longctx.commands.pack",
+    "inspect": "longctx.commands.inspect",
+    "train": "longctx.commands.train",
+    "plan": "longctx.commands.plan",
+    "eval": "longctx.commands.eval",
+    "demo": "longctx.commands.demo",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="longctx",
+        description="Long-document continued pretraining: curate, pack, train and evaluate.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module_name in COMMANDS.items():
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``longctx`` console script."""
+    from longctx.core.errors import LongctxError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LongctxError as err:
+        print(f"longctx {args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"longctx {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

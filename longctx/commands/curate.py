@@ -1,0 +1,58 @@
+"""``longctx curate``: run or resume the curation job."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "curate",
+        help="read books, papers and code repositories; filter by token length; remove exact and near duplicates",
+        description=(
+            "Curate long documents. Reads the sources of --config (or --input DIR with books/, papers/ and "
+            "code/ subfolders), filters by token length, removes exact and near duplicates, and writes "
+            "<output>/documents/<source>/*.parquet, <output>/ledger.parquet (one row per input document), "
+            "<output>/stats.json and <output>/stats.png. Killed runs resume where they stopped when run again."
+        ),
+    )
+    parser.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
+    parser.add_argument("--input", type=Path, help="folder with books/, papers/, code/ subfolders (overrides curate.input)")
+    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--tasks", type=int, help="number of tasks (overrides curate.executor.tasks)")
+    parser.add_argument("--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)")
+    parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from longctx import jobs
+    from longctx.config import load_config
+    from longctx.core.layout import RunLayout
+    from longctx.pipeline.stats import format_summary
+
+    cfg = load_config(
+        args.config,
+        {
+            "curate.input": str(args.input) if args.input else None,
+            "output": str(args.output) if args.output else None,
+            "curate.executor.tasks": args.tasks,
+            "curate.executor.workers": args.workers,
+        },
+    )
+    start = time.monotonic()
+    summary = jobs.curate(cfg, verbose=args.verbose)
+    if summary is None:
+        print(f"curation submitted; results will be in {cfg.output}")
+        return 0
+    layout = RunLayout(cfg.output)
+    print()
+    print(format_summary(summary))
+    print(
+        f"\ncurated documents: {layout.documents}\nledger: {layout.ledger}\n"
+        f"stats: {layout.stats} and {layout.plot}\n"
+        f"tokenizer: {layout.tokenizer}\n({time.monotonic() - start:.1f} s)"
+    )
+    return 0

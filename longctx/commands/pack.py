@@ -1,0 +1,67 @@
+"""``longctx pack``: tokenize, mix and pack curated documents into shards (run or resume)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "pack",
+        help="tokenize, mix and pack curated documents into fixed-length training windows",
+        description=(
+            "Tokenize <output>/documents with <output>/tokenizer.json, mix sources by pack.mix, and pack "
+            "the documents into windows of every pack.seq_lens length (default: context.target), written as "
+            "Arrow shards with a manifest to <output>/shards/seq<N>/ (format: packer/FORMAT.md). Refuses "
+            "outputs in which no token reaches position context.original unless "
+            "pack.allow_short_positions is set. "
+            "Killed runs resume where they stopped when run again, and produce the same bytes."
+        ),
+    )
+    parser.add_argument(
+        "--config", type=Path, required=True, help="YAML config with a pack section (see configs/)"
+    )
+    parser.add_argument(
+        "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+    )
+    parser.add_argument("--tasks", type=int, help="number of tasks (overrides pack.executor.tasks)")
+    parser.add_argument(
+        "--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)"
+    )
+    parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from longctx import jobs
+    from longctx.config import load_config
+    from longctx.core.layout import RunLayout
+    from longctx.packer.mix import format_fractions
+    from longctx.packer.report import format_manifest
+
+    cfg = load_config(
+        args.config,
+        {
+            "output": str(args.output) if args.output else None,
+            "pack.executor.tasks": args.tasks,
+            "pack.executor.workers": args.workers,
+        },
+    )
+    start = time.monotonic()
+    manifests = jobs.pack(cfg, verbose=args.verbose)
+    layout = RunLayout(cfg.output)
+    if manifests is None:
+        print(f"packing submitted; shards will be in {layout.shards}")
+        return 0
+    for seq_len, manifest in manifests.items():
+        print()
+        print(format_manifest(manifest, title=str(layout.shard_folder(seq_len))))
+        targets = {n: s.target_fraction for n, s in manifest.sources.items() if s.target_fraction is not None}
+        if targets:
+            print(
+                format_fractions(targets, {n: s.tokens for n, s in manifest.sources.items()}, "mix reached:")
+            )
+    print(f"\n({time.monotonic() - start:.1f} s)")
+    return 0

@@ -1,0 +1,68 @@
+"""``longctx train``: continue pretraining on packed shards (under torchrun, or ``--nproc N``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a RoPE-scaled Llama-family model on packed shards with ring attention",
+        description=(
+            "Continue pretraining on the packer's shards. Run it under torchrun for several processes "
+            "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have "
+            "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
+            "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
+            "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a killed "
+            "run resumes from its latest checkpoint when started again."
+        ),
+    )
+    parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
+    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
+    parser.add_argument("--shards", type=Path, help="shard folder (overrides train.shards)")
+    parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc and "RANK" not in os.environ:
+        from longctx.trainer.launch import launch
+
+        return launch(args.nproc, "longctx.cli", torchrun_args(args))
+    from longctx import jobs
+    from longctx.config import load_config
+    from longctx.core.errors import ConfigError
+    from longctx.core.layout import RunLayout
+
+    cfg = load_config(
+        args.config,
+        {
+            "output": str(args.output) if args.output else None,
+            "train.steps": args.steps,
+            "train.shards": str(args.shards) if args.shards else None,
+        },
+    )
+    if cfg.train is None:
+        raise ConfigError(f"{args.config} has no 'train' section")
+    result = jobs.train(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        first, last = result.losses[0] if result.losses else None, result.losses[-1] if result.losses else None
+        print(
+            f"\ntrained {result.steps} steps (resumed at {result.resumed_from}); loss {first} -> {last}; "
+            f"{result.tokens_per_s:,.0f} tokens/s; largest trained position {result.coverage['max_position']}\n"
+            f"metrics: {RunLayout(cfg.output).metrics}\nmodel: {result.final_model}"
+        )
+    return 0
+
+
+def torchrun_args(args: argparse.Namespace) -> list[str]:
+    """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``."""
+    argv = ["train", "--config", str(args.config)]
+    for flag, value in (("--output", args.output), ("--steps", args.steps), ("--shards", args.shards)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv

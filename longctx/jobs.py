@@ -1,0 +1,64 @@
+"""Each job run from a whole run config: the one place where :class:`~longctx.config.RootConfig` is
+taken apart, so that every job gets only its own section and what it needs besides.
+
+The ``longctx`` commands and the demo call these; so can Python code that holds a run config::
+
+    from longctx import jobs
+    from longctx.config import load_config
+
+    cfg = load_config("configs/demo.yaml")
+    jobs.curate(cfg)
+    jobs.pack(cfg)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from longctx.config import RootConfig
+from longctx.core.errors import ConfigError
+
+if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
+    from longctx.packer.manifest import Manifest
+    from longctx.trainer.train import TrainResult
+
+
+def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
+    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`."""
+    from longctx.pipeline.curate import run_curation
+
+    return run_curation(
+        cfg.curate, context=cfg.context, tokenizer=cfg.tokenizer, output=cfg.output, verbose=verbose
+    )
+
+
+def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
+    """``longctx pack`` (default settings when the config has no ``pack`` section): see
+    :func:`longctx.packer.run.run_pack`."""
+    from longctx.packer.config import PackConfig
+    from longctx.packer.run import run_pack
+
+    return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
+
+
+def train(cfg: RootConfig, *, progress: bool = True) -> TrainResult:
+    """``longctx train`` in this process (one rank of a torchrun job, or alone): see
+    :func:`longctx.trainer.train.train`."""
+    from longctx.trainer.train import train as run_training
+
+    if cfg.train is None:
+        raise ConfigError("the config has no 'train' section")
+    return run_training(
+        cfg.train, context=cfg.context, output=cfg.output, tokenizer=cfg.tokenizer.path, progress=progress
+    )
+
+
+def evaluate(cfg: RootConfig) -> dict[str, Any]:
+    """``longctx eval``: see :func:`longctx.trainer.eval_job.run_eval`."""
+    from longctx.trainer.eval_job import run_eval
+
+    if cfg.eval is None:
+        raise ConfigError("the config has no 'eval' section")
+    return run_eval(
+        cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=cfg.tokenizer.path
+    )

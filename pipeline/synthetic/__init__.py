@@ -1,0 +1,1 @@
+"""Synthetic long-context tasks: pure builders (``tasks``) and the datatrove stage that runs them (``stage``)."""

@@ -1,0 +1,107 @@
+"""``longctx inspect``: summary, --validate (naming file, row and field), --show, --plot, and clear
+errors for truncated or corrupt shards."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from longctx.cli import main
+from longctx.packer.format import ShardHeader, open_shard, write_shard
+from tests.packer.test_pack_helpers import PackedRun
+
+pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture
+
+SEQ_LEN = 256
+
+
+@pytest.fixture()
+def copy(packed_run: PackedRun, tmp_path: Path) -> Path:
+    """A private copy of the packed run (shards and tokenizer) that a test may damage."""
+    shutil.copytree(packed_run.root / "shards", tmp_path / "shards")
+    shutil.copy(packed_run.tokenizer_path, tmp_path / "tokenizer.json")
+    return tmp_path / "shards" / f"seq{SEQ_LEN}"
+
+
+def test_summary(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(packed_run.folder(SEQ_LEN))]) == 0
+    out = capsys.readouterr().out
+    manifest = packed_run.manifests[SEQ_LEN]
+    assert f"{manifest.rows:,} rows x 256 tokens" in out and f"padding {manifest.padding:,}" in out
+    for name in ("books", "papers", "anchor"):
+        assert f"  {name} " in out
+    assert "position ids (tokens per power-of-two bucket)" in out and "[128, 256)" in out
+    assert "segment lengths" in out
+
+
+def test_validate_passes_on_every_output(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(packed_run.root / "shards"), "--validate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("valid (every invariant holds)") == 2
+
+
+def test_validate_names_row_and_field(copy: Path, capsys: pytest.CaptureFixture) -> None:
+    shard = copy / "00000_00001.arrow"
+    meta, table = open_shard(shard)
+    rows = table.to_pylist()
+    rows[3]["position_ids"][5] += 1
+    rows[4]["loss_mask"][0] = 1
+    tampered = pa.Table.from_pylist(rows, schema=table.schema).to_batches()[0]
+    write_shard(shard, tampered, ShardHeader(**meta.model_dump(exclude={"rows"})))
+    assert main(["inspect", str(copy), "--validate"]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID 00000_00001.arrow: xxh3_128: checksum differs from the manifest" in out
+    assert "INVALID 00000_00001.arrow row 3: position_ids: token 5: expected 5, got 6" in out
+    assert "INVALID 00000_00001.arrow row 4: loss_mask: token 0: expected 0, got 1" in out
+    assert main(["inspect", str(shard), "--validate"]) == 1  # a single file: row checks alone
+    assert "row 3: position_ids" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "delete"])
+def test_damaged_shards_are_clear_errors(copy: Path, capsys: pytest.CaptureFixture, damage: str) -> None:
+    shard = copy / "00001_00000.arrow"
+    data = shard.read_bytes()
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    elif damage == "corrupt":
+        shard.write_bytes(b"\x00" * 16 + data[16:])
+    else:
+        shard.unlink()
+    assert main(["inspect", str(copy), "--validate"]) == 1
+    out = capsys.readouterr().out
+    expected = {"truncate": "truncated or corrupt", "corrupt": "truncated or corrupt", "delete": "missing"}[
+        damage
+    ]
+    assert "INVALID 00001_00000.arrow" in out and expected in out
+    assert main(["inspect", str(copy)]) == 2
+    assert "00001_00000.arrow" in capsys.readouterr().err
+
+
+def test_show_marks_segments_and_provenance(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
+    assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "0", "--max-chars", "80"]) == 0
+    out = capsys.readouterr().out
+    assert "row 0:" in out and "── segment 0: window tokens [0, " in out
+    assert "· document " in out and "(source " in out and ") of " in out
+    assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "100000"]) == 2
+    assert "out of range" in capsys.readouterr().err
+
+
+def test_plot_and_single_file(packed_run: PackedRun, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    figure = tmp_path / "hist.png"
+    assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--plot", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shard = packed_run.folder(SEQ_LEN) / "00000_00000.arrow"
+    assert main(["inspect", str(shard), "--validate", "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "valid (every invariant holds)" in out and "row 1:" in out
+
+
+def test_help_describes_the_options(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--validate", "--show ROW", "--plot FILE.png"):
+        assert option in out

@@ -1,0 +1,118 @@
+"""The same stages are handed to datatrove's local, Slurm or Ray executor as the config says."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from datatrove.executor import LocalPipelineExecutor, SlurmPipelineExecutor
+from datatrove.pipeline.base import PipelineStep
+
+from longctx import jobs
+from longctx.config import parse_config
+from longctx.core.config import ExecutorConfig
+from longctx.core.executors import make_executor, run_stages
+from longctx.core.layout import RunLayout
+from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.curate import build_stages, resolve_sources
+
+SLURM = {"kind": "slurm", "tasks": 3, "slurm": {"partition": "cpu", "time": "01:00:00", "cpus_per_task": 4}}
+
+
+def _config(tmp_path: Path, executor: dict):
+    (tmp_path / "in" / "books").mkdir(parents=True)
+    (tmp_path / "in" / "books" / "a.txt").write_text("some words " * 50)
+    tok = tmp_path / "tok.json"
+    train_bpe(["some words"] * 10, 270, tok)
+    return parse_config({
+        "output": str(tmp_path / "out"), "context": {"original": 8, "target": 16},
+        "tokenizer": {"path": str(tok)}, "curate": {"input": str(tmp_path / "in"), "executor": executor},
+    })
+
+
+def test_local_executor_caps_workers_at_tasks(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, {"tasks": 2, "workers": 8})
+    ex = make_executor(cfg.curate.executor, [], tasks=2, logging_dir=tmp_path / "logs", job_name="x")
+    assert isinstance(ex, LocalPipelineExecutor) and ex.workers == 2 and ex.tasks == 2
+
+
+def test_slurm_stages_are_chained_and_submitted_once(tmp_path: Path, monkeypatch) -> None:
+    cfg = _config(tmp_path, SLURM)
+    layout = RunLayout(cfg.output, "curate")
+    sources = resolve_sources(cfg.curate, layout)
+    stages = build_stages(cfg.curate, layout, sources, cfg.tokenizer.path, {}, target=cfg.context.target)
+    submitted: list[SlurmPipelineExecutor] = []
+    monkeypatch.setattr(SlurmPipelineExecutor, "run", lambda self: submitted.append(self))
+    assert run_stages(cfg.curate.executor, stages, layout.work, "curate") is False
+    assert len(submitted) == 1
+    chain, ex = [], submitted[0]
+    while ex is not None:
+        chain.append(ex)
+        ex = ex.depends
+    chain.reverse()
+    assert [e.job_name for e in chain] == [f"curate_{name}" for name, _, _ in stages]
+    assert [e.tasks for e in chain] == [3, 14, 1, 3, 1]
+    assert all(e.partition == "cpu" and e.cpus_per_task == 4 for e in chain)
+
+
+def test_run_curation_returns_none_after_slurm_submission(tmp_path: Path, monkeypatch) -> None:
+    cfg = _config(tmp_path, SLURM)
+    monkeypatch.setattr(SlurmPipelineExecutor, "run", lambda self: None)
+    assert jobs.curate(cfg) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install longctx[ray])")
+def test_ray_run_equals_local_run(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    results = {}
+    for kind in ("local", "ray"):
+        cfg = _config(tmp_path / kind, {"kind": kind, "tasks": 2})
+        summary = jobs.curate(cfg)
+        ledger = pq.read_table(cfg.output / "ledger.parquet").drop_columns(["path"]).to_pylist()
+        results[kind] = (summary["totals"], ledger)
+    assert results["ray"] == results["local"]
+
+
+class _Record(PipelineStep):
+    """Appends ``<stage> <rank> <start>`` and ``... <end>`` lines to a shared file; fails when told."""
+
+    def __init__(self, log: Path, stage: str, fail: bool = False) -> None:
+        super().__init__()
+        self.log, self.stage, self.fail = log, stage, fail
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        with open(self.log, "a") as f:
+            f.write(f"{self.stage} {rank} start\n")
+        if self.fail:
+            raise RuntimeError(f"stage {self.stage} broke")
+        with open(self.log, "a") as f:
+            f.write(f"{self.stage} {rank} end\n")
+        yield from data or ()
+
+
+def test_local_stages_chain_in_order_and_resume(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "order.log"
+    local = ExecutorConfig(tasks=2, workers=2)
+
+    def stages(fail: bool) -> list:
+        return [("a", [_Record(log, "a")], 2), ("b", [_Record(log, "b", fail)], 2), ("c", [_Record(log, "c")], 1)]
+
+    with pytest.raises(RuntimeError, match="stage b broke"):
+        run_stages(local, stages(fail=True), tmp_path / "work", "job")
+    out = capsys.readouterr()
+    assert "[job 1/3] a: 2 task(s)" in out.out and "[job 2/3] b: 2 task(s)" in out.out
+    assert "[job 3/3] c" not in out.out  # never started after its dependency failed
+    assert "job stage 'b' failed; last lines of" in out.err and "stage b broke" in out.err
+    lines = log.read_text().splitlines()
+    assert sorted(lines[:4]) == ["a 0 end", "a 0 start", "a 1 end", "a 1 start"]  # a finished before b began
+    assert {line.split()[0] for line in lines[4:]} == {"b"}
+
+    log.unlink()
+    assert run_stages(local, stages(fail=False), tmp_path / "work", "job") is True
+    out = capsys.readouterr().out
+    assert "[job 1/3] a: 2 task(s), 2 done in an earlier run" in out
+    assert "a" not in {line.split()[0] for line in log.read_text().splitlines()}  # not redone
+    assert log.read_text().splitlines()[-2:] == ["c 0 start", "c 0 end"]

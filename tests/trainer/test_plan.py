@@ -1,0 +1,242 @@
+"""``longctx plan`` against worked examples computed by hand in each test (never by the planner's helpers)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from longctx.cli import main
+from longctx.core.errors import ConfigError
+from longctx.trainer import flops as flop_model
+from longctx.trainer import plan
+
+KiB, GiB = 1024, 1024**3
+
+# A toy shape small enough to count by hand: h=64, i=176, 2 layers, 4 query heads and 2 KV heads of 16.
+TOY_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture
+def toy() -> plan.ModelShape:
+    return plan.ModelShape.from_hf(TOY_CONFIG, "toy")
+
+
+def test_llama3_70b_kv_cache_is_320_kib_per_token_and_40_gib_at_128k() -> None:
+    model = plan.load_model_shape("llama-3-70b")
+    # 2 (K, V) x 80 layers x 8 KV heads x 128 dims x 2 bytes
+    assert plan.kv_cache_bytes_per_token(model, 2) == 2 * 80 * 8 * 128 * 2 == 327_680 == 320 * KiB
+    assert 131_072 * plan.kv_cache_bytes_per_token(model, 2) == 40 * GiB
+    assert 131_072 * plan.kv_cache_bytes_per_token(model, 1) == 20 * GiB
+    assert 131_072 * plan.kv_cache_bytes_per_token(model, 0.5) == 10 * GiB
+    at_128k = plan.plan_length(model, 131_072, plan.RunSettings(cp=8)).kv_cache_bytes
+    assert at_128k == {"fp16": 40 * GiB, "fp8": 20 * GiB, "fp4": 10 * GiB}
+
+
+def test_llama3_8b_has_8_03b_parameters() -> None:
+    model = plan.load_model_shape("Llama-3-8B")  # preset names are case-insensitive
+    per_layer = 4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    expected = 32 * per_layer + 4096 + 2 * 128256 * 4096
+    assert expected == 8_030_261_248
+    assert plan.param_count(model) == expected
+    assert plan.param_count(model) == pytest.approx(8.03e9, rel=0.01)
+    assert flop_model.matmul_param_count(model) == expected - 128256 * 4096 - (2 * 32 + 1) * 4096
+
+
+def test_405b_parameters() -> None:
+    assert plan.param_count(plan.load_model_shape("llama-3.1-405b")) == pytest.approx(405.85e9, rel=1e-3)
+
+
+def test_layer_flops_of_a_toy_config(toy: plan.ModelShape) -> None:
+    # projections: 2 * 64 * (64 q + 32 k + 32 v + 64 o); MLP: 2 * 3 * 64 * 176
+    flops = plan.layer_flops(toy, 128, causal=False)
+    assert flops.projections == 24_576
+    assert flops.mlp == 67_584
+    assert flops.attention == 2 * 2 * 128 * 64 == 32_768  # QK^T and PV over 128 keys, 4 heads x 16 dims
+    assert plan.layer_flops(toy, 128).attention == 16_384  # causal: 64 keys on average
+    # forward per token: 2 layers x (24576 + 67584 + 16384) + logits 2 * 64 * 100
+    assert flop_model.forward_flops_per_token(toy, 128) == 2 * 108_544 + 12_800
+
+
+def test_crossover_is_about_six_times_hidden_for_llama_shapes(toy: plan.ModelShape) -> None:
+    # toy: (64 * (64 + 32) + 1.5 * 64 * 176) / 64 = 96 + 264 tokens
+    assert plan.crossover_length(toy) == 360
+    assert plan.crossover_length(toy, causal=True) == 720
+    for name in ("llama-3-8b", "llama-3-70b", "llama-3.1-405b"):
+        model = plan.load_model_shape(name)
+        assert plan.crossover_length(model) / model.hidden_size == pytest.approx(6.0, rel=0.1), name
+    # L* / h = 1 + (KV heads / query heads) + 1.5 i / h
+    assert plan.crossover_length(plan.load_model_shape("llama-3-8b")) == (1 + 8 / 32 + 1.5 * 3.5) * 4096
+    assert plan.crossover_length(plan.load_model_shape("llama-3-70b")) == (1 + 8 / 64 + 1.5 * 3.5) * 8192
+    assert (
+        plan.crossover_length(plan.load_model_shape("llama-3.1-405b")) == (1 + 8 / 128 + 1.5 * 3.25) * 16384
+    )
+
+
+def test_activation_bytes_with_and_without_flash(toy: plan.ModelShape) -> None:
+    # bf16: 4h (norm inputs/outputs) + 2q + 2k (Q, K, V, attention output) + 4i (SwiGLU) elements,
+    # plus 4 fp32 log-sum-exps with flash, or 4 heads x 128 bf16 probabilities without.
+    common = 2 * (4 * 64 + 2 * 64 + 2 * 32 + 4 * 176)
+    assert common == 2_304
+    assert plan.activation_bytes_per_token(toy, 128, flash=True) == common + 4 * 4
+    assert plan.activation_bytes_per_token(toy, 128, flash=False) == common + 2 * 4 * 128
+    row = plan.plan_length(toy, 128, plan.RunSettings())
+    assert row.activation_flash_bytes == 128 * 2_320
+    assert row.activation_noflash_bytes == 128 * 3_328
+
+
+def test_ring_bytes_per_step_of_a_toy_config(toy: plan.ModelShape) -> None:
+    # 1024 tokens over 4 ranks: blocks of 256 tokens; K and V of 2 heads x 16 dims in bf16
+    step = plan.ring_step(toy, 1024, 4, link_bytes_per_s=1e9, achieved_flops=1e12)
+    assert step.block_tokens == 256
+    assert step.send_bytes == 2 * 256 * 32 * 2 == 32_768
+    assert step.forward_flops == 2 * 256 * 256 * 64  # half of 4 b^2 q: causal zigzag
+    assert step.forward_comm_s == 32_768 / 1e9
+    assert step.backward_comm_s == 3 * 32_768 / 1e9  # the block again plus its fp32 dK/dV
+    assert plan.ring_step(toy, 1024, 1, link_bytes_per_s=1e9, achieved_flops=1e12).send_bytes == 0
+
+
+def test_overlap_threshold_for_toy_numbers(toy: plan.ModelShape) -> None:
+    link, achieved = 25e9, 100e12
+    # forward: 2 b^2 q / F >= 2 b k 2 / B  ->  b >= k * 2 * F / (q * B) = 32 * 2 * 4000 / 64 = 4000
+    forward = plan.overlap_min_block(toy, link_bytes_per_s=link, achieved_flops=achieved, backward=False)
+    assert forward == pytest.approx(4000)
+    # backward: 2.5 * 2 b^2 q / F >= 2 b k (2 + 4) / B  ->  b >= 32 * 6 * 4000 / (2.5 * 2 * 64) = 4800
+    backward = plan.overlap_min_block(toy, link_bytes_per_s=link, achieved_flops=achieved, backward=True)
+    assert backward == pytest.approx(4800)
+    # at the threshold compute and transfer take equal time; one block size below, transfer is exposed
+    at = plan.ring_step(toy, 4 * 4800, 4, link_bytes_per_s=link, achieved_flops=achieved)
+    assert at.min_block_tokens == pytest.approx(4800)
+    assert at.backward_compute_s == pytest.approx(at.backward_comm_s) and at.hidden
+    below = plan.ring_step(toy, 4 * 4792, 4, link_bytes_per_s=link, achieved_flops=achieved)
+    assert not below.hidden and below.backward_compute_s < below.backward_comm_s
+
+
+def test_overlap_threshold_reduces_to_ring_attentions_f_over_b() -> None:
+    # multi-head attention, full (non-causal) blocks, bf16: 4 b^2 q / F = 2 b q 2 / B  ->  b = F / B
+    mha = plan.ModelShape.from_hf({**TOY_CONFIG, "num_key_value_heads": 4}, "mha")
+    b = plan.overlap_min_block(
+        mha, link_bytes_per_s=50e9, achieved_flops=400e12, backward=False, causal=False
+    )
+    assert b == pytest.approx(400e12 / 50e9) == pytest.approx(8000)
+    assert plan.ring_step_flops(mha, 8000, causal=False) / 400e12 == pytest.approx(
+        plan.kv_block_bytes(mha, 8000) / 50e9
+    )
+
+
+def test_rank_memory(toy: plan.ModelShape) -> None:
+    params = 2 * (64 * 192 + 3 * 64 * 176 + 2 * 64) + 64 + 2 * 100 * 64
+    assert params == 105_280
+    memory = plan.rank_memory(toy, 1024, 4, state_shards=2)
+    assert memory.model_states == 16 * params / 2
+    assert memory.activations == 2 * 256 * 2_320
+    assert memory.ring_buffers == 2 * (2 * 256 * 32 * 2) + 2 * (2 * 256 * 32 * 4)
+    recomputed = plan.rank_memory(toy, 1024, 4, activation_checkpointing=True)
+    assert recomputed.activations == 2 * 256 * 2 * 64 + 256 * 2_320
+
+
+def test_wall_clock_for_a_toy_budget(toy: plan.ModelShape) -> None:
+    # 6 x (2 layers x (64 * 192 + 3 * 64 * 176) + 64 * 100) + 3 x 2 layers x 16384 causal attention
+    per_token = 6 * 98_560 + 3 * 2 * 16_384
+    assert per_token == 689_664
+    seconds = plan.train_seconds(toy, 128, tokens=1e12, gpus=8, peak_flops=100e12, mfu=0.5)
+    assert seconds == pytest.approx(689_664 * 1e12 / (8 * 100e12 * 0.5)) == pytest.approx(1724.16)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("8192", 8192), ("8K", 8192), ("128k", 131_072), ("1M", 1_048_576), ("0.5K", 512)]
+)
+def test_parse_length(text: str, value: int) -> None:
+    assert plan.parse_length(text) == value
+
+
+@pytest.mark.parametrize(("text", "value"), [("20B", 2e10), ("1.5T", 1.5e12), ("300M", 3e8), ("1000", 1e3)])
+def test_parse_count(text: str, value: float) -> None:
+    assert plan.parse_count(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "12Q", "K", "-8K", "0", "1.5", "8K,,abc"])
+def test_bad_lengths_are_config_errors(text: str) -> None:
+    with pytest.raises(ConfigError):
+        plan.parse_lengths(text)
+
+
+def test_config_json_by_folder_or_file(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**TOY_CONFIG, "num_key_value_heads": None}))
+    by_folder = plan.load_model_shape(str(tmp_path))
+    by_file = plan.load_model_shape(str(tmp_path / "config.json"))
+    assert dataclasses.replace(by_folder, name="toy") == dataclasses.replace(by_file, name="toy")
+    assert by_folder.num_kv_heads == 4 and by_folder.head_dim == 16  # MHA default, hidden / heads
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_size": None}, "lacks hidden_size"),
+        ({"num_key_value_heads": 3}, "not a multiple"),
+        ({"num_local_experts": 8}, "mixture-of-experts"),
+        ({"intermediate_size": 0}, "positive integers"),
+    ],
+)
+def test_bad_configs(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan.ModelShape.from_hf({**TOY_CONFIG, **change}, "bad")
+
+
+def test_cli_writes_one_csv_row_per_length(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "plan.csv"
+    argv = ["plan", "--model", "llama-3-70b", "--lengths", "8K,32K,128K,1M", "--cp", "8", "--csv", str(out)]
+    assert main([*argv, "--gpus", "256", "--tokens", "20B", "--peak-tflops", "989", "--mfu", "0.4"]) == 0
+    printed = capsys.readouterr().out
+    assert "fp16 320 KiB" in printed and "40 GiB" in printed and "wall-clock" in printed
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["length_tokens"]) for r in rows] == [8192, 32768, 131072, 1048576]
+    assert int(rows[2]["kv_cache_fp16_bytes"]) == 40 * GiB
+    assert int(rows[2]["ring_send_bytes_per_step"]) == 2 * 16384 * 8 * 128 * 2
+    assert all(float(r["train_hours"]) > 0 for r in rows)
+
+
+def test_cli_takes_a_config_path_and_omits_the_wall_clock(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TOY_CONFIG))
+    out = tmp_path / "toy.csv"
+    assert main(["plan", "--model", str(tmp_path), "--lengths", "128,1K", "--csv", str(out)]) == 0
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 and "train_hours" not in rows[0]
+    assert "wall-clock" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model", "llama-9-1t", "--lengths", "8K"], "llama-3-70b"),
+        (["--model", "llama-3-8b", "--lengths", "8Q"], "bad length '8Q'"),
+        (["--model", "llama-3-8b", "--lengths", "1000", "--cp", "16"], "multiple of 2 x cp"),
+        (
+            ["--model", "llama-3-8b", "--lengths", "8K", "--tokens", "1B"],
+            "both a token budget and a GPU count",
+        ),
+        (["--model", "llama-3-8b", "--lengths", "8K", "--mfu", "1.5"], "MFU"),
+    ],
+)
+def test_cli_user_errors_exit_2_without_traceback(
+    extra: list[str], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["plan", *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

@@ -1,0 +1,65 @@
+"""Context-parallel splitting of a packed window in the zigzag layout used by ring attention.
+
+A window of ``L`` tokens is cut into ``2P`` equal chunks for ``P`` context-parallel ranks; rank
+``r`` holds chunks ``r`` and ``2P - 1 - r``, which balances causal-attention work across ranks.
+Documents are not aligned to chunks: only ``L`` must be divisible by ``2P``. Each rank gets its
+tokens with their global indices, position ids, labels, loss mask and segment ids, from which ring
+attention builds its masks (a query attends to a key iff they share a segment id and the key's
+global index is not larger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ContextParallelShard:
+    """One rank's share of a window (or of a ``[batch, L]`` batch, along the last dimension)."""
+
+    indices: torch.Tensor
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    segment_ids: torch.Tensor
+
+
+def zigzag_indices(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
+    """Global token indices held by ``cp_rank``: chunks ``cp_rank`` and ``2 * cp_size - 1 - cp_rank``."""
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={cp_rank}, cp_size={cp_size}")
+    if length % (2 * cp_size):
+        raise ValueError(
+            f"sequence length {length} is not divisible by 2 * cp_size = {2 * cp_size}; "
+            f"pack with a seq_len that is a multiple of {2 * cp_size}"
+        )
+    chunk = length // (2 * cp_size)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    second = torch.arange((2 * cp_size - 1 - cp_rank) * chunk, (2 * cp_size - cp_rank) * chunk)
+    return torch.cat([first, second])
+
+
+def segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Segment index of each of ``total`` tokens, from boundaries ``cu_seqlens`` (0 ... total)."""
+    return torch.searchsorted(cu_seqlens[1:].to(torch.int64), torch.arange(total), right=True)
+
+
+def zigzag_split(sample: Mapping[str, torch.Tensor], cp_size: int, cp_rank: int) -> ContextParallelShard:
+    """``cp_rank``'s share of ``sample`` (a :class:`~packer.dataset.PackedDataset` item or a batch
+    from :func:`~longctx.packer.dataset.collate_packed`), taken along the last dimension."""
+    input_ids = sample["input_ids"]
+    length = input_ids.shape[-1]
+    index = zigzag_indices(length, cp_size, cp_rank)
+    segments = segment_ids(sample["cu_seqlens"], input_ids.numel()).reshape(input_ids.shape)
+    return ContextParallelShard(
+        indices=index,
+        input_ids=input_ids[..., index],
+        labels=sample["labels"][..., index],
+        position_ids=sample["position_ids"][..., index],
+        loss_mask=sample["loss_mask"][..., index],
+        segment_ids=segments[..., index],
+    )
