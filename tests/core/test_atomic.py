@@ -1,0 +1,83 @@
+"""Atomic writes: the target appears whole or not at all, and a failed writer leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from longctx.core.atomic import (
+    atomic_path,
+    temporary_path,
+    write_bytes,
+    write_figure,
+    write_json,
+    write_table,
+    write_text,
+)
+
+
+def test_writers_create_parents_and_leave_no_temporary(tmp_path: Path) -> None:
+    write_bytes(tmp_path / "a" / "b.bin", b"\x00\x01", fsync=True)
+    write_text(tmp_path / "a" / "c.txt", "héllo\n")
+    write_json(tmp_path / "d.json", {"b": 1, "a": [1, 2]}, indent=1)
+    write_table(tmp_path / "e.parquet", pa.table({"x": [1, 2, 3]}))
+    assert (tmp_path / "a" / "b.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "a" / "c.txt").read_text(encoding="utf-8") == "héllo\n"
+    assert (tmp_path / "d.json").read_text() == json.dumps(
+        {"a": [1, 2], "b": 1}, indent=1, sort_keys=True
+    ) + "\n"
+    assert pq.read_table(tmp_path / "e.parquet").column("x").to_pylist() == [1, 2, 3]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.name.endswith(".tmp")) == []
+
+
+def test_failure_keeps_the_old_file_and_removes_the_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    write_json(target, {"v": 1})
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_path(target) as tmp:
+            tmp.write_text("{half")
+            raise RuntimeError("disk full")
+    assert json.loads(target.read_text()) == {"v": 1}
+    assert not temporary_path(target).exists()
+    with pytest.raises(KeyboardInterrupt):  # an interrupt cleans up too
+        with atomic_path(target) as tmp:
+            tmp.write_text("x")
+            raise KeyboardInterrupt
+    assert not temporary_path(target).exists() and json.loads(target.read_text()) == {"v": 1}
+
+
+def test_folders_are_replaced_whole_and_stale_temporaries_removed(tmp_path: Path) -> None:
+    target = tmp_path / "corpus"
+    (target / "old").mkdir(parents=True)
+    stale = temporary_path(target)
+    (stale / "junk").mkdir(parents=True)  # a killed writer's leftover
+    with atomic_path(target) as tmp:
+        assert not tmp.exists()
+        (tmp / "new").mkdir(parents=True)
+    assert sorted(p.name for p in target.iterdir()) == ["new"]
+    assert not stale.exists()
+    with pytest.raises(ValueError):
+        with atomic_path(target) as tmp:
+            (tmp / "partial").mkdir(parents=True)
+            raise ValueError
+    assert sorted(p.name for p in target.iterdir()) == ["new"] and not stale.exists()
+
+
+def test_figures_take_their_format_from_the_suffix(tmp_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    write_figure(tmp_path / "plot.png", fig)
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig, _ = plt.subplots()
+    write_figure(tmp_path / "plot.svg", fig)
+    assert b"<svg" in (tmp_path / "plot.svg").read_bytes()[:500]
+    assert not plt.get_fignums()  # closed
