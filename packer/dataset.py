@@ -69,7 +69,7 @@ class PackedDataset(IterableDataset):
     worker process would hold the position where the checkpoint cannot see it.
 
     ``tokenizer`` (the ``tokenizer.json`` you train with, or its sha256) and ``format_version`` are
-    checked against the shards; a mismatch raises :class:`~packer.format.ShardError`.
+    checked against the shards; a mismatch raises :class:`~longctx.packer.format.ShardError`.
 
     ``holdout_rows`` sets that many rows aside for evaluation, drawn at random by ``seed`` alone (so
     they are typical windows, not the part-filled ones that end each task's output): they are never

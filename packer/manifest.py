@@ -5,7 +5,7 @@ tokens and padding, tokens per source against the mix's targets, position histog
 position, and the fraction of tokens at positions at or above ``context.original``. Those are the
 positions a context extension exists to train, so an output where no token reaches them is refused
 (unless ``pack.allow_short_positions`` is set) and gets no manifest; readers refuse a folder
-without one. The datatrove step that writes manifests is :class:`packer.stage.WriteManifests`.
+without one. The datatrove step that writes manifests is :class:`longctx.packer.stage.WriteManifests`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Windows of a :class:`~packer.binpack.Packing` as shard rows (columns in ``packer/FORMAT.md``).
+"""Windows of a :class:`~longctx.packer.binpack.Packing` as shard rows (columns in ``packer/FORMAT.md``).
 
 Every window is its document segments followed, when they leave room, by one padding segment.
 Positions restart at 0 in every segment; the loss mask is 0 on each segment's first token (it has

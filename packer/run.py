@@ -3,9 +3,9 @@
 1. Plan (driver, reads no text): resolve the tokenizer's special tokens, read document ids and
    token counts, decide the mix, refuse early when no document can reach ``context.original``, and
    refuse to resume into an output that a different configuration started.
-2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~packer.stage.PackDocuments` over each task's
+2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~longctx.packer.stage.PackDocuments` over each task's
    share of the curated files.
-3. ``manifest`` (1 task): :class:`~packer.stage.WriteManifests`.
+3. ``manifest`` (1 task): :class:`~longctx.packer.stage.WriteManifests`.
 
 Completed tasks are recorded under ``<output>/work/pack/logs`` and skipped when the job runs again.
 """

@@ -33,7 +33,7 @@ def loss_by_position(
     device: torch.device,
     bf16: bool = False,
 ) -> list[dict[str, Any]]:
-    """Mean loss per position bucket over packed windows (``packer.PackedDataset`` items).
+    """Mean loss per position bucket over packed windows (``longctx.packer.PackedDataset`` items).
 
     Returns one row per bucket: ``start``, ``end`` (exclusive), ``tokens`` and ``mean_loss`` (None
     for a bucket no token reached). Positions are per document, as the model sees them.

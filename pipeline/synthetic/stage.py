@@ -172,7 +172,7 @@ def write_synthetic_documents(
     documents: Iterable[Document], output: str | os.PathLike, rank: int = 0, source: str = DEFAULT_SOURCE
 ) -> Path:
     """Write synthetic documents into the curated layout, ``<output>/documents/<source>/<rank:05d>.parquet``,
-    with :class:`pipeline.docstore.DocumentWriter`, so the packer picks them up as source ``source``.
+    with :class:`~longctx.pipeline.docstore.DocumentWriter`, so the packer picks them up as source ``source``.
 
     Returns the file's path (not created when ``documents`` is empty). Refuses documents of another source.
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -100,8 +101,12 @@ def test_every_module_has_one_name(where: str, tmp_path: Path) -> None:
 def test_wheel_installs_only_longctx(tmp_path: Path) -> None:
     """A built wheel holds ``longctx/`` and its metadata only, with the console script and the format
     spec; installed, the three parts import from any folder and no generic top-level name exists."""
+    # built from a copy, since setuptools leaves a build/ folder in the tree it builds
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".*", "build", "dist", "runs", "*.egg-info", "__pycache__")
+    shutil.copytree(REPO, source, ignore=skip)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(source)],
         capture_output=True,
         text=True,
         timeout=600,

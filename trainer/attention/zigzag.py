@@ -49,7 +49,7 @@ def segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
 
 
 def zigzag_split(sample: Mapping[str, torch.Tensor], cp_size: int, cp_rank: int) -> ContextParallelShard:
-    """``cp_rank``'s share of ``sample`` (a :class:`~packer.dataset.PackedDataset` item or a batch
+    """``cp_rank``'s share of ``sample`` (a :class:`~longctx.packer.dataset.PackedDataset` item or a batch
     from :func:`~longctx.packer.dataset.collate_packed`), taken along the last dimension."""
     input_ids = sample["input_ids"]
     length = input_ids.shape[-1]
