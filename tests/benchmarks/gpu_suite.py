@@ -11,8 +11,9 @@ stopped by a timeout still leaves what it measured):
 2. ``speed``: TFLOP/s of useful (causal, doc-masked) work of ``ring_attention`` at 8K, 32K and 128K
    tokens, forward and forward+backward, against flash-backend SDPA on one causal document (goal: 0.7x
    of SDPA or better), and on many documents (goal: the same useful rate, i.e. proportionally faster).
-3. ``training``: a Llama-shaped 1.1B model with random weights, packed 32K windows, bf16, the trainer at
-   world size 1 with activation checkpointing: tokens/s, MFU, peak memory against ``longctx plan``.
+3. ``training``: a Llama-shaped 1.1B model with random weights, packed 32K windows, bf16, the trainer's
+   own model and optimizer at world size 1 with activation checkpointing: tokens/s, MFU, peak memory
+   against ``longctx plan`` (goal: within 15%).
 4. ``longest``: one training step at 64K, 128K and 256K tokens until one runs out of memory.
 
 Usage::
@@ -26,15 +27,18 @@ run), 1 when a check failed or a section raised, 2 without a CUDA device (unless
 the installed longctx is not this checkout's. Goals (speed, memory estimate) are reported, not enforced.
 
 On this workplace's lent H200 (nothing can be installed there: the packages it lacks travel as wheels,
-built here with ``make gpu-wheels``, which also builds this checkout's own wheel), the whole call is::
+built here with ``make gpu-wheels``, which also builds this checkout's own wheel; run it in the checkout
+the device tool sends, after the last code change), the whole call is, as one line::
 
-    run(carry=[".whl"], timeout_s=600, command=
-      "python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site
-       .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3
-       tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log")
+    run(carry=[".whl"], timeout_s=600, command="python3 -m pip install -q --no-index --no-deps
+      --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+      || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 tests/benchmarks/gpu_suite.py
+      --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log")
 
-(one line in the call). The suite needs about 8 minutes at most (``--budget-s``, default 450 s, plus
-start-up); then copy ``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``.
+The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up); then copy
+``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is
+too slow there for every layout, rerun only that section with a smaller window:
+``--sections exactness --exact-tokens 1024``.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ class Settings:
         return next((value for limit, value in sorted(self.reps.items()) if tokens <= limit), (1, 3))
 
 
-def gpu_settings(device: torch.device, budget_s: float) -> Settings:
+def gpu_settings(device: torch.device, budget_s: float, exact_tokens: int | None = None) -> Settings:
     """The sizes of the issue: GQA 32/8 x 128 attention, a 1.1B Llama-shaped model, 32K windows."""
     return Settings(
         mode="gpu",
@@ -103,8 +107,8 @@ def gpu_settings(device: torch.device, budget_s: float) -> Settings:
         heads=32,
         kv_heads=8,
         head_dim=128,
-        # above torch_efficient's 2048-token tiles; the float64 CPU reference takes seconds per layout
-        exact_tokens=3072,
+        # above torch_efficient's 2048-token tiles; the float64 CPU reference grows as its square
+        exact_tokens=exact_tokens or 2560,
         exact_dtypes=(torch.bfloat16,),
         exact_backends=("auto", "flash_attn_varlen", "torch_flash_varlen", "torch_efficient", "math"),
         exact_case_estimate_s=12.0,
@@ -127,7 +131,7 @@ def gpu_settings(device: torch.device, budget_s: float) -> Settings:
         train_steps=5,
         longest_tokens=(65536, 131072, 262144),
         longest_max_document=32768,
-        caps={"exactness": 90.0, "speed": 120.0, "training": 90.0, "longest": 140.0},
+        caps={"exactness": 120.0, "speed": 110.0, "training": 80.0, "longest": 130.0},
         budget_s=budget_s,
         reps={8192: (3, 10), 32768: (2, 6)},
     )
@@ -422,6 +426,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
     )
     parser.add_argument(
+        "--exact-tokens",
+        type=int,
+        default=None,
+        help="window of the exactness checks on a GPU (default 2560; a multiple of 8; the float64 CPU "
+        "reference's time grows as its square)",
+    )
+    parser.add_argument(
         "--budget-s",
         type=float,
         default=None,
@@ -439,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
             f"error: unknown section(s) {unknown or names}; expected some of {', '.join(SECTIONS)}",
             file=sys.stderr,
         )
+        return 2
+    if args.exact_tokens is not None and (args.exact_tokens <= 0 or args.exact_tokens % 8):
+        print(f"error: --exact-tokens {args.exact_tokens} must be a positive multiple of 8", file=sys.stderr)
         return 2
     if not args.cpu_smoke and not torch.cuda.is_available():
         print("error: no CUDA device; pass --cpu-smoke for a CPU dry run of every code path", file=sys.stderr)
@@ -460,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)  # tiny tensors: threads only add overhead, on a shared machine a lot of it
         settings = smoke_settings(args.budget_s or 240.0)
     else:
-        settings = gpu_settings(torch.device("cuda", torch.cuda.current_device()), args.budget_s or 450.0)
+        device = torch.device("cuda", torch.cuda.current_device())
+        settings = gpu_settings(device, args.budget_s or 450.0, args.exact_tokens)
     started = time.perf_counter()
     report = Report(
         out,
