@@ -193,12 +193,17 @@ def stale_sources() -> list[str]:
 
 
 def third_party_imports() -> list[str]:
-    """Top-level names of the modules outside the standard library that the loaded longctx modules and
-    the suite's own modules import anywhere in their source (also inside functions): what the GPU
-    machine must provide. Optional imports of other libraries (torch's own) are not counted."""
+    """Top-level names of the modules outside the standard library that this process has loaded because
+    the longctx modules or the suite's own modules import them: what the GPU machine must provide.
+
+    A name counts when such a module's source imports it (at module level or inside a function) and it
+    was loaded; optional extras that were never imported (a tracker, flash-attn) and other libraries'
+    optional imports (torch's) do not count.
+    """
+    loaded = {name.partition(".")[0] for name in list(sys.modules)}
     ours = {
         name
-        for name, module in sys.modules.items()
+        for name, module in list(sys.modules.items())
         if getattr(module, "__file__", None)
         and (name.partition(".")[0] == "longctx" or Path(module.__file__).parent == Path(__file__).parent)
     }
@@ -210,9 +215,8 @@ def third_party_imports() -> list[str]:
                 names.update(alias.name.partition(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
                 names.add(node.module.partition(".")[0])
-    return sorted(
-        name for name in names - {"longctx", "__future__", *ours} if name not in sys.stdlib_module_names
-    )
+    names -= {"longctx", "__future__", *ours}
+    return sorted(name for name in names & loaded if name not in sys.stdlib_module_names)
 
 
 def environment(device: torch.device) -> dict:
