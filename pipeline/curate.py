@@ -187,6 +187,7 @@ def build_stages(
     """The job's stages in order, as ``(name, pipeline, tasks)``. ``target`` is the context length the
     run extends to: the default lower length bound and the synthetic prompt length follow from it."""
     work = layout.work
+    tokenizer_sha256 = tokenizer_fingerprint(tokenizer_path)  # recorded with the stored token ids
     mh = curate.dedup.minhash
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
@@ -200,7 +201,7 @@ def build_stages(
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
         ),
-        DocumentWriter(work / "filtered"),
+        DocumentWriter(work / "filtered", tokenizer_sha256=tokenizer_sha256),
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:
@@ -221,7 +222,7 @@ def build_stages(
             work / "dedup" / "decisions.parquet",
             exclusion_writer=LedgerWriter(work / "ledger" / "duplicate", "duplicate"),
         ),
-        DocumentWriter(layout.documents, "${source}/${rank}.parquet"),
+        DocumentWriter(layout.documents, "${source}/${rank}.parquet", tokenizer_sha256=tokenizer_sha256),
         LedgerWriter(work / "ledger" / "kept", "kept"),
     ]
     stages.append(("write", write, tasks))
