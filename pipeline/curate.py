@@ -35,10 +35,11 @@ from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
 from longctx.pipeline.config import CurateConfig, SourceConfig
-from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
+from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.ledger import InputTally, LedgerWriter, merge_ledger
+from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
@@ -205,7 +206,7 @@ def build_stages(
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:
-        read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
+        read.append(MinhashSignature(work / "dedup" / "sigs", config=minhash))
     tasks = curate.executor.tasks
     stages: list[Stage] = [("read", read, tasks)]
     if mh.enabled:
