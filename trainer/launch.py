@@ -95,6 +95,8 @@ def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dic
     )
     elastic_logger = logging.getLogger("torch.distributed.elastic")
     level = elastic_logger.level
+    # the agent installs its own handlers (to stop the ranks); the caller's come back afterwards
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     elastic_logger.setLevel(logging.CRITICAL)  # we report failures ourselves, in one line
     try:
         with _job_environment(updates):
@@ -112,6 +114,8 @@ def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dic
         print(f"stopped by {signal.Signals(err.sigval).name}; the ranks were stopped", file=sys.stderr)
         return 128 + int(err.sigval)
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         elastic_logger.setLevel(level)
         shutil.rmtree(job_dir, ignore_errors=True)
 
