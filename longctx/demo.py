@@ -33,10 +33,10 @@ def _train_done(layout: RunLayout, steps: int) -> bool:
 
 def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
     """Train under torchrun with ``nproc`` local CPU processes, as ``longctx train --nproc`` does."""
-    from longctx.trainer.launch import launch
+    from longctx.trainer.launch import launch_training
 
     args = ["train", "--config", str(config_path), "--output", str(output)]
-    if launch(nproc, "longctx.cli", args) != 0:
+    if launch_training(nproc, args, output) != 0:
         raise RuntimeError(f"training failed (longctx {' '.join(args)} on {nproc} ranks)")
 
 

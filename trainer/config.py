@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
+from longctx.trainer.rope_keys import check_rope_scaling
 
 
 class TinyModelConfig(StrictModel):
@@ -36,6 +37,13 @@ class ModelSection(StrictModel):
     rope_scaling: dict[str, Any] | None = None
 
     _exists = field_validator("hf_path")(must_exist)
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _known_rope_scaling(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_rope_scaling(value)
+        return value
 
 
 class OptimConfig(StrictModel):

@@ -40,6 +40,7 @@ from longctx.trainer.parallel import (
     shutdown,
     sync_gradients,
 )
+from longctx.trainer.runlock import run_lock
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.tracking import Tracker
 
@@ -125,7 +126,8 @@ def train(
     """
     state = init_parallel(train.cp, train.comm_timeout_s)
     try:
-        return _train(_Job(train, context, RunLayout(output), tokenizer), state, progress)
+        with run_lock(RunLayout(output).train):  # one run per output folder (trainer/runlock.py)
+            return _train(_Job(train, context, RunLayout(output), tokenizer), state, progress)
     finally:
         shutdown()
 

@@ -29,26 +29,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nproc and "RANK" not in os.environ:
-        from longctx.trainer.launch import launch
-
-        return launch(args.nproc, "longctx.cli", torchrun_args(args))
-    from longctx import jobs
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
+    from longctx.trainer.launch import follow_launcher, launch_training, rank_errors
+    from longctx.trainer.preflight import check_before_start
 
-    cfg = load_config(
-        args.config,
-        {
-            "output": str(args.output) if args.output else None,
-            "train.steps": args.steps,
-            "train.shards": str(args.shards) if args.shards else None,
-        },
-    )
-    if cfg.train is None:
-        raise ConfigError(f"{args.config} has no 'train' section")
-    result = jobs.train(cfg)
+    follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
+    with rank_errors("train"):
+        cfg = load_config(
+            args.config,
+            {
+                "output": str(args.output) if args.output else None,
+                "train.steps": args.steps,
+                "train.shards": str(args.shards) if args.shards else None,
+            },
+        )
+        if cfg.train is None:
+            raise ConfigError(f"{args.config} has no 'train' section")
+        launcher = bool(args.nproc) and "RANK" not in os.environ
+        world = args.nproc if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+        check_before_start(cfg.train, cfg.context, cfg.output, world)
+        if launcher:
+            return launch_training(args.nproc, torchrun_args(args), cfg.output)
+        from longctx import jobs
+
+        result = jobs.train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         first, last = result.losses[0] if result.losses else None, result.losses[-1] if result.losses else None
         print(

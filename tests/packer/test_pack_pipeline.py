@@ -213,7 +213,7 @@ def test_missing_inputs_are_config_errors(tmp_path: Path) -> None:
 def test_manifest_is_plain_json_with_the_format_fields(packed_run: PackedRun) -> None:
     data = json.loads((packed_run.folder(256) / "manifest.json").read_text())
     header = data["header"]
-    assert header["format"] == "longctx-packed-windows" and header["format_version"] == 1
+    assert header["format"] == "longctx-packed-windows" and header["format_version"] == 2
     assert {"sha256", "vocab_size", "eos_id", "bos_id", "pad_id"} <= set(header["tokenizer"])
     assert (header["seq_len"], header["original_context"], header["target_context"]) == (256, ORIGINAL, 1024)
     assert data["config"]["pack"]["seq_lens"] == SEQ_LENS
