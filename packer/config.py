@@ -15,6 +15,11 @@ from longctx.core.config import ExecutorConfig, StrictModel
 from longctx.core.tokenizer import EOS_TOKEN
 
 
+def is_source_name(name: str) -> bool:
+    """Whether ``name`` can name a source, i.e. a folder directly under ``<output>/documents``."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
 class PackConfig(StrictModel):
     """Tokenize, mix and pack curated documents into fixed-length windows.
 
@@ -80,6 +85,12 @@ class PackConfig(StrictModel):
             return None
         if not value:
             raise ValueError("mix must name at least one source (or be left out)")
+        not_names = sorted(name for name in value if not is_source_name(name))
+        if not_names:
+            raise ValueError(
+                f"{', '.join(map(repr, not_names))} cannot be a source: sources are the folder names "
+                "under <output>/documents"
+            )
         negative = sorted(name for name, fraction in value.items() if fraction < 0)
         if negative:
             raise ValueError(f"mix fractions must be >= 0; negative for: {', '.join(negative)}")

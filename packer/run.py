@@ -23,8 +23,9 @@ from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, run_stages
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import check_same_run, config_hash
-from longctx.packer.catalog import SourceCatalog, read_catalog
+from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.format import ShardHeader, TokenizerInfo
 from longctx.packer.manifest import CoverageError, Manifest, coverage_refusal, load_manifest
@@ -32,7 +33,7 @@ from longctx.packer.mix import MixPlan, MixSampler, format_fractions, plan_mix
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
-from longctx.pipeline.documents import document_files
+from longctx.pipeline.documents import document_files, source_of
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,34 @@ def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> Pa
     return PackPlan(config, headers, mix, planned)
 
 
+SHARD_BYTES_PER_TOKEN = 10
+"""Bytes a shard takes per window token: ``input_ids`` and ``position_ids`` (4 each), ``loss_mask``
+(1), and the per-segment lists."""
+CHARS_PER_TOKEN = 3
+"""For estimates where curation recorded no token counts (fewer than most text has per token)."""
+
+
+def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
+    """About how many bytes the shards of ``plan`` still need: its tokens (curated counts, or the
+    text's size where counts are unknown) at every window length, less what earlier runs wrote."""
+    tokens = sum(n for n in plan.planned_tokens.values() if n >= 0)
+    if any(n < 0 for n in plan.planned_tokens.values()):
+        unknown = {name for name, n in plan.planned_tokens.items() if n < 0}
+        text_bytes = sum(
+            text_size(f)
+            for f in document_files(layout.documents)
+            if source_of(layout.documents, f) in unknown
+        )
+        tokens += text_bytes // CHARS_PER_TOKEN
+    written = sum(
+        f.stat().st_size
+        for h in plan.headers
+        if layout.shard_folder(h.seq_len).is_dir()
+        for f in layout.shard_folder(h.seq_len).iterdir()
+    )
+    return max(0, tokens * SHARD_BYTES_PER_TOKEN * len(plan.headers) - written)
+
+
 def run_fingerprint(layout: RunLayout, plan: PackPlan) -> dict[str, Any]:
     """What determines the shards: the settings, the tokenizer and the curated files (name and size)."""
     return {
@@ -142,7 +171,9 @@ def run_pack(
     executors), or None when they were submitted to Slurm.
     """
     layout = RunLayout(output, "pack")
+    check_output_folder(layout.root, key="output")
     plan = make_plan(pack, context, layout)
+    check_output_folder(layout.shards, needed_bytes=estimated_output_bytes(layout, plan), key="output")
     if plan.mix is not None and all(n >= 0 for n in plan.planned_tokens.values()):
         print(
             format_fractions(pack.mix, plan.planned_tokens, "planned mix (from curated token counts):"),
