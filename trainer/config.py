@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,6 +69,58 @@ class CheckpointConfig(StrictModel):
     keep: int = Field(default=2, gt=0, description="most recent checkpoints kept")
 
 
+def _require_extra(module: str, extra: str) -> None:
+    """Refuse a setting whose optional dependency is not installed (checked without importing it)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ValueError(f"needs the {module} package, which is not installed: pip install 'longctx[{extra}]'")
+
+
+class WandbConfig(StrictModel):
+    """A Weights & Biases run (``wandb.init``'s arguments). ``offline`` writes the run under
+    ``<output>/train/wandb`` without any network access (``wandb sync`` uploads it later);
+    ``disabled`` turns W&B off without removing the section."""
+
+    project: str = Field(min_length=1)
+    entity: str | None = None
+    name: str | None = Field(default=None, description="run name; default: the output folder's name")
+    group: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    mode: Literal["online", "offline", "disabled"] = "online"
+
+
+class LogConfig(StrictModel):
+    """Where training metrics go, and how often.
+
+    Every ``every`` steps (and at the last step) one record is written to
+    ``<output>/train/metrics.jsonl``, always, and to TensorBoard (``<output>/train/tensorboard``) and
+    Weights & Biases when configured; only rank 0 writes. Loss by position is computed on these
+    steps only (it costs one more pass of the LM head). Both trackers are optional extras:
+    ``pip install 'longctx[tensorboard]'`` / ``'longctx[wandb]'``.
+    """
+
+    every: int = Field(default=10, gt=0, description="steps between metric records")
+    tensorboard: bool = False
+    wandb: WandbConfig | None = None
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _tensorboard_installed(cls, value: bool) -> bool:
+        if value:
+            _require_extra("tensorboard", "tensorboard")
+        return value
+
+    @field_validator("wandb")
+    @classmethod
+    def _wandb_installed(cls, value: WandbConfig | None) -> WandbConfig | None:
+        if value is not None and value.mode != "disabled":
+            _require_extra("wandb", "wandb")
+        return value
+
+
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
@@ -86,7 +139,7 @@ class TrainConfig(StrictModel):
     activation_checkpointing: bool = False
     seed: int = 0
     comm_timeout_s: int = Field(default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang")
-    log_every: int = Field(default=1, gt=0)
+    log: LogConfig = Field(default_factory=LogConfig)
 
 
 class NeedleEvalConfig(StrictModel):

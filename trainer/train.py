@@ -30,7 +30,7 @@ from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import load_config as load_hf_config
 from longctx.trainer.hf_io import load_weights, save_model
-from longctx.trainer.metrics import MetricsWriter, peak_flops, token_losses
+from longctx.trainer.metrics import peak_flops, token_losses
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer
 from longctx.trainer.parallel import (
     ParallelState,
@@ -41,6 +41,7 @@ from longctx.trainer.parallel import (
     sync_gradients,
 )
 from longctx.trainer.schedule import make_scheduler
+from longctx.trainer.tracking import Tracker
 
 
 @dataclass
@@ -286,7 +287,8 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     run = _setup(job, state)
     tcfg = job.train
     tracker, original = run.tracker, job.context.original
-    writer = MetricsWriter(run.layout.metrics, run.start_step) if state.is_main else None
+    run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
+    writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
     bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
     peak = peak_flops(state.device, None)
     rows = _rows(run.dataset)
@@ -303,7 +305,7 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
         start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
         micro = [next(rows) for _ in range(tcfg.grad_accum)]
         shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
-        logged = (step + 1) % tcfg.log_every == 0 or step + 1 == tcfg.steps
+        logged = (step + 1) % tcfg.log.every == 0 or step + 1 == tcfg.steps
         stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
         if not math.isfinite(stats.loss):
             raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
@@ -359,6 +361,8 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
             )
     if bar is not None:
         bar.close()
+    if writer is not None:
+        writer.close()
     final = None
     if state.is_main:
         shutil.rmtree(run.layout.final_model, ignore_errors=True)

@@ -162,6 +162,7 @@ def train_config(root: Path, output: Path, **train) -> dict:
         "optim": {"lr": 3e-3, "warmup_steps": 1},
         "coverage": {"required_position": 200},
         "checkpoint": {"every": 3, "keep": 2},
+        "log": {"every": 1},
         "model": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}},
     }
     settings.update(train)
