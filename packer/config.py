@@ -26,8 +26,9 @@ class PackConfig(StrictModel):
     ``seq_lens`` lists one or more window lengths built from the same documents (a staged
     extension such as 8K, 32K, 128K); empty means ``[context.target]``. ``mix`` maps every curated
     source to the fraction of tokens it should contribute; sources are upsampled by repeating
-    documents or downsampled by dropping them, chosen by ``seed``. Without ``mix`` every document
-    is used exactly once.
+    documents or downsampled by dropping them, chosen by ``seed``; a mix that would drop more than
+    ``mix_max_dropped`` of a source's tokens is refused. Without ``mix`` every document is used
+    exactly once.
     """
 
     seq_lens: list[int] = Field(
@@ -44,6 +45,13 @@ class PackConfig(StrictModel):
         default=None,
         gt=0,
         description="tokens the mix should reach; default: all tokens of the sources it uses",
+    )
+    mix_max_dropped: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="largest share of a source's tokens the mix may leave out (fraction-0 sources excepted); "
+        "a mix that drops more is refused",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
     eos_token: str = Field(default=EOS_TOKEN, description="appended to every document")
@@ -116,10 +124,13 @@ class PackConfig(StrictModel):
         """The settings that determine the shards' bytes (hashed into ``config_sha256``).
 
         Left out: the executor's kind, workers and Slurm settings (where tasks run), ``batch_size``
-        (how many documents one tokenizer call takes) and ``allow_short_positions`` (whether the
-        manifest is written, not what the shards hold), so changing them resumes the same run. The
+        (how many documents one tokenizer call takes), ``allow_short_positions`` and
+        ``mix_max_dropped`` (whether the run is refused, not what the shards hold), so changing them
+        resumes the same run. The
         task count decides how documents are split among tasks, so it is kept.
         """
-        fields = self.model_dump(mode="json", exclude={"executor", "batch_size", "allow_short_positions"})
+        fields = self.model_dump(
+            mode="json", exclude={"executor", "batch_size", "allow_short_positions", "mix_max_dropped"}
+        )
         fields["tasks"] = self.executor.tasks
         return fields

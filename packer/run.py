@@ -28,8 +28,15 @@ from longctx.core.run_record import check_same_run, config_hash
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.format import ShardHeader, TokenizerInfo
-from longctx.packer.manifest import CoverageError, Manifest, coverage_refusal, load_manifest
-from longctx.packer.mix import MixPlan, MixSampler, format_fractions, plan_mix
+from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
+from longctx.packer.mix import (
+    MixPlan,
+    MixSampler,
+    check_dropped,
+    format_mix_report,
+    mix_report,
+    plan_mix,
+)
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
@@ -44,6 +51,7 @@ class PackPlan:
     headers: list[ShardHeader]
     mix: MixPlan | None
     planned_tokens: dict[str, int]
+    report: MixReport | None
 
 
 def _copies(catalog: SourceCatalog, mix: MixPlan | None) -> np.ndarray:
@@ -83,6 +91,11 @@ def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> Pa
     specials = 1 + (info.bos_id is not None)
     mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
+    report = None
+    if all(cat.counts_known for cat in catalogs.values()):
+        report = mix_report(catalogs, copies, specials, pack.mix, pack.seed if pack.mix else None)
+        if pack.mix:
+            check_dropped(report, pack.mix, pack.mix_max_dropped, catalogs, specials)
     seq_lens = pack.resolved_seq_lens(context.target)
     if not pack.allow_short_positions:
         check_planned_coverage(catalogs, copies, seq_lens, context.original, specials)
@@ -106,7 +119,7 @@ def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> Pa
         name: int((copies[name] * (cat.token_counts + specials)).sum()) if cat.counts_known else -1
         for name, cat in catalogs.items()
     }
-    return PackPlan(config, headers, mix, planned)
+    return PackPlan(config, headers, mix, planned, report)
 
 
 SHARD_BYTES_PER_TOKEN = 10
@@ -157,7 +170,13 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
         steps.append(MixSampler(plan.mix))
     steps.append(PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size))
     manifests = WriteManifests(
-        layout, plan.headers, plan.config, pack.executor.tasks, pack.mix, pack.allow_short_positions
+        layout,
+        plan.headers,
+        plan.config,
+        pack.executor.tasks,
+        pack.mix,
+        plan.report,
+        pack.allow_short_positions,
     )
     return [("pack", steps, pack.executor.tasks), ("manifest", [manifests], 1)]
 
@@ -174,11 +193,8 @@ def run_pack(
     check_output_folder(layout.root, key="output")
     plan = make_plan(pack, context, layout)
     check_output_folder(layout.shards, needed_bytes=estimated_output_bytes(layout, plan), key="output")
-    if plan.mix is not None and all(n >= 0 for n in plan.planned_tokens.values()):
-        print(
-            format_fractions(pack.mix, plan.planned_tokens, "planned mix (from curated token counts):"),
-            flush=True,
-        )
+    if plan.report is not None:
+        print(format_mix_report(plan.report), flush=True)
     check_same_run(layout, run_fingerprint(layout, plan), layout.shards)
     if not run_stages(pack.executor, build_stages(pack, layout, plan), layout.work, "pack", verbose):
         return None

@@ -101,7 +101,8 @@ def test_a_rerun_gives_byte_identical_output_and_a_resume_changes_nothing(
 def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> None:
     tokenizer, texts = make_run(tmp_path)
     mix = {"books": 0.5, "papers": 0.3, "anchor": 0.2}
-    manifests = jobs.pack(make_config(tmp_path, mix=mix, seed=7, seq_lens=[512], strategy="bfd"))
+    cfg = make_config(tmp_path, mix=mix, seed=7, seq_lens=[512], strategy="bfd", mix_max_dropped=0.4)
+    manifests = jobs.pack(cfg)
     manifest = manifests[512]
     for name, target in mix.items():
         assert manifest.sources[name].target_fraction == target
@@ -229,11 +230,11 @@ def test_cli_prints_summary_and_mix_reached(tmp_path: Path, capsys: pytest.Captu
     config = tmp_path / "run.yaml"
     config.write_text(
         f"output: {tmp_path}\ncontext: {{original: 128, target: 256}}\n"
-        "pack: {mix: {books: 0.6, papers: 0.2, anchor: 0.2}, executor: {tasks: 1}}\n"
+        "pack: {mix: {books: 0.6, papers: 0.2, anchor: 0.2}, mix_max_dropped: 0.3, executor: {tasks: 1}}\n"
     )
     assert main(["pack", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "planned mix (from curated token counts):" in out and "mix reached:" in out
+    assert "mix (pack.mix, seed 0): " in out and "mix reached:" in out
     assert "books            target 0.600, share 0." in out
     assert (
         f"{tmp_path / 'shards' / 'seq256'}\n" in out and "efficiency" in out
