@@ -20,6 +20,15 @@ def is_source_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
+DATA_FIELDS = frozenset({"mix", "mix_total_tokens", "seed", "eos_token", "bos_token", "pad_token"})
+"""Fields of :class:`PackConfig` that decide the tokens of every output of a run."""
+WINDOW_FIELDS = frozenset({"strategy", "shard_tokens", "pool_tokens"})
+"""Fields (besides ``executor.tasks``) that decide how one output is packed."""
+NOT_IN_OUTPUT = frozenset({"seq_lens", "executor", "batch_size", "allow_short_positions", "mix_max_dropped"})
+"""Fields that do not change an output's bytes: which outputs to make, where tasks run, how many
+documents one tokenizer call takes, whether a run is refused."""
+
+
 class PackConfig(StrictModel):
     """Tokenize, mix and pack curated documents into fixed-length windows.
 
@@ -120,17 +129,19 @@ class PackConfig(StrictModel):
         """The window lengths to build, in ascending order."""
         return sorted(self.seq_lens) if self.seq_lens else [target_context]
 
-    def output_fields(self) -> dict[str, Any]:
-        """The settings that determine the shards' bytes (hashed into ``config_sha256``).
+    def data_fields(self) -> dict[str, Any]:
+        """The settings that decide which tokens every output holds (shared by all window lengths of
+        a run): the mix, its total and seed, and the special tokens."""
+        return self.model_dump(mode="json", include=DATA_FIELDS)
 
-        Left out: the executor's kind, workers and Slurm settings (where tasks run), ``batch_size``
-        (how many documents one tokenizer call takes), ``allow_short_positions`` and
-        ``mix_max_dropped`` (whether the run is refused, not what the shards hold), so changing them
-        resumes the same run. The
-        task count decides how documents are split among tasks, so it is kept.
-        """
-        fields = self.model_dump(
-            mode="json", exclude={"executor", "batch_size", "allow_short_positions", "mix_max_dropped"}
-        )
-        fields["tasks"] = self.executor.tasks
-        return fields
+    def window_fields(self) -> dict[str, Any]:
+        """The settings that decide how one output's windows are packed and split into files: the
+        strategy, the pool and shard sizes, and the task count (each task packs its own share of the
+        documents). An output added to a run later may use other values than the earlier ones."""
+        return self.model_dump(mode="json", include=WINDOW_FIELDS) | {"tasks": self.executor.tasks}
+
+    def output_fields(self, seq_len: int) -> dict[str, Any]:
+        """Everything that determines the bytes of the ``seq_len`` output (hashed into its
+        ``config_sha256``). The other fields (:data:`NOT_IN_OUTPUT`) change where and whether the job
+        runs, not what it writes, so changing them resumes the same run."""
+        return self.data_fields() | self.window_fields() | {"seq_len": seq_len}

@@ -180,7 +180,7 @@ class WriteManifests(PipelineStep):
         self,
         layout: RunLayout,
         headers: list[ShardHeader],
-        config: dict[str, Any],
+        configs: Mapping[int, dict[str, Any]],
         tasks: int,
         targets: Mapping[str, float] | None,
         mix: MixReport | None,
@@ -189,7 +189,7 @@ class WriteManifests(PipelineStep):
         super().__init__()
         self.layout = layout
         self.headers = headers
-        self.config = config
+        self.configs = dict(configs)
         self.tasks = tasks
         self.targets = dict(targets) if targets else None
         self.mix = mix
@@ -215,7 +215,7 @@ class WriteManifests(PipelineStep):
         stray = sorted({p.name for p in folder.glob(f"*{SHARD_SUFFIX}")} - {f.file for f in files})
         if stray:
             raise ShardError(f"{folder} holds shards that no task of this run wrote: {', '.join(stray[:5])}")
-        manifest = build_manifest(header, self.config, files, stats, self.targets, self.mix)
+        manifest = build_manifest(header, self.configs[header.seq_len], files, stats, self.targets, self.mix)
         refusal = coverage_refusal(
             header.seq_len,
             header.original_context,

@@ -18,6 +18,7 @@ from longctx.cli import main
 from longctx.config import RootConfig, load_config
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
+from longctx.core.run_record import config_hash
 from longctx.packer.catalog import read_catalog
 from longctx.packer.format import ShardError
 from longctx.packer.manifest import CoverageError
@@ -198,8 +199,8 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mix fractions must sum to 1"):
         make_config(tmp_path, mix={"books": 0.5, "papers": 0.2, "anchor": 0.2})
     jobs.pack(make_config(tmp_path, seq_lens=[256]))
-    with pytest.raises(ConfigError, match="different config_sha256"):
-        jobs.pack(make_config(tmp_path, seq_lens=[512]))
+    with pytest.raises(ConfigError, match=r"made from other data \(different pack\.seed\)"):
+        jobs.pack(make_config(tmp_path, seq_lens=[256], seed=1))
 
 
 def test_missing_inputs_are_config_errors(tmp_path: Path) -> None:
@@ -217,7 +218,8 @@ def test_manifest_is_plain_json_with_the_format_fields(packed_run: PackedRun) ->
     assert header["format"] == "longctx-packed-windows" and header["format_version"] == 1
     assert {"sha256", "vocab_size", "eos_id", "bos_id", "pad_id"} <= set(header["tokenizer"])
     assert (header["seq_len"], header["original_context"], header["target_context"]) == (256, ORIGINAL, 1024)
-    assert data["config"]["pack"]["seq_lens"] == SEQ_LENS
+    assert data["config"]["pack"]["seq_len"] == 256 and "seq_lens" not in data["config"]["pack"]
+    assert header["config_sha256"] == config_hash(data["config"])
     assert all({"file", "rows", "bytes", "xxh3_128"} == set(s) for s in data["shards"])
     assert 0 < data["long_fraction"] < 1 and data["efficiency"] > 0.9
     assert (

@@ -72,7 +72,7 @@ def test_killed_run_leaves_no_process_and_resumes_to_identical_bytes(
     tmp_path: Path, clean_run: dict[str, bytes], workers: int
 ) -> None:
     config = prepare(tmp_path, workers)
-    completions = tmp_path / "work" / "pack" / "logs" / "1_pack" / "completions"
+    completions = tmp_path / "work" / "pack" / "seq256+seq1024" / "logs" / "1_pack" / "completions"
     process, mark = start_marked(longctx_command("pack", "--config", str(config)))
     wait_for(lambda: completions.is_dir() and any(completions.iterdir()), process, 120, "a task completed")
     os.kill(process.pid, signal.SIGKILL)
