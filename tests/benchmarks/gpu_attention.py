@@ -473,7 +473,13 @@ def run_speed(settings, deadline: Deadline, emit: Emit) -> dict:
     ceiling = matmul_tflops(device, settings.matmul_size, dtype)
     rows, last_cost, last_tokens = [], None, None
     for tokens in settings.speed_tokens:
-        if last_cost is not None and not deadline.allows(last_cost * (tokens / last_tokens) ** 2):
+        # The last length's time, scaled by the work per call (quadratic) and the number of calls.
+        if last_cost is not None and not deadline.allows(
+            last_cost
+            * (tokens / last_tokens) ** 2
+            * sum(settings.speed_reps(tokens))
+            / sum(settings.speed_reps(last_tokens))
+        ):
             reason = "section time cap (estimated from the last size)"
             emit({"tokens": tokens, "status": "skipped", "reason": reason})
             continue
