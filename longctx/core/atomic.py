@@ -3,7 +3,8 @@
 A writer writes under a temporary name beside the target (``<name>.tmp``, so it lies on the same
 file system and the rename is atomic) and renames it onto the target when it is complete. Whatever
 goes wrong in between, an exception or an interrupt, the temporary file or folder is removed, so a
-reader never sees half a file and a failed writer leaves nothing behind.
+reader never sees half a file and a failed writer leaves nothing behind. A full or read-only disk
+is reported as an :class:`~longctx.core.errors.OutputError` naming the file, not a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from longctx.core.preflight import disk_fault
 
 if TYPE_CHECKING:  # pyarrow is imported by write_table only
     import pyarrow as pa
@@ -51,15 +54,24 @@ def atomic_path(path: Path, *, fsync: bool = False) -> Iterator[Path]:
 
     When the block ends normally the temporary is renamed onto ``path`` (an existing folder there is
     replaced); when it raises, the temporary is removed. A leftover of an earlier, killed writer is
-    removed first. ``fsync`` flushes a file to disk before the rename.
+    removed first. ``fsync`` flushes a file to disk before the rename. A fault of the disk or folder
+    (full, read-only, not a folder) is raised as an :class:`~longctx.core.errors.OutputError` naming
+    ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
-    discard(tmp)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        discard(tmp)
         yield tmp
         commit(tmp, path, fsync=fsync)
+    except OSError as err:
+        discard(tmp)
+        about_target = err.filename is None or str(err.filename) in (str(tmp), str(path))
+        fault = disk_fault(err, path if about_target else None)
+        if fault is None:
+            raise
+        raise fault from err
     except BaseException:
         discard(tmp)
         raise
