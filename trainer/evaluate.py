@@ -204,24 +204,26 @@ def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: 
 
 
 def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Path) -> None:
-    """Accuracy per (context length, depth), averaged over task kinds and samples: one panel per model."""
+    """Accuracy per (context length, depth) over task kinds and samples (each cell says correct/total):
+    one panel per model."""
     plt = _pyplot()
     labels = list(results)
     every = [r for rs in results.values() for r in rs]
     lengths = sorted({r.context_tokens for r in every})
     depths = sorted({r.depth for r in every})
     fig, axes = plt.subplots(
-        1, len(labels), figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), squeeze=False
+        1, len(labels), figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), squeeze=False,
+        layout="constrained",
     )
     image = None
     for ax, label in zip(axes[0], labels):
         grid = [[float("nan")] * len(lengths) for _ in depths]
-        counts = [[0] * len(lengths) for _ in depths]
+        counts = [[""] * len(lengths) for _ in depths]
         for i, d in enumerate(depths):
             for j, n in enumerate(lengths):
                 cell = [r.correct for r in results[label] if r.depth == d and r.context_tokens == n]
                 if cell:
-                    grid[i][j], counts[i][j] = sum(cell) / len(cell), len(cell)
+                    grid[i][j], counts[i][j] = sum(cell) / len(cell), f"{sum(cell)}/{len(cell)}"
         image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
         ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
@@ -230,8 +232,7 @@ def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Pat
         ax.set_title(label)
         for i in range(len(depths)):
             for j in range(len(lengths)):
-                if counts[i][j]:
-                    ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=8)
+                ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
     samples = max((r.sample for r in every), default=0) + 1
     fig.suptitle(f"needle retrieval: greedy decoding reproduces the value ({samples} samples per cell)")
     if image is not None:
