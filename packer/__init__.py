@@ -16,6 +16,7 @@ from typing import Any
 
 _EXPORTS = {
     "PackedDataset": "longctx.packer.dataset",
+    "PackedLoader": "longctx.packer.dataset",
     "collate_packed": "longctx.packer.dataset",
     "row_to_sample": "longctx.packer.dataset",
     "IGNORE_INDEX": "longctx.packer.dataset",
@@ -28,6 +29,7 @@ _EXPORTS = {
 
 __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "PackedDataset",
+    "PackedLoader",
     "collate_packed",
     "row_to_sample",
     "IGNORE_INDEX",

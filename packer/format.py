@@ -134,13 +134,21 @@ def _read_metadata(schema: pa.Schema, origin: str) -> ShardMetadata:
         raise ShardError(f"{origin}: malformed shard metadata: {err}") from None
 
 
-def open_shard(path: Path) -> tuple[ShardMetadata, pa.Table]:
+def open_shard(path: Path, xxh3_128: str | None = None) -> tuple[ShardMetadata, pa.Table]:
     """Memory-map a shard and check that it is complete: the table's buffers point into the map,
-    nothing is copied. Raises :class:`ShardError` naming the file when it is truncated, corrupt,
-    of another format, or holds a different number of rows than its metadata says."""
+    nothing is copied. With ``xxh3_128`` (the manifest's checksum) the mapped bytes are hashed first,
+    so a modified file is refused before any of its rows is read. Raises :class:`ShardError` naming
+    the file when it is modified, truncated, corrupt, of another format, or holds a different number
+    of rows than its metadata says."""
     try:
         source = pa.memory_map(str(path))
-        table = pa.ipc.open_stream(source).read_all()
+        data = source.read_buffer()
+        if xxh3_128 is not None and checksum(memoryview(data)) != xxh3_128:
+            raise ShardError(
+                f"{path}: xxh3_128 differs from the manifest's checksum (the file was modified or damaged "
+                "after packing); re-pack it, or restore the file"
+            )
+        table = pa.ipc.open_stream(data).read_all()
     except FileNotFoundError:
         raise ShardError(f"{path}: shard file not found") from None
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as err:

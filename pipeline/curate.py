@@ -35,10 +35,11 @@ from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
 from longctx.pipeline.config import CurateConfig, SourceConfig
-from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
+from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.ledger import InputTally, LedgerWriter, merge_ledger
+from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
@@ -187,6 +188,7 @@ def build_stages(
     """The job's stages in order, as ``(name, pipeline, tasks)``. ``target`` is the context length the
     run extends to: the default lower length bound and the synthetic prompt length follow from it."""
     work = layout.work
+    tokenizer_sha256 = tokenizer_fingerprint(tokenizer_path)  # recorded with the stored token ids
     mh = curate.dedup.minhash
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
@@ -200,11 +202,11 @@ def build_stages(
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
         ),
-        DocumentWriter(work / "filtered"),
+        DocumentWriter(work / "filtered", tokenizer_sha256=tokenizer_sha256),
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:
-        read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
+        read.append(MinhashSignature(work / "dedup" / "sigs", config=minhash))
     tasks = curate.executor.tasks
     stages: list[Stage] = [("read", read, tasks)]
     if mh.enabled:
@@ -221,7 +223,7 @@ def build_stages(
             work / "dedup" / "decisions.parquet",
             exclusion_writer=LedgerWriter(work / "ledger" / "duplicate", "duplicate"),
         ),
-        DocumentWriter(layout.documents, "${source}/${rank}.parquet"),
+        DocumentWriter(layout.documents, "${source}/${rank}.parquet", tokenizer_sha256=tokenizer_sha256),
         LedgerWriter(work / "ledger" / "kept", "kept"),
     ]
     stages.append(("write", write, tasks))
