@@ -62,3 +62,11 @@ def evaluate(cfg: RootConfig) -> dict[str, Any]:
     return run_eval(
         cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=cfg.tokenizer.path
     )
+
+
+def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:
+    """The newest ``longctx eval`` result of ``cfg.eval``'s settings made after the trained model,
+    or None: see :func:`longctx.trainer.eval_job.latest_evaluation`."""
+    from longctx.trainer.eval_job import latest_evaluation as latest
+
+    return latest(cfg.eval, cfg.output) if cfg.eval is not None else None

@@ -159,6 +159,7 @@ class NeedleEvalConfig(StrictModel):
         default_factory=lambda: ["single_needle"]
     )
     seed: int = 0
+    samples: int = Field(default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed")
     max_new_tokens: int = Field(default=16, gt=0)
 
     @field_validator("depths")
@@ -169,10 +170,20 @@ class NeedleEvalConfig(StrictModel):
         return value
 
 
-class EvalConfig(StrictModel):
-    """``longctx eval``: loss by position on packed windows and the needle grid."""
+MODEL_KEYWORDS = ("base", "trained")
 
-    model: Path | None = Field(default=None, description="a Hugging Face checkpoint folder; default <output>/train/final")
+
+class EvalConfig(StrictModel):
+    """``longctx eval``: loss by position on packed windows and the needle grid, for each model of
+    ``models`` on the same windows and needles.
+
+    A model is ``base`` (the model training starts from: ``train.model``, with the run's RoPE
+    settings, random-initialized from ``train.seed`` when it is the tiny model), ``trained``
+    (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
+    like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
+    """
+
+    models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
     shards: Path | None = Field(default=None, description="windows to score; default the training shards")
     rows: int = Field(
         default=8, gt=0, description="windows scored for loss by position: the held-out ones (train.holdout_rows) first"
@@ -181,4 +192,17 @@ class EvalConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
 
-    _exists = field_validator("model", "shards")(must_exist)
+    _exists = field_validator("shards")(must_exist)
+
+    @field_validator("models")
+    @classmethod
+    def _models_exist(cls, value: list[str]) -> list[str]:
+        for model in value:
+            if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+                raise ValueError(
+                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
+                    "(a folder with config.json)"
+                )
+        if len(set(value)) < len(value):
+            raise ValueError(f"a model is listed twice: {value}")
+        return value
