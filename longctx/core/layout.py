@@ -6,7 +6,7 @@
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       shards/seq<N>/           packed windows of N tokens and their manifest.json
-      train/                   checkpoints/, metrics.jsonl, final/ (the trained model)
+      train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/
       eval/                    evaluation results
       work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
@@ -107,6 +107,10 @@ class RunLayout:
     def final_model(self) -> Path:
         """The trained model, as a Hugging Face checkpoint folder."""
         return self.train / "final"
+
+    def export(self, step: int) -> Path:
+        """A checkpoint exported as a Hugging Face folder (``longctx train --export STEP``)."""
+        return self.train / "export" / f"step_{step:07d}"
 
     @property
     def eval(self) -> Path:
