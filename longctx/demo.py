@@ -39,7 +39,7 @@ def _train_done(layout: RunLayout, steps: int) -> bool:
     latest = latest_checkpoint(layout.checkpoints)
     if latest is None or not (layout.final_model / "config.json").is_file():
         return False
-    return json.loads((latest / "meta.json").read_text())["step"] >= steps
+    return latest.step >= steps
 
 
 def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
