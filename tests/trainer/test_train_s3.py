@@ -5,13 +5,15 @@ losses, step by step, and the same exported files."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from longctx import jobs
+from longctx.cli import main
 from longctx.config import parse_config
-from longctx.core.errors import LongctxError
 from longctx.core.layout import RunLayout
 from longctx.core.remote import cache_folder
 from tests.packer.test_pack_helpers import make_config as make_pack_config
@@ -24,29 +26,30 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def run(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:  # noqa: F811
-    """A run packed locally and published to a bucket: ``(run folder, bucket URL)``."""
+    """A run packed and published to a bucket by ``longctx pack --publish``: ``(run folder, bucket URL)``."""
     root = tmp_path_factory.mktemp("s3_train")
     make_run(root)
     bucket = f"s3://{s3.bucket()}"
-    cfg = make_pack_config(root, seq_lens=[SEQ_LEN], output=f"{bucket}/run/shards", storage_options=s3.storage_options)
-    assert jobs.pack(cfg)[SEQ_LEN].max_position >= 200
+    cfg = make_pack_config(root, seq_lens=[SEQ_LEN]).model_dump(mode="json", exclude_none=True)
+    cfg["pack"]["storage_options"] = s3.storage_options
+    (root / "pack.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["pack", "--config", str(root / "pack.yaml"), "--publish", f"{bucket}/run/shards"]) == 0
+    assert s3.fs().exists(f"{bucket.removeprefix('s3://')}/run/shards/seq{SEQ_LEN}/manifest.json")
     return root, bucket
 
 
 def test_training_from_s3_equals_training_from_local_shards(run, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+    """``longctx train --shards s3://...`` logs the same losses as training on the local shards."""
     root, bucket = run
     local = jobs.train(parse_config(train_config(root, tmp_path / "local", steps=4)), progress=False)
     url = f"{bucket}/run/shards/seq{SEQ_LEN}"
     cfg = train_config(
-        root,
-        tmp_path / "remote",
-        steps=4,
-        shards=url,
-        storage_options=s3.storage_options,
-        export={"output": f"{bucket}/trained"},
+        root, tmp_path / "remote", steps=4, storage_options=s3.storage_options, export={"output": f"{bucket}/trained"}
     )
-    remote = jobs.train(parse_config(cfg), progress=False)
-    assert remote.losses == local.losses and len(local.losses) == 4
+    (tmp_path / "remote.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(tmp_path / "remote.yaml"), "--shards", url]) == 0
+    metrics = (tmp_path / "remote" / "train" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["loss"] for line in metrics] == local.losses and len(local.losses) == 4
     # the shards were read from the documented cache under the output folder
     cached = cache_folder(url, RunLayout(tmp_path / "remote").cache)
     assert sorted(p.name for p in cached.iterdir()) == sorted(p.name for p in (root / "shards" / f"seq{SEQ_LEN}").iterdir())
@@ -59,9 +62,15 @@ def test_training_from_s3_equals_training_from_local_shards(run, s3: S3, tmp_pat
     assert "config.json" in published
 
 
-def test_a_missing_remote_shard_folder_is_refused_before_training(run, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_a_missing_remote_shard_folder_is_refused_before_training(
+    run, s3: S3, tmp_path: Path, capsys: pytest.CaptureFixture  # noqa: F811
+) -> None:
+    """One line naming the URL, exit 2, and nothing written."""
     root, bucket = run
-    cfg = train_config(root, tmp_path / "out", shards=f"{bucket}/run/shards/seq999", storage_options=s3.storage_options)
-    with pytest.raises(LongctxError, match=rf"^{bucket}/run/shards/seq999: no manifest.json"):
-        jobs.train(parse_config(cfg), progress=False)
-    assert not (tmp_path / "out" / "train" / "checkpoints").exists()
+    cfg = train_config(root, tmp_path / "out", storage_options=s3.storage_options)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    url = f"{bucket}/run/shards/seq999"
+    assert main(["train", "--config", str(tmp_path / "cfg.yaml"), "--shards", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"longctx train: {url}: no manifest.json") and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
