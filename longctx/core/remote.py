@@ -104,7 +104,10 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     from fsspec.core import url_to_fs
 
     with remote_errors(url, "opening its file system"):
-        return url_to_fs(url, **dict(storage_options or {}))
+        try:
+            return url_to_fs(url, **dict(storage_options or {}))
+        except (ValueError, TypeError) as err:  # an unknown scheme, an option the backend does not take
+            raise RemoteError(f"{url}: {err}") from None
 
 
 def check_destination(url: str, storage_options: Mapping[str, Any] | None = None) -> None:

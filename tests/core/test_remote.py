@@ -70,3 +70,8 @@ def test_fetch_checks_every_file_and_keeps_nothing_damaged(tmp_path: Path) -> No
 def test_missing_remote_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(RemoteError, match=rf"^file://{tmp_path}/nothing/a.bin: no such bucket or key"):
         fetch_files(f"file://{tmp_path}/nothing", tmp_path / "cache", {"a.bin": "0"}, md5)
+
+
+def test_an_unknown_scheme_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(RemoteError, match=r"^nosuch://b/x: .*nosuch"):
+        fetch_files("nosuch://b/x", tmp_path, {}, md5)
