@@ -69,15 +69,21 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
 
 
 def _load(spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device) -> Transformer:
-    from longctx.trainer.hf_io import load_model
+    from longctx.trainer.build import build_model, fill_random
+    from longctx.trainer.hf_io import load_model, load_weights
     from longctx.trainer.parallel import ParallelState
-    from longctx.trainer.train import build_model
+    from longctx.trainer.train import model_config
 
     if spec.path is not None:
         return load_model(spec.path, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
-    torch.manual_seed(train.seed)
-    return build_model(train, context, vocab_size, ParallelState(0, 1, 0, 1, 0, 1, device, None, None))
+    config = model_config(train, context, vocab_size)
+    model = build_model(config, ParallelState.single(device), activation_checkpointing="none", bf16=False).model
+    if train.model.hf_path is not None:  # the base model is what training starts from
+        load_weights(model, train.model.hf_path)
+    else:
+        fill_random(model, train.seed)
+    return model
 
 
 def run_eval(
