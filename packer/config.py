@@ -25,7 +25,15 @@ DATA_FIELDS = frozenset({"mix", "mix_total_tokens", "seed", "eos_token", "bos_to
 WINDOW_FIELDS = frozenset({"strategy", "shard_tokens", "pool_tokens"})
 """Fields (besides ``executor.tasks``) that decide how one output is packed."""
 NOT_IN_OUTPUT = frozenset(
-    {"seq_lens", "executor", "batch_size", "allow_short_positions", "mix_max_dropped", "output", "storage_options"}
+    {
+        "seq_lens",
+        "executor",
+        "batch_size",
+        "allow_short_positions",
+        "mix_max_dropped",
+        "output",
+        "storage_options",
+    }
 )
 """Fields that do not change an output's bytes: which outputs to make, where tasks run, how many
 documents one tokenizer call takes, whether a run is refused, where the shards are published."""

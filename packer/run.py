@@ -202,6 +202,9 @@ def run_pack(
     check_output_folder(layout.root, key="output")
     plan = make_plan(pack, context, layout)
     if pack.output is not None:
+        local = not remote.is_remote(pack.output)
+        if local and Path(pack.output.removeprefix("file://")).resolve() == layout.shards.resolve():
+            raise ConfigError(f"pack.output {pack.output} is this run's own shards folder; leave it unset")
         remote.check_destination(pack.output, pack.storage_options)
     seq_lens = [h.seq_len for h in plan.headers]
     outputs = plan_outputs(layout, plan.data, {n: pack.window_fields() for n in seq_lens})
@@ -229,4 +232,5 @@ def publish(layout: RunLayout, seq_lens: list[int], output: str, storage_options
         folder = layout.shard_folder(n)
         url = remote.join(output, folder.name)
         sent = publish_shards(folder, url, storage_options)
-        print(f"{url}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}", flush=True)
+        done = f"published {len(sent)} files" if sent else "already published, unchanged"
+        print(f"{url}: {done}", flush=True)

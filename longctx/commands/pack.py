@@ -31,7 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--publish",
         metavar="URL",
-        help="also upload the finished shards to URL/seq<N>/, e.g. s3://bucket/run/shards (overrides pack.output)",
+        help="also upload the finished shards to URL/seq<N>/, e.g. s3://bucket/run/shards "
+        "(overrides pack.output)",
     )
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides pack.executor.tasks)")
     parser.add_argument(

@@ -24,7 +24,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     parser.add_argument(
-        "--shards", help="shard folder, or an fsspec URL of one such as s3://bucket/run/shards/seq65536 (overrides train.shards)"
+        "--shards",
+        help="shard folder, or an fsspec URL of one such as s3://bucket/run/shards/seq65536 "
+        "(overrides train.shards)",
     )
     parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
     parser.add_argument(

@@ -65,7 +65,8 @@ def default_cache() -> Path:
 
 
 def cache_folder(url: str, cache: str | os.PathLike) -> Path:
-    """Where a copy of the remote folder ``url`` lives under ``cache``: ``<cache>/<scheme>/<bucket>/<key>``."""
+    """Where a copy of the remote folder ``url`` lives under ``cache``:
+    ``<cache>/<scheme>/<bucket>/<key>``."""
     scheme, _, rest = url.partition("://")
     parts = [p for p in PurePosixPath(rest).parts if p not in ("", "/")]
     if not parts or any(p in (".", "..") for p in parts):
@@ -94,7 +95,8 @@ def remote_errors(url: str, doing: str) -> Iterator[None]:
                 f"{url}: no credentials found while {doing}; set storage_options or AWS_ACCESS_KEY_ID/"
                 "AWS_SECRET_ACCESS_KEY"
             ) from None
-        if isinstance(err, OSError) or type(err).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp"):
+        backend = type(err).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp")
+        if isinstance(err, OSError) or backend:
             raise RemoteError(f"{url}: {doing} failed: {kind}: {err}".splitlines()[0]) from None
         raise
 
@@ -164,7 +166,8 @@ def publish_folder(
     with remote_errors(url, "listing"):
         fs.invalidate_cache(root)
         remote = fs.find(root, detail=True) if fs.exists(root) else {}
-    remote = {PurePosixPath(p).relative_to(PurePosixPath(root.rstrip("/"))).as_posix(): i for p, i in remote.items()}
+    base = PurePosixPath(root.rstrip("/"))
+    remote = {PurePosixPath(p).relative_to(base).as_posix(): i for p, i in remote.items()}
     sent = []
     with remote_errors(url, "uploading"):
         if last is not None and last in remote and not _uploaded(local / last, remote[last]):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from longctx import jobs
+from longctx.core.errors import ConfigError
 from longctx.core.remote import RemoteError, cache_folder, publish_folder
 from longctx.packer import PackedDataset, ShardError
 from longctx.packer.manifest import load_manifest
@@ -134,6 +135,8 @@ def test_missing_bucket_folder_and_manifest_are_one_line_errors(published, s3: S
         load_manifest(f"{url}/seq999", opts)
     with pytest.raises(RemoteError, match=r"^s3://no-such-bucket/shards: no such bucket 'no-such-bucket'"):
         jobs.pack(make_config(root, output="s3://no-such-bucket/shards", storage_options=opts))
+    with pytest.raises(ConfigError, match=r"is this run's own shards folder"):
+        jobs.pack(make_config(root, output=str(root / "shards")))
     assert not list(tmp_path.iterdir())
 
 
