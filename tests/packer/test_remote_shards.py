@@ -175,3 +175,27 @@ def test_the_readme_object_storage_snippet_runs(published, s3: S3, tmp_path: Pat
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
     assert len(namespace["ds"].shards) == load_manifest(root / "shards" / f"seq{SEQ_LEN}").rows
     assert (tmp_path / "runs" / "cache" / "s3").is_dir()
+
+
+def _fetch_in_process(url: str, cache: str, storage_options: dict, out: str) -> None:
+    """A rank fetching the folder (run in a spawned process)."""
+    Path(out).write_text(str(fetch_shards(url, cache, storage_options)))
+
+
+def test_ranks_fetching_into_one_cache_at_once_get_one_intact_copy(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+    """The ranks of a torchrun job all fetch ``train.shards`` into ``<output>/cache`` at the same
+    time: the lock on the folder gives each an intact copy and leaves no temporary file."""
+    import multiprocessing
+
+    root, url = published
+    ctx = multiprocessing.get_context("spawn")
+    args = [(f"{url}/seq{SEQ_LEN}", str(tmp_path / "cache"), s3.storage_options, str(tmp_path / f"r{i}")) for i in range(2)]
+    procs = [ctx.Process(target=_fetch_in_process, args=a) for a in args]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    folders = {(tmp_path / f"r{i}").read_text() for i in range(2)}
+    assert len(folders) == 1
+    assert local_files(Path(folders.pop())) == local_files(root / "shards" / f"seq{SEQ_LEN}")
