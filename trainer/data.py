@@ -10,7 +10,7 @@ in global rows. :class:`StepRows` cuts the dataset's stream of this rank's rows 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class StepRows:
 
     def __init__(
         self,
-        folder: Path,
+        folder: str | Path,
         *,
         tokenizer: Path | None,
         seed: int,
@@ -43,7 +43,11 @@ class StepRows:
         global_batch_rows: int,
         dp_rank: int,
         dp_size: int,
+        cache: Path | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``folder`` may be an fsspec URL: its shards are then copied and checked into ``cache``
+        first (see :class:`~longctx.packer.dataset.PackedDataset`)."""
         self.global_batch_rows = global_batch_rows
         self.accumulation = accumulation_steps(global_batch_rows, dp_size)
         self.dataset = PackedDataset(
@@ -54,6 +58,8 @@ class StepRows:
             dp_world_size=dp_size,
             holdout_rows=holdout_rows,
             global_batch_rows=global_batch_rows,
+            cache=cache,
+            storage_options=storage_options,
         )
         self._rows: Iterator[dict[str, torch.Tensor]] | None = None
 
