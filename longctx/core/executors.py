@@ -22,8 +22,9 @@ from datatrove.executor.base import PipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 
 from longctx.core.config import ExecutorConfig
-from longctx.core.errors import ConfigError
+from longctx.core.errors import LongctxError
 from longctx.core.progress import stderr_to_file, tail, task_progress
+from longctx.core.storage import storage_error
 
 Stage = tuple[str, list[PipelineStep], int]
 """A stage of a job: its name, its pipeline and its number of tasks."""
@@ -56,9 +57,12 @@ class StageReport:
         try:
             with quiet, task_progress(label, completions, self.tasks):
                 yield
-        except ConfigError:
+        except LongctxError:
             raise  # a user error with its own message (e.g. a coverage refusal)
-        except Exception:
+        except Exception as err:
+            fault = storage_error(err, self.logging_dir.parent.parent)
+            if fault is not None:
+                raise fault from None  # a full or read-only disk: one line naming the path
             if not self.verbose:
                 log = self.console_log
                 print(f"{self.job} stage '{self.name}' failed; last lines of {log}:\n{tail(log)}", file=sys.stderr)
