@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch into $(VENV) before `make setup`, or set TORCH_SPEC.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -18,13 +18,22 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/longctx demo --config configs/demo.yaml
+	$(BIN)/longctx demo
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+# The CUDA paths on one GPU (tests/benchmarks/gpu_suite.py): a JSON report and a table, under 8 minutes.
+gpu-check: setup
+	$(BIN)/python tests/benchmarks/gpu_suite.py --out runs/gpu_suite.json
+
+# Wheels for a GPU machine that has PyTorch but cannot install packages (pydantic and its needs, and
+# this checkout's own wheel), checked for a complete dependency set; see README's "GPU check".
+gpu-wheels: setup
+	$(BIN)/python tests/benchmarks/gpu_wheels.py download --dest .whl
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,8 +1,12 @@
 """Random access to the rows of one output folder (``shards/seq<N>/``) through memory maps.
 
 :class:`ShardSet` trusts nothing it has not checked: the folder must have a manifest whose format
-version (and, when the caller says, tokenizer fingerprint) is the one expected, and every shard is
-checked against the manifest when first opened. Rows come back as numpy views of the mapped files.
+version (and, when the caller says, tokenizer fingerprint) is the one expected; every shard's bytes
+are hashed against the manifest's ``xxh3_128`` and its header compared with the manifest's when it
+is first opened; and :meth:`ShardSet.tokens`, what the training loader reads, checks the cheap row
+invariants (:mod:`longctx.packer.rowcheck`) of every row it returns. Rows come back as numpy views of
+the mapped files. Every file access goes through :meth:`ShardSet._read`, the one place a remote
+storage backend has to replace.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pyarrow as pa
 from longctx.core.tokenizer import tokenizer_fingerprint
 from longctx.packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
 from longctx.packer.manifest import Manifest, load_manifest
+from longctx.packer.rowcheck import RowTokens, check_row
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,13 @@ class ShardColumns:
         cu = table.column("cu_seqlens").combine_chunks()
         self.cu_offsets = cu.offsets.to_numpy()
         self.cu_values = cu.values.to_numpy()
+        doc_id = table.column("doc_id").combine_chunks()
+        null = doc_id.values.is_null().to_numpy(zero_copy_only=False)
+        ends = doc_id.offsets.to_numpy().astype(np.int64)
+        # whether each row's last segment is padding (a null doc_id), read once per shard
+        self.last_is_pad = np.zeros(table.num_rows, bool)
+        filled = ends[1:] > ends[:-1]
+        self.last_is_pad[filled] = null[ends[1:][filled] - 1]
 
     def _tokens(self, name: str, seq_len: int) -> np.ndarray:
         array = self.table.column(name).combine_chunks()
@@ -58,6 +70,16 @@ class ShardColumns:
         inside = np.ones(len(steps), bool)
         inside[self.cu_offsets[1:-1] - 1] = False  # the step from one row's end to the next row's 0
         return steps[inside]
+
+    def tokens(self, i: int) -> RowTokens:
+        """The token columns of row ``i`` (views, no provenance: what training reads)."""
+        return RowTokens(
+            input_ids=self.input_ids[i],
+            position_ids=self.position_ids[i],
+            loss_mask=self.loss_mask[i],
+            cu_seqlens=self.cu_values[self.cu_offsets[i] : self.cu_offsets[i + 1]],
+            padded=bool(self.last_is_pad[i]),
+        )
 
     def row(self, i: int) -> PackedRow:
         segments = {
@@ -88,6 +110,11 @@ class ShardSet:
 
     ``tokenizer`` (a ``tokenizer.json`` path or its sha256) is the tokenizer the caller will train
     with; shards encoded with another one are refused, as are shards of another format version.
+    ``vocab_size`` (e.g. the model's embedding rows) bounds the token ids :meth:`tokens` accepts,
+    besides the tokenizer's vocabulary from the header.
+
+    A ShardSet can be pickled (e.g. to a DataLoader worker started with ``spawn``): the memory maps
+    are not sent, the worker maps the files again, and shards already hashed are not hashed again.
     """
 
     def __init__(
@@ -96,6 +123,7 @@ class ShardSet:
         *,
         tokenizer: str | os.PathLike | None = None,
         format_version: int = FORMAT_VERSION,
+        vocab_size: int | None = None,
     ) -> None:
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
@@ -110,9 +138,16 @@ class ShardSet:
                 f"{self.folder}: shards were encoded with tokenizer {header.tokenizer.sha256[:12]}…, not the "
                 f"expected {expected_fingerprint(tokenizer)[:12]}…; re-pack with the tokenizer you train with"
             )
+        if vocab_size is not None and vocab_size <= 0:
+            raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        self.vocab_size = min(header.tokenizer.vocab_size, vocab_size or header.tokenizer.vocab_size)
         rows = [shard.rows for shard in self.manifest.shards]
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         self._open: dict[int, ShardColumns] = {}
+        self._hashed: set[int] = set()
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_open": {}}
 
     @property
     def seq_len(self) -> int:
@@ -121,11 +156,20 @@ class ShardSet:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    def _read(self, index: int) -> tuple[ShardMetadata, pa.Table]:
+        """Map shard ``index`` and check its bytes against the manifest's checksum (once per
+        ShardSet and its pickled copies). The only place that touches the shard files."""
+        entry = self.manifest.shards[index]
+        expected = None if index in self._hashed else entry.xxh3_128
+        meta, table = open_shard(self.folder / entry.file, expected)
+        self._hashed.add(index)
+        return meta, table
+
     def shard(self, index: int) -> ShardColumns:
         """Shard ``index`` of the manifest, opened (and checked against the manifest) on first use."""
         if index not in self._open:
             entry = self.manifest.shards[index]
-            meta, table = open_shard(self.folder / entry.file)
+            meta, table = self._read(index)
             shared = meta.model_dump(exclude={"rows"})
             if shared != self.manifest.header.model_dump() or meta.rows != entry.rows:
                 raise ShardError(f"{self.folder / entry.file}: header or row count differs from the manifest")
@@ -140,5 +184,14 @@ class ShardSet:
         return index, row - int(self._starts[index])
 
     def row(self, row: int) -> PackedRow:
+        """Row ``row`` with its provenance (for inspection; not checked row by row)."""
         index, local = self.locate(row)
         return self.shard(index).row(local)
+
+    def tokens(self, row: int) -> RowTokens:
+        """The token columns of row ``row``, after checking its row invariants; a violation raises
+        :class:`ShardError` naming the file, the row inside it and the field."""
+        index, local = self.locate(row)
+        tokens = self.shard(index).tokens(local)
+        check_row(tokens, self.vocab_size, self.manifest.shards[index].file, local, self.folder)
+        return tokens

@@ -42,9 +42,9 @@ from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, run_stages
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
-from longctx.core.storage import check_output_folder, storage_error
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -56,12 +56,13 @@ from longctx.core.tokenizer import (
     tokenizer_fingerprint,
 )
 from longctx.pipeline.config import CurateConfig, SourceConfig
-from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, LongDocMinhashSignature
+from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
+from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
@@ -350,6 +351,7 @@ def build_stages(
     """The job's stages in order, as ``(name, pipeline, tasks)``. ``target`` is the context length the
     run extends to: the default lower length bound and the synthetic prompt length follow from it."""
     work = layout.work
+    tokenizer_sha256 = tokenizer_fingerprint(tokenizer_path)  # recorded with the stored token ids
     mh = curate.dedup.minhash
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
@@ -366,11 +368,11 @@ def build_stages(
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
         ),
-        DocumentWriter(work / "filtered"),
+        DocumentWriter(work / "filtered", tokenizer_sha256=tokenizer_sha256),
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:
-        read.append(LongDocMinhashSignature(work / "dedup" / "sigs", config=minhash))
+        read.append(MinhashSignature(work / "dedup" / "sigs", config=minhash))
     tasks = curate.executor.tasks
     stages.append(("read", read, tasks))
     if mh.enabled:
@@ -388,7 +390,7 @@ def build_stages(
             work / "dedup" / "decisions.parquet",
             exclusion_writer=LedgerWriter(work / "ledger" / "duplicate", "duplicate"),
         ),
-        DocumentWriter(layout.documents, "${source}/${rank}.parquet"),
+        DocumentWriter(layout.documents, "${source}/${rank}.parquet", tokenizer_sha256=tokenizer_sha256),
         LedgerWriter(work / "ledger" / "kept", "kept"),
     ]
     stages.append(("write", write, tasks))
@@ -450,7 +452,7 @@ def run_curation(
         if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
             return None
     except OSError as err:
-        fault = storage_error(err, output)
+        fault = disk_fault(err, None if err.filename else output)
         if fault is None:
             raise
         raise fault from None

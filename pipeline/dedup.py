@@ -1,106 +1,43 @@
 """Exact and near-duplicate removal.
 
 Near duplicates are found by datatrove's MinHash stages 1 and 2 (signatures, then LSH buckets that
-emit candidate pairs). Exact duplicates are found by hashing normalized text. Both kinds of pair
-are joined in one union-find by :class:`DuplicateResolver` (a single task), which keeps one
-document of each cluster, chosen by the run's keep policy (:mod:`longctx.pipeline.keep`: by
-default the longest, then the one not inside a vendored or forked path, then the smallest id), and
-records, for every other member, the id it duplicates. datatrove's own cluster and filter stages
-(MinHash stages 3 and 4) say only *that* a document is a duplicate, not *of what*, which the ledger
-needs; hence this resolver.
+emit candidate pairs). Exact duplicates are found by hashing normalized text (both per-document
+hashes come from :mod:`longctx.pipeline.signatures`). Both kinds of pair are joined in one
+union-find by :class:`DuplicateResolver` (a single task), which keeps one document of each cluster,
+chosen by the run's keep policy (:mod:`longctx.pipeline.keep`: by default the longest, then the one
+not inside a vendored or forked path, then the smallest id), and records, for every other member,
+the id it duplicates. datatrove's own cluster and filter stages (MinHash stages 3 and 4) say only
+*that* a document is a duplicate, not *of what*, which the ledger needs; hence this resolver.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.dedup.minhash import MinhashDedupSignature, _mersenne_prime
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
 from datatrove.utils.binaryio import read_tuples_from_file
-from datatrove.utils.word_tokenizers import WordTokenizer
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.keep import document_rank
+from longctx.pipeline.signatures import exact_hash
 
 INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
 DECISIONS_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("kind", pa.string())])
-_WHITESPACE = re.compile(r"\s+")
-_WORD = re.compile(r"\w+")
-
-
-def normalize_for_exact(text: str) -> str:
-    """NFKC, all whitespace runs to one space, trimmed: two copies of a text that differ only in
-    line wrapping, line endings or Unicode compatibility forms normalize to the same string."""
-    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip()
-
-
-def exact_hash(text: str) -> str:
-    """128-bit hash of the normalized text, as hex."""
-    return xxhash.xxh3_128_hexdigest(normalize_for_exact(text).encode("utf-8"))
-
-
-class RegexWordTokenizer(WordTokenizer):
-    """Language-agnostic word splitter (``\\w+``) for MinHash shingles.
-
-    datatrove's default word tokenizers need spaCy or NLTK models; code and mixed-language books
-    are served as well by a plain regex, and it needs no download.
-    """
-
-    def __init__(self) -> None:
-        super().__init__("regex")
-
-    def word_tokenize(self, text: str) -> list[str]:
-        return _WORD.findall(text)
-
-    def sent_tokenize(self, text: str) -> list[str]:
-        return [line for line in text.split("\n") if line.strip()]
-
-    def span_tokenize(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in re.finditer(r"[^\n]+", text)]
-
-
-class LongDocMinhashSignature(MinhashDedupSignature):
-    """datatrove's MinHash stage 1, with a signature computed over unique shingles in chunks.
-
-    The parent builds a (shingles x hashes) uint64 matrix at once: for a 2 MB book that is about
-    300 MB, for a large repository several GB. Taking the minimum chunk by chunk gives the same
-    signature in bounded memory.
-    """
-
-    chunk_rows = 32_768
-
-    def __init__(self, output_folder: str | os.PathLike, config, skip_existing_sigs: bool = False) -> None:
-        super().__init__(str(output_folder), config=config, language=RegexWordTokenizer(), skip_existing_sigs=skip_existing_sigs)
-
-    def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
-        a, b = self.parameters
-        unique = np.unique(shingles.reshape(-1)).reshape(-1, 1)
-        mins = np.full((self.num_hashes,), np.iinfo(np.uint64).max, dtype=np.uint64)
-        for start in range(0, unique.shape[0], self.chunk_rows):
-            phv = (unique[start : start + self.chunk_rows] * a + b) % _mersenne_prime
-            if self.config.hash_config.precision == 32:
-                phv = np.bitwise_and(phv, self.config.hash_config.max)
-            np.minimum(mins, phv.min(axis=0), out=mins)
-        return [x.tolist() for x in np.split(mins.astype(self.config.hash_config.np_dtype), self.config.num_buckets)]
 
 
 class DedupIndex(PipelineStep):
     """Records, for each document in the order MinHash stage 1 sees them, its id and exact hash.
 
     The position ``idx`` is what MinHash's candidate pairs refer to, so this step must sit right
-    before :class:`LongDocMinhashSignature` in the same pipeline.
+    before :class:`~longctx.pipeline.signatures.MinhashSignature` in the same pipeline.
     """
 
     type = "🫂 - DEDUP"

@@ -1,17 +1,25 @@
 """The datatrove steps that write and read documents on disk, between and after stages.
 
 Files hold the columns of :data:`~longctx.pipeline.documents.DOCUMENT_SCHEMA` (``text``, ``id``,
-``source``, ``token_count`` and ``metadata`` as JSON). datatrove's own readers (``ParquetReader``)
-decode the JSON ``metadata`` column and merge the other columns into ``Document.metadata``, so these
-files are ordinary datatrove input. Listing and reading the curated documents without datatrove is
-:mod:`longctx.pipeline.documents`; these steps build on it.
+``source``, ``token_count``, ``metadata`` as JSON, and ``token_ids``). datatrove's own readers
+(``ParquetReader``) decode the JSON ``metadata`` column and merge the other columns into
+``Document.metadata``, so these files are ordinary datatrove input. Listing and reading the curated
+documents without datatrove is :mod:`longctx.pipeline.documents`; these steps build on it.
+
+Inside a pipeline a document's ids travel as ``metadata["token_ids"]``, a uint32 numpy array: the
+writer stores them as one Arrow column built from the arrays (never as Python lists), and the readers
+here hand them back as numpy views.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.readers import ParquetReader
@@ -20,31 +28,81 @@ from datatrove.pipeline.writers.parquet import ParquetWriter
 from longctx.pipeline.documents import (
     DOCUMENT_SCHEMA,
     DOCUMENTS_GLOB,
+    FILE_TOKENIZER,
+    TOKENIZER_KEY,
     document_metadata,
     encode_metadata,
     iter_rows,
+    token_id_views,
 )
+
+BATCH_CHARS = 1 << 26
+"""Characters of text a writer buffers before writing a row group (as well as at most 64 documents)."""
+
+
+def token_ids_array(ids: list[np.ndarray | None]) -> pa.LargeListArray:
+    """A ``large_list<uint32>`` column from per-document id arrays (None: null), built from one
+    concatenated buffer rather than element by element."""
+    lengths = np.array([0 if a is None else len(a) for a in ids], dtype=np.int64)
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [a for a in ids if a is not None]
+    values = np.concatenate(present).astype(np.uint32, copy=False) if present else np.empty(0, np.uint32)
+    mask = pa.array([a is None for a in ids], pa.bool_())
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), mask=mask)
 
 
 class DocumentWriter(ParquetWriter):
     """Parquet writer for documents with the fixed :data:`DOCUMENT_SCHEMA`.
 
-    ``output_filename`` may use ``${rank}`` and metadata tags such as ``${source}``.
+    ``output_filename`` may use ``${rank}`` and metadata tags such as ``${source}``. With
+    ``tokenizer_sha256`` (the fingerprint of the tokenizer that made the documents' ``token_ids``),
+    every file records it under :data:`TOKENIZER_KEY`. Row groups hold at most 64 documents and about
+    :data:`BATCH_CHARS` characters, so the buffer stays bounded however large the documents are.
     """
 
     name = "📒 Documents"
 
-    def __init__(self, output_folder: str | os.PathLike, output_filename: str = "${rank}.parquet") -> None:
+    def __init__(
+        self,
+        output_folder: str | os.PathLike,
+        output_filename: str = "${rank}.parquet",
+        tokenizer_sha256: str | None = None,
+    ) -> None:
+        schema = DOCUMENT_SCHEMA
+        if tokenizer_sha256 is not None:
+            schema = schema.with_metadata({TOKENIZER_KEY: tokenizer_sha256.encode("ascii")})
         super().__init__(
             str(output_folder),
             output_filename=output_filename,
-            schema=DOCUMENT_SCHEMA,
+            schema=schema,
             max_file_size=-1,
             batch_size=64,
         )
+        self._buffered_chars: Counter[str] = Counter()
 
     def _default_adapter(self, document: Document) -> dict:
         return {"text": document.text, "id": document.id, **encode_metadata(document.metadata)}
+
+    def _write(self, document: dict, file_handler, filename: str) -> None:
+        super()._write(document, file_handler, filename)
+        if self._batches.get(filename):
+            self._buffered_chars[filename] += len(document["text"])
+            if self._buffered_chars[filename] >= BATCH_CHARS:
+                self._write_batch(filename)
+
+    def _write_batch(self, filename: str) -> None:
+        self._buffered_chars.pop(filename, None)
+        rows = self._batches.pop(filename, None)
+        if not rows:
+            return
+        columns = {
+            name: pa.array([row[name] for row in rows], DOCUMENT_SCHEMA.field(name).type)
+            for name in DOCUMENT_SCHEMA.names
+            if name != "token_ids"
+        }
+        columns["token_ids"] = token_ids_array([row["token_ids"] for row in rows])
+        self._writers[filename].write_batch(pa.record_batch(list(columns.values()), schema=self.schema))
 
 
 def document_from_row(row: dict) -> Document:
@@ -80,7 +138,12 @@ class RankDocumentReader(PipelineStep):
 class CuratedDocumentReader(ParquetReader):
     """datatrove's Parquet reader over a curated documents folder (the files of
     :func:`~longctx.pipeline.documents.document_files`, shared among tasks file by file); a document's
-    source is its file's folder."""
+    source is its file's folder.
+
+    A document with stored ids gets ``metadata["token_ids"]`` (a uint32 numpy view, never a Python
+    list), and ``metadata["tokenizer_sha256"]`` (:data:`FILE_TOKENIZER`) names the tokenizer its file records for them (absent
+    when the file records none): compare it with your tokenizer's fingerprint before reusing the ids.
+    """
 
     name = "📒 Curated documents"
 
@@ -92,6 +155,30 @@ class CuratedDocumentReader(ParquetReader):
             file_progress=progress,
             doc_progress=progress,
         )
+
+    def read_file(self, filepath: str):
+        """As datatrove's, with the ``token_ids`` column read as numpy views."""
+        with self.data_folder.open(filepath, "rb") as f, pq.ParquetFile(f) as pqf:
+            sha = (pqf.schema_arrow.metadata or {}).get(TOKENIZER_KEY)
+            li = 0
+            for batch in pqf.iter_batches(batch_size=self.batch_size):
+                documents = []
+                with self.track_time("batch"):
+                    ids = [None] * batch.num_rows
+                    if "token_ids" in batch.schema.names:
+                        ids = token_id_views(batch.column("token_ids"))
+                        batch = batch.drop_columns(["token_ids"])
+                    for line, row_ids in zip(batch.to_pylist(), ids):
+                        document = self.get_document_from_dict(line, filepath, li)
+                        if not document:
+                            continue
+                        if row_ids is not None:
+                            document.metadata["token_ids"] = row_ids
+                        if sha is not None:
+                            document.metadata[FILE_TOKENIZER] = sha.decode("ascii")
+                        documents.append(document)
+                        li += 1
+                yield from documents
 
     def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
         document = super().get_document_from_dict(data, source_file, id_in_file)

@@ -1,5 +1,11 @@
 """The curated documents of a run, ``<output>/documents/<source>/*.parquet``, read with pyarrow.
 
+Besides the text, a curated document stores its token ids (``token_ids``, uint32, the cleaned text
+encoded without special tokens by the run's tokenizer; null when absent) and every curated file
+names that tokenizer in its key-value metadata (:data:`TOKENIZER_KEY`, the sha256 of its
+``tokenizer.json``), so that ``pack`` can reuse the ids instead of tokenizing again
+(:func:`file_tokenizer`, :func:`iter_token_ids`).
+
 Curation writes one folder per source; the folder names the source. Every reader of curated
 documents lists them here, with one glob, and reads their columns here: the packer's catalog and
 reader step, the synthetic-task stage and the trainer's evaluation. This module imports no datatrove
@@ -33,12 +39,19 @@ DOCUMENT_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("token_count", pa.int64()),
         ("metadata", pa.string()),
+        ("token_ids", pa.large_list(pa.uint32())),
     ]
 )
 """Columns of a curated file; ``metadata`` is a JSON string, since metadata keys differ between sources."""
 
-TOP_LEVEL_COLUMNS = ("source", "token_count")
+TOP_LEVEL_COLUMNS = ("source", "token_count", "token_ids")
 """Metadata fields stored as columns of their own, not inside the JSON ``metadata``."""
+
+TOKENIZER_KEY = b"longctx.tokenizer_sha256"
+"""File-level metadata key: sha256 of the ``tokenizer.json`` that made the file's ``token_ids``."""
+
+FILE_TOKENIZER = "tokenizer_sha256"
+"""Document metadata that readers add from the file's :data:`TOKENIZER_KEY`; never stored per row."""
 
 
 def document_files(documents: Path) -> list[Path]:
@@ -84,27 +97,69 @@ def token_counts(file: Path) -> np.ndarray:
     return column.fill_null(-1).to_numpy().astype(np.int64)
 
 
+def file_tokenizer(file: Path) -> str | None:
+    """The sha256 of the tokenizer that made a curated file's ``token_ids`` (None when the file
+    records none: written before ids were stored, by another tool, or without ids)."""
+    metadata = pq.read_schema(file).metadata or {}
+    value = metadata.get(TOKENIZER_KEY)
+    return value.decode("ascii") if value is not None else None
+
+
+def token_id_views(column: pa.Array) -> list[np.ndarray | None]:
+    """Each row's ids of a ``token_ids`` column (one record batch) as uint32 numpy views of its
+    buffer (no Python lists), None where null."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    offsets = column.offsets.to_numpy()
+    values = column.values.to_numpy(zero_copy_only=False)
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i] : offsets[i + 1]] if valid[i] else None for i in range(len(column))]
+
+
+def iter_token_ids(file: Path, batch_size: int = 16) -> Iterator[np.ndarray | None]:
+    """A curated file's ``token_ids``, row by row, as numpy views (None where null or when the file
+    has no such column); pair them with :func:`file_tokenizer` before trusting them."""
+    if "token_ids" not in pq.read_schema(file).names:
+        yield from (None for _ in range(pq.ParquetFile(file).metadata.num_rows))
+        return
+    for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_size, columns=["token_ids"]):
+        yield from token_id_views(batch.column(0))
+
+
 def iter_rows(
     file: Path, columns: Sequence[str] | None = None, batch_size: int = 16
 ) -> Iterator[dict[str, Any]]:
-    """The rows of a curated file as dicts, a few at a time (texts can be large)."""
+    """The rows of a curated file as dicts, a few at a time (texts can be large); ``token_ids``
+    come as numpy views (see :func:`token_id_views`), not as lists."""
     for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_size, columns=columns):
-        yield from batch.to_pylist()
+        if "token_ids" not in batch.schema.names:
+            yield from batch.to_pylist()
+            continue
+        ids = token_id_views(batch.column("token_ids"))
+        rows = batch.drop_columns(["token_ids"]).to_pylist()
+        for row, row_ids in zip(rows, ids):
+            row["token_ids"] = row_ids
+            yield row
 
 
 def document_metadata(row: dict[str, Any]) -> dict[str, Any]:
-    """A row's metadata: the decoded JSON ``metadata`` plus ``source`` and ``token_count``."""
+    """A row's metadata: the decoded JSON ``metadata`` plus ``source``, ``token_count`` and, when
+    the row has them, ``token_ids``."""
     metadata = json.loads(row["metadata"]) if row.get("metadata") else {}
     metadata["source"] = row["source"]
     metadata["token_count"] = row["token_count"]
+    if row.get("token_ids") is not None:
+        metadata["token_ids"] = row["token_ids"]
     return metadata
 
 
 def encode_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The columns of a document's metadata: ``source``, ``token_count`` and the rest as JSON."""
-    rest = {k: v for k, v in metadata.items() if k not in TOP_LEVEL_COLUMNS}
+    """The columns of a document's metadata: ``source``, ``token_count``, ``token_ids`` (None when
+    absent) and the rest as JSON."""
+    rest = {k: v for k, v in metadata.items() if k not in TOP_LEVEL_COLUMNS and k != FILE_TOKENIZER}
     return {
         "source": str(metadata.get("source", "")),
         "token_count": int(metadata.get("token_count", -1)),
         "metadata": json.dumps(rest, ensure_ascii=False, sort_keys=True),
+        "token_ids": metadata.get("token_ids"),
     }

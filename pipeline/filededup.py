@@ -42,7 +42,7 @@ from datatrove.utils.hashing import HashConfig
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.config import FileDedupConfig
-from longctx.pipeline.dedup import RegexWordTokenizer, exact_hash
+from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash
 from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo

@@ -9,7 +9,8 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
 
-from longctx.core.tokenizer import count_tokens, load_tokenizer
+from longctx.core.tokenizer import load_tokenizer
+from longctx.pipeline.tokens import TokenEncoder
 
 
 class ReadableFilter(BaseFilter):
@@ -24,11 +25,13 @@ class ReadableFilter(BaseFilter):
 
 
 class TokenLengthFilter(BaseFilter):
-    """Counts tokens with the run's tokenizer and keeps documents within their source's bounds.
+    """Tokenizes documents with the run's tokenizer and keeps those within their source's bounds.
 
     ``bounds`` maps a source name to ``(min_tokens, max_tokens)`` (``max_tokens`` may be None).
-    The count is stored as ``metadata["token_count"]`` for every document, dropped or kept.
-    Documents are encoded in batches, which ``tokenizers`` runs in parallel.
+    The count is stored as ``metadata["token_count"]`` for every document, dropped or kept; a kept
+    document also carries its ids (uint32, no special tokens) as ``metadata["token_ids"]``, which the
+    document writer stores beside the text so that nothing tokenizes it again. Long documents are
+    encoded in parallel pieces (:class:`~longctx.pipeline.tokens.TokenEncoder`).
     """
 
     name = "📏 Token length"
@@ -43,17 +46,17 @@ class TokenLengthFilter(BaseFilter):
         super().__init__(exclusion_writer=exclusion_writer, batch_size=batch_size)
         self.tokenizer_path = Path(tokenizer_path)
         self.bounds = dict(bounds)
-        self._tokenizer = None
+        self._encoder: TokenEncoder | None = None
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         return self.filter_batch([doc])[0]
 
     def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_path)
-        counts = count_tokens(self._tokenizer, [doc.text for doc in batch])
+        if self._encoder is None:
+            self._encoder = TokenEncoder(load_tokenizer(self.tokenizer_path))
         results: list[bool | tuple[bool, str]] = []
-        for doc, n_tokens in zip(batch, counts):
+        for doc, ids in zip(batch, self._encoder.encode([doc.text for doc in batch])):
+            n_tokens = len(ids)
             doc.metadata["token_count"] = n_tokens
             self.stat_update("tokens", value=n_tokens)
             low, high = self.bounds[doc.metadata["source"]]
@@ -62,5 +65,6 @@ class TokenLengthFilter(BaseFilter):
             elif high is not None and n_tokens > high:
                 results.append((False, "too_long"))
             else:
+                doc.metadata["token_ids"] = ids
                 results.append(True)
         return results

@@ -13,7 +13,7 @@ document-masked batch really has. Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,9 +177,23 @@ def train_flops_per_token(model: ModelShape, length: int) -> float:
 
 
 
+def causal_pair_count(lengths: Iterable[int]) -> int:
+    """(query, key) pairs that causal attention within each document computes: ``sum n (n + 1) / 2``
+    over the documents' lengths ``n`` (a packed window's segments, padding included)."""
+    return sum(n * (n + 1) // 2 for n in lengths)
+
+
+def attention_flops(q_dim: int, pairs: float) -> float:
+    """Forward FLOPs of one layer's attention over ``pairs`` (query, key) pairs: ``4 q x pairs``
+    (``QK^T`` and ``PV``, each ``2 d`` per head and pair). Forward plus backward is
+    :data:`TRAIN_FACTOR` times this."""
+    return 4.0 * q_dim * pairs
+
+
 def training_flops(model: ModelShape, tokens: float, causal_pairs: float) -> float:
     """FLOPs of forward plus backward over ``tokens`` tokens whose queries attend to ``causal_pairs``
-    keys in all (for document-masked causal attention, the sum over segments of ``len * (len + 1) / 2``):
-    ``3 x (2 N_matmul x tokens + 4 n q x pairs)``."""
-    forward = 2.0 * matmul_param_count(model) * tokens + 4.0 * model.num_layers * model.q_dim * causal_pairs
+    keys in all (for document-masked causal attention, the sum over segments of ``len * (len + 1) / 2``,
+    :func:`causal_pair_count`): ``3 x (2 N_matmul x tokens + 4 n q x pairs)``."""
+    attention = model.num_layers * attention_flops(model.q_dim, causal_pairs)
+    forward = 2.0 * matmul_param_count(model) * tokens + attention
     return TRAIN_FACTOR * forward

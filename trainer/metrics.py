@@ -1,4 +1,5 @@
-"""Training metrics: JSON lines per step, the device peak for MFU, per-token losses.
+"""Training metrics: the device peak for MFU and per-token losses (records go through
+``longctx.trainer.tracking``).
 
 The FLOPs an MFU figure divides by come from ``longctx.trainer.flops``, the model ``longctx plan``
 uses too.
@@ -6,14 +7,9 @@ uses too.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
-from longctx.core.atomic import write_text
 from longctx.trainer.model import Transformer
 
 # Dense bf16 peak per device, FLOP/s, by a substring of torch.cuda.get_device_name().
@@ -39,19 +35,3 @@ def token_losses(model: Transformer, hidden: torch.Tensor, labels: torch.Tensor,
         logits = model.logits(flat_h[start : start + chunk]).float()
         out[start : start + chunk] = F.cross_entropy(logits, flat_l[start : start + chunk], reduction="none", ignore_index=-100)
     return out.view(labels.shape)
-
-
-class MetricsWriter:
-    """Appends one JSON object per line to ``path`` (rank 0 only). On resume, lines of steps after
-    the resumed step (written by the killed run after its last checkpoint) are dropped first."""
-
-    def __init__(self, path: Path, resume_step: int) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            write_text(path, "".join(line + "\n" for line in kept))
-
-    def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")

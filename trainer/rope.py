@@ -24,10 +24,13 @@ changed base, which is exactly equivalent, so saved checkpoints load anywhere.
 
 Sequence-length dependent types (``dynamic``, ``longrope``): transformers recomputes the frequencies
 from ``max(position_ids) + 1`` of the batch it is called with. This module is stateless: callers pass
-that ``seq_len`` explicitly (see :func:`inverse_frequencies`). For packed training rows the model
-uses ``max(position_ids) + 1`` over the batch (the longest document), which is what transformers does
-for the same batch on a fresh model. Under context parallelism every rank must pass the same value
-(the whole window's), or the ranks would rotate with different frequencies.
+that ``seq_len`` explicitly (see :func:`inverse_frequencies`). Training passes the **window length**
+(``seq_len`` of the shards, ``rope_seq_len`` in ``Transformer.forward``) for every packed row, so
+every document of a row, short or long, is rotated with the frequencies of the full window, not
+those of its own length; evaluation of packed windows does the same. Only when the caller passes no
+length (``rope_seq_len=None``) does the model fall back to ``max(position_ids) + 1`` of the batch,
+as transformers does. Under context parallelism every rank passes the same value (the whole
+window's), or the ranks would rotate with different frequencies.
 
 Everything here is computed in float64 and the cos/sin tables are returned in float32, so long
 positions lose no precision to float32 products (transformers multiplies in float32).
@@ -44,45 +47,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longctx.trainer.rope_keys import _REQUIRED_KEYS, _TYPE_KEYS
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_THETA = 10_000.0
 
-# Keys each rope_type reads from a Hugging Face ``rope_parameters`` / ``rope_scaling`` dict, besides
-# ``rope_type`` and ``rope_theta``. They mirror transformers' ``_validate_<type>_rope_parameters``.
-_TYPE_KEYS: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "ntk": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": (
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    ),
-    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
-    "longrope": (
-        "short_factor",
-        "long_factor",
-        "original_max_position_embeddings",
-        "factor",
-        "attention_factor",
-    ),
-    "proportional": ("factor", "partial_rotary_factor"),
-}
 _SCALING_FIELDS = frozenset(name for keys in _TYPE_KEYS.values() for name in keys)
-_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    "linear": ("factor",),
-    "ntk": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor"),
-}
 # Types whose pretraining length transformers defaults to ``max_position_embeddings`` when absent.
 _ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
 
@@ -302,8 +273,12 @@ def _dynamic(config: RopeConfig, seq_len: int | None, device: torch.device | Non
     """Dynamic NTK: the base grows with ``seq_len`` beyond ``max_position_embeddings``.
 
     ``theta' = theta * (factor * L / L0 - (factor - 1)) ** (d / (d - 2))`` with
-    ``L = max(seq_len, L0)`` and ``L0 = max_position_embeddings``, so sequences no longer than ``L0``
-    get the unscaled frequencies and ``L = factor * L0`` gets the static NTK base of ``factor``.
+    ``L = max(seq_len, L0)`` and ``L0 = max_position_embeddings`` (as transformers computes it), so
+    sequences no longer than ``L0`` get the unscaled frequencies, and at ``L = factor * L0`` the base
+    is ``theta * (factor**2 - factor + 1) ** (d / (d - 2))``: larger than the static NTK base
+    ``theta * factor ** (d / (d - 2))`` of :func:`ntk_theta` for any ``factor > 1`` (the two meet at
+    ``L = (2 * factor - 1) / factor * L0``). In training ``seq_len`` is the window length and ``L0``
+    the run's ``context.target``, which ``max_position_embeddings`` is set to.
     """
     d, l0 = config.head_dim, config.max_position_embeddings
     length = l0 if seq_len is None else max(seq_len, l0)

@@ -7,8 +7,9 @@
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       shards/seq<N>/           packed windows of N tokens and their manifest.json
-      train/                   checkpoints/, metrics.jsonl, final/ (the trained model)
-      eval/                    evaluation results
+      train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
+                               and tensorboard/ and wandb/ when those trackers are on
+      eval/<NNN>/              one folder per evaluation, numbered in order
       work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
 Every path of an output folder is built here, and nowhere else.
@@ -110,9 +111,28 @@ class RunLayout:
         return self.train / "metrics.jsonl"
 
     @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of the training run (``train.log.tensorboard``)."""
+        return self.train / "tensorboard"
+
+    @property
+    def wandb(self) -> Path:
+        """Weights & Biases run folders (``train.log.wandb``), and the id a resumed run continues."""
+        return self.train / "wandb"
+
+    @property
+    def wandb_run_id(self) -> Path:
+        """The W&B run id of this training run, kept so that a resumed run logs to the same run."""
+        return self.wandb / "run_id"
+
+    @property
     def final_model(self) -> Path:
         """The trained model, as a Hugging Face checkpoint folder."""
         return self.train / "final"
+
+    def export(self, step: int) -> Path:
+        """A checkpoint exported as a Hugging Face folder (``longctx train --export STEP``)."""
+        return self.train / "export" / f"step_{step:07d}"
 
     @property
     def eval(self) -> Path:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from longctx.packer import IGNORE_INDEX, PackedDataset, ShardError, collate_packed
+from longctx.packer import IGNORE_INDEX, PackedDataset, PackedLoader, ShardError, collate_packed
 from tests.packer.test_pack_helpers import SEQ_LENS, PackedRun
 
 pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture
@@ -66,7 +66,7 @@ def test_order_is_seeded_per_epoch(packed_run: PackedRun) -> None:
     a, b, other = dataset(packed_run, seed=1), dataset(packed_run, seed=1), dataset(packed_run, seed=2)
     n = len(a)
     first = rows_seen(a, n)
-    assert a.epoch == 1 and a.position == 0  # handing out the last row moved on to epoch 1
+    assert a.epoch == 1 and a.consumed == 0  # handing out the last row moved on to epoch 1
     assert first == rows_seen(b, n) and sorted(first) == list(range(n))
     assert first != rows_seen(other, n)
     second = rows_seen(a, n)
@@ -133,8 +133,8 @@ def test_collate_gives_varlen_boundaries_of_the_flattened_batch(packed_run: Pack
 def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun, tmp_path: Path) -> None:
     with pytest.raises(ShardError, match="encoded with tokenizer"):
         PackedDataset(packed_run.folder(SEQ_LEN), tokenizer="f" * 64)
-    with pytest.raises(ShardError, match="format version 1, this reader expects 2"):
-        PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, format_version=2)
+    with pytest.raises(ShardError, match="format version 2, this reader expects 3"):
+        PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, format_version=3)
     with pytest.raises(ShardError, match=r"no manifest\.json"):
         PackedDataset(tmp_path, tokenizer=None)
     with pytest.raises(ValueError, match=r"tokenizer\.json path or a sha256"):
@@ -142,9 +142,9 @@ def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun
     newer = tmp_path / "newer"
     shutil.copytree(packed_run.folder(SEQ_LEN), newer)
     manifest = json.loads((newer / "manifest.json").read_text())
-    manifest["header"]["format_version"] = 2
+    manifest["header"]["format_version"] = 3
     (newer / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ShardError, match="written in format version 2; this version of longctx reads 1"):
+    with pytest.raises(ShardError, match="written in format version 3; this version of longctx reads 2"):
         PackedDataset(newer, tokenizer=packed_run.tokenizer_path)
 
 
@@ -166,3 +166,118 @@ def test_heldout_rows_are_never_in_a_training_order(packed_run: PackedRun) -> No
     assert ds.heldout_rows() == PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5, seed=0).heldout_rows()
     with pytest.raises(ValueError, match="holding out"):
         PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=total)
+
+
+# --- data order as a function of the global batch (notes/SPEC_dataset_order.md) ---------------------
+
+G = 4
+
+
+def step_rows(ds: PackedDataset, steps: int) -> list[list[int]]:
+    """The next ``steps`` optimizer steps of one rank: ``rows_per_step`` rows each, by content."""
+    seen = rows_seen(ds, steps * ds.rows_per_step)
+    m = ds.rows_per_step
+    return [seen[k * m : (k + 1) * m] for k in range(steps)]
+
+
+def group(run: PackedRun, dp: int, **kwargs: object) -> list[PackedDataset]:
+    return [dataset(run, seed=7, dp_rank=r, dp_world_size=dp, global_batch_rows=G, **kwargs) for r in range(dp)]
+
+
+def global_steps(ranks: list[PackedDataset], steps: int) -> list[list[int]]:
+    """Each step's rows over the whole DP group, in rank order."""
+    per_rank = [step_rows(ds, steps) for ds in ranks]
+    return [[row for rank in per_rank for row in rank[k]] for k in range(steps)]
+
+
+def test_the_rows_of_each_step_do_not_depend_on_the_data_parallel_size(packed_run: PackedRun) -> None:
+    steps = group(packed_run, 1)[0].steps_per_epoch() + 2  # into the second epoch
+    reference = global_steps(group(packed_run, 1), steps)
+    assert all(len(step) == G for step in reference)
+    for dp in (2, 4):
+        ranks = group(packed_run, dp)
+        assert all(ds.rows_per_step == G // dp for ds in ranks)
+        assert global_steps(ranks, steps) == reference
+    # every row of an epoch once; the second epoch is another permutation
+    epoch0 = [r for step in reference[: steps - 2] for r in step]
+    assert len(set(epoch0)) == len(epoch0) == group(packed_run, 1)[0].steps_per_epoch() * G
+    assert reference[steps - 2] != reference[0]
+
+
+def test_a_state_saved_at_dp4_resumes_at_dp2_with_the_rows_dp1_would_see(packed_run: PackedRun) -> None:
+    total = group(packed_run, 1)[0].steps_per_epoch()
+    after = 3
+    uninterrupted = global_steps(group(packed_run, 1), total + after)
+    for done in (0, 1, total - 1, total):  # including the epoch boundary
+        ranks = group(packed_run, 4)
+        global_steps(ranks, done)
+        states = [ds.state_dict() for ds in ranks]
+        assert all(s == states[0] for s in states)  # a step boundary: every rank has the same state
+        assert "dp_world_size" not in states[0] and states[0]["partial_step"] is None
+        assert states[0]["position"] == (done % total) * G
+        resumed = group(packed_run, 2)
+        for ds in resumed:
+            ds.load_state_dict(states[0])
+        assert global_steps(resumed, after) == uninterrupted[done : done + after]
+
+
+def test_a_mid_step_state_resumes_only_at_its_data_parallel_size(packed_run: PackedRun) -> None:
+    ranks = group(packed_run, 2)
+    expected = global_steps(group(packed_run, 2), 2)
+    for ds in ranks:
+        rows_seen(ds, 1)  # one of the two rows of step 0
+    state = ranks[0].state_dict()
+    assert state["position"] == 2 and state["partial_step"] == {"dp_world_size": 2, "rows_per_rank": 1}
+    with pytest.raises(ValueError, match="middle of an optimizer step at data-parallel size 2"):
+        group(packed_run, 4)[0].load_state_dict(state)
+    again = group(packed_run, 2)
+    for ds, old in zip(again, ranks):
+        ds.load_state_dict(old.state_dict())
+    rest = [rows_seen(ds, 3) for ds in again]
+    assert rest[0] + rest[1] == [expected[0][1], *expected[1][:2], expected[0][3], *expected[1][2:]]
+
+
+def test_global_batch_must_be_a_multiple_of_the_data_parallel_size(packed_run: PackedRun) -> None:
+    from longctx.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="global_batch_rows=6 must be a positive multiple of the data-parallel size 4"):
+        dataset(packed_run, dp_rank=0, dp_world_size=4, global_batch_rows=6)
+    with pytest.raises(ConfigError, match="fewer than one optimizer step"):
+        dataset(packed_run, global_batch_rows=10_000)
+    with pytest.raises(ValueError, match="different global_batch_rows"):
+        dataset(packed_run, global_batch_rows=2).load_state_dict(dataset(packed_run, global_batch_rows=4).state_dict())
+
+
+# --- PackedLoader: DataLoader workers with an exact position --------------------------------------
+
+
+def batches_of(loader: PackedLoader, n: int | None = None) -> list[torch.Tensor]:
+    return [b["input_ids"] for b in itertools.islice(loader, n)]
+
+
+@pytest.mark.parametrize(("workers", "batch_size"), [(0, 3), (2, 1), (3, 2)])
+def test_loader_workers_give_the_same_batches_and_resume_exactly(
+    packed_run: PackedRun, workers: int, batch_size: int
+) -> None:
+    reference = dataset(packed_run, seed=9)
+    n = len(reference)
+    expected = [
+        torch.stack([reference[int(r)]["input_ids"] for r in reference.order(0)[i : i + batch_size]])
+        for i in range(0, n, batch_size)
+    ]
+    ds = dataset(packed_run, seed=9)
+    loader = PackedLoader(ds, batch_size=batch_size, num_workers=workers)
+    head = batches_of(loader, 3)  # stops while the workers have prefetched more
+    assert ds.consumed == 3 * batch_size
+    resumed = dataset(packed_run, seed=9)
+    resumed.load_state_dict(ds.state_dict())
+    tail = batches_of(PackedLoader(resumed, batch_size=batch_size, num_workers=2 - workers % 2))
+    got = head + tail
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert resumed.epoch == 1 and resumed.consumed == 0  # a complete pass ends the epoch
+
+
+def test_a_plain_dataloader_with_workers_is_refused(packed_run: PackedRun) -> None:
+    loader = DataLoader(dataset(packed_run), batch_size=1, num_workers=1, collate_fn=collate_packed)
+    with pytest.raises(RuntimeError, match="PackedLoader"):
+        next(iter(loader))

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -26,8 +27,9 @@ from datatrove.pipeline.readers import ParquetReader
 from longctx import jobs
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
-from longctx.core.tokenizer import load_tokenizer
+from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
 from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.documents import document_files, file_tokenizer, iter_rows
 
 WORDS = (
     "the of and to in that was his he it with is for as had you not be her on at by which have or from this him "
@@ -197,6 +199,19 @@ def test_kept_documents_are_clean_and_counted(curated, tokenizer_file) -> None:
     for f in files:
         assert f["path"] in repo["text"][f["offset"] : f["offset"] + f["length"]]
     assert sum(d["token_count"] for d in docs.values()) == summary["totals"]["kept_tokens"]
+
+
+def test_kept_documents_store_the_ids_of_their_text(curated, tokenizer_file) -> None:
+    """Tokenize once: the stored ids are the re-tokenized text's, and the files name the tokenizer."""
+    out, _ = curated
+    tok = load_tokenizer(tokenizer_file)
+    files = document_files(out / "documents")
+    assert {file_tokenizer(f) for f in files} == {tokenizer_fingerprint(tokenizer_file)}
+    for f in files:
+        for row in iter_rows(f, ["text", "token_count", "token_ids"]):
+            expected = tok.encode(row["text"], add_special_tokens=False).ids
+            assert row["token_ids"].dtype == np.uint32 and row["token_ids"].tolist() == expected
+            assert row["token_count"] == len(expected)
 
 
 def test_outputs_are_datatrove_readable_and_plotted(curated) -> None:

@@ -1,12 +1,13 @@
 """Curation faults end in one line naming the path or key, before any work where they can be known
 then, and leave no temporary files: an output that is a file, a read-only or full file system (real
-tmpfs mounts when the test may mount them, an injected ENOSPC otherwise), a source named ``..``,
-special tokens the tokenizer lacks."""
+tmpfs and read-only mounts from ``tests/core/disks.py`` where the test may mount, an injected ENOSPC
+everywhere), a source named ``..``, special tokens the tokenizer lacks."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,9 @@ import yaml
 
 from longctx import jobs
 from longctx.config import parse_config
-from longctx.core.errors import ConfigError
-from longctx.core.storage import StorageError
+from longctx.core.errors import ConfigError, OutputError
 from longctx.pipeline.bpe import train_bpe
+from tests.core.disks import read_only, small_disk, tree
 from tests.pipeline.test_curate import prose, wrap
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,58 +61,43 @@ def temporaries(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.name.endswith(".tmp")] if folder.exists() else []
 
 
-def mount_tmpfs(where: Path, options: str) -> bool:
-    where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
-    return done.returncode == 0
-
-
-@pytest.fixture
-def mounts(tmp_path: Path):
-    mounted: list[Path] = []
-
-    def mount(name: str, options: str) -> Path:
-        where = tmp_path / name
-        if not mount_tmpfs(where, options):
-            pytest.skip("cannot mount a tmpfs here (needs root); the injected-fault test covers this case")
-        mounted.append(where)
-        return where
-
-    yield mount
-    for where in mounted:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
 def test_output_that_is_a_file_is_refused_in_one_line(tmp_path: Path, tokenizer: Path) -> None:
     output = tmp_path / "out"
     output.write_text("not a folder")
-    with pytest.raises(StorageError, match=f"output: {output} is a file, not a folder"):
+    with pytest.raises(OutputError, match=f"output: {output} is a file, not a folder; choose another output"):
         jobs.curate(parse_config(config(books(tmp_path, 1, 200), tokenizer, output)))
     below = output / "run"
     done = cli(config(tmp_path / "input", tokenizer, below), tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == f"longctx curate: output: {below} cannot be created, {output} is a file"
+    assert done.stderr.strip() == f"longctx curate: output: {below} cannot be created: {output} is a file, not a folder; choose another output"
     assert output.read_text() == "not a folder"
 
 
-def test_read_only_output_is_refused_before_any_work(tmp_path: Path, tokenizer: Path, mounts) -> None:
-    readonly = mounts("ro", "size=1m,ro")
-    done = cli(config(books(tmp_path, 1, 200), tokenizer, readonly / "out"), tmp_path)
+def test_read_only_output_is_refused_before_any_work(tmp_path: Path, tokenizer: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    input_dir = books(tmp_path, 1, 200)
+    with read_only(folder) as readonly:
+        done = cli(config(input_dir, tokenizer, readonly / "out"), tmp_path)
+        assert tree(readonly) == {}
     assert done.returncode == 2
-    assert done.stderr.strip() == (
-        f"longctx curate: output: {readonly} is not writable (the file system is read-only)"
+    assert re.fullmatch(
+        rf"longctx curate: output: cannot write to {re.escape(str(readonly / 'out'))} \(it would be created "
+        rf"inside {re.escape(str(readonly))}\): (read-only file system|permission denied)",
+        done.stderr.strip(),
     )
 
 
-def test_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path: Path, tokenizer: Path, mounts) -> None:
-    small = mounts("small", "size=256k")
+def test_full_disk_is_one_line_and_leaves_no_temporary_file(tmp_path: Path, tokenizer: Path) -> None:
     input_dir = books(tmp_path, 4, 30_000)  # about 1 MB of text to write four times over
-    done = cli(config(input_dir, tokenizer, small / "out"), tmp_path)
+    with small_disk(tmp_path / "small", 256) as small:
+        done = cli(config(input_dir, tokenizer, small / "out"), tmp_path)
+        leftovers = temporaries(small)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no space left on the device" in lines[0] and str(small) in lines[0]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and str(small) in lines[0]
     assert "Traceback" not in done.stderr
-    assert temporaries(small) == []
+    assert leftovers == []
 
 
 def test_injected_full_disk_while_writing_documents(tmp_path: Path, tokenizer: Path, monkeypatch) -> None:
@@ -123,11 +109,11 @@ def test_injected_full_disk_while_writing_documents(tmp_path: Path, tokenizer: P
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "out" / "work"))
 
     monkeypatch.setattr(DocumentWriter, "write", full)
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(OutputError) as err:
         jobs.curate(parse_config(config(books(tmp_path, 2, 300), tokenizer, tmp_path / "out")))
     message = str(err.value)
     assert "\n" not in message and message.startswith(str(tmp_path / "out" / "work"))
-    assert "no space left on the device" in message
+    assert "No space left on device" in message
     assert temporaries(tmp_path / "out") == []
 
 

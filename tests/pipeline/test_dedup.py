@@ -1,23 +1,15 @@
-"""Duplicate resolution and the long-document MinHash signature."""
+"""Duplicate resolution (the signatures themselves: test_signatures.py)."""
 
 from __future__ import annotations
 
 import random
 
-import numpy as np
 import pyarrow as pa
 import pytest
-from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from longctx.pipeline.dedup import (
-    LongDocMinhashSignature,
-    RegexWordTokenizer,
-    exact_hash,
-    normalize_for_exact,
-    resolve_duplicates,
-)
+from longctx.pipeline.dedup import resolve_duplicates
 
 
 def _index(ids: list[str], hashes: list[str], ranks: list[int] | None = None) -> pa.Table:
@@ -28,14 +20,6 @@ def _index(ids: list[str], hashes: list[str], ranks: list[int] | None = None) ->
         idx.append(seen.get(r, 0))
         seen[r] = idx[-1] + 1
     return pa.table({"idx": idx, "id": ids, "text_hash": hashes, "rank": ranks})
-
-
-def test_normalization_ignores_wrapping_and_line_endings() -> None:
-    a = "It is a truth universally\r\nacknowledged, that a single man"
-    b = "It is a truth\nuniversally acknowledged,   that a single man\n"
-    assert normalize_for_exact(a) == normalize_for_exact(b)
-    assert exact_hash(a) == exact_hash(b)
-    assert exact_hash(a) != exact_hash(a + " extra")
 
 
 def test_exact_and_near_pairs_cluster_to_smallest_id() -> None:
@@ -87,22 +71,3 @@ def test_clusters_match_connected_components(n: int, edges: list[tuple[int, int]
             assert out[ids[i]]["duplicate_of"] == ids[root]
             expected_kind = "exact_duplicate" if hashes[i] == hashes[root] else "near_duplicate"
             assert out[ids[i]]["kind"] == expected_kind
-
-
-def test_chunked_signature_equals_datatrove_signature(tmp_path) -> None:
-    """The bounded-memory signature must equal datatrove's own on the same shingles."""
-    config = MinhashConfig()
-    ours = LongDocMinhashSignature(tmp_path / "a", config=config)
-    ours.chunk_rows = 37  # force many chunks
-    theirs = MinhashDedupSignature(str(tmp_path / "b"), config=config, language=RegexWordTokenizer())
-    rng = random.Random(0)
-    words = [f"w{rng.randint(0, 300)}" for _ in range(2000)]
-    text = " ".join(words)
-    shingles = theirs.get_shingles(text)
-    assert ours.get_signature(shingles) == theirs.get_signature(shingles)
-    assert np.unique(shingles).size < shingles.size  # repeated shingles were present
-
-
-def test_regex_word_tokenizer_is_language_agnostic() -> None:
-    tok = RegexWordTokenizer()
-    assert tok.word_tokenize("def f(x): return x_1 + 2  # Größe") == ["def", "f", "x", "return", "x_1", "2", "Größe"]

@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datatrove.data import Document
 from datatrove.io import get_datafolder
 
 from longctx.core.errors import ConfigError
 from longctx.pipeline.docstore import CuratedDocumentReader, DocumentWriter
-from longctx.pipeline.documents import DOCUMENTS_GLOB, document_files, iter_rows, source_of, token_counts
+from longctx.pipeline.documents import (
+    DOCUMENTS_GLOB,
+    FILE_TOKENIZER,
+    document_files,
+    file_tokenizer,
+    iter_rows,
+    iter_token_ids,
+    source_of,
+    token_counts,
+)
 
 
 def _write(folder: Path, source: str, rank: int, texts: list[str]) -> None:
@@ -58,3 +70,51 @@ def test_missing_empty_and_misplaced_files_are_refused(tmp_path: Path) -> None:
     (docs / "books" / "nested" / "00000.parquet").write_bytes((docs / "books" / "00000.parquet").read_bytes())
     with pytest.raises(ConfigError, match="is not directly inside a source folder"):
         document_files(docs)
+
+
+def test_token_ids_round_trip_as_numpy_views(tmp_path: Path) -> None:
+    """Ids written from numpy arrays come back equal through every reader, as uint32 numpy arrays
+    (not lists), null where a document had none; the file names the tokenizer only when told."""
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, 2**32, size=n, dtype=np.uint32) for n in (0, 5, 70_000)] + [None]
+    docs = tmp_path / "documents"
+    for sha, folder in (("ab" * 32, "with"), (None, "without")):
+        with DocumentWriter(docs / folder, tokenizer_sha256=sha) as writer:
+            for i, a in enumerate(ids):
+                meta = {"source": folder, "token_count": -1 if a is None else len(a)}
+                if a is not None:
+                    meta["token_ids"] = a
+                writer.write(Document(text=f"t{i}", id=f"{folder}/{i}", metadata=meta), 0)
+    with_file, without_file = docs / "with" / "00000.parquet", docs / "without" / "00000.parquet"
+    assert file_tokenizer(with_file) == "ab" * 32 and file_tokenizer(without_file) is None
+
+    def same(got: list) -> None:
+        assert len(got) == len(ids)
+        for g, a in zip(got, ids):
+            assert (g is None) == (a is None)
+            if a is not None:
+                assert isinstance(g, np.ndarray) and g.dtype == np.uint32 and np.array_equal(g, a)
+
+    same(list(iter_token_ids(with_file, batch_size=2)))
+    same([row["token_ids"] for row in iter_rows(with_file, batch_size=3)])
+    read = [d for d in CuratedDocumentReader(docs, batch_size=2).run() if d.metadata["source"] == "with"]
+    same([d.metadata.get("token_ids") for d in read])
+    assert all(d.metadata[FILE_TOKENIZER] == "ab" * 32 for d in read)
+    assert all(FILE_TOKENIZER not in d.metadata for d in CuratedDocumentReader(docs).run()
+               if d.metadata["source"] == "without")
+    # written again, the reader's file-level key does not leak into the row's JSON metadata
+    with DocumentWriter(tmp_path / "again" / "with") as writer:
+        for d in read:
+            writer.write(d, 0)
+    again = tmp_path / "again" / "with" / "00000.parquet"
+    assert all("tokenizer_sha256" not in row["metadata"] for row in iter_rows(again))
+    same(list(iter_token_ids(again)))
+
+
+def test_files_without_the_ids_column_read_as_none(tmp_path: Path) -> None:
+    """Files written before ids were stored (no ``token_ids`` column) still read."""
+    old = tmp_path / "documents" / "books" / "00000.parquet"
+    old.parent.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["a", "b"], "id": ["1", "2"], "source": ["books"] * 2, "token_count": [1, 1], "metadata": ["{}"] * 2}), old)
+    assert list(iter_token_ids(old)) == [None, None] and file_tokenizer(old) is None
+    assert [d.metadata.get("token_ids") for d in CuratedDocumentReader(tmp_path / "documents").run()] == [None, None]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from longctx.trainer import flops, plan
 from longctx.trainer.launch import torchrun_command
@@ -50,3 +51,16 @@ def test_torchrun_command_runs_a_module_on_local_ranks() -> None:
     ]
     with pytest.raises(ValueError, match="nproc"):
         torchrun_command(0, "longctx.cli", [])
+
+
+def test_attention_flops_count_the_pairs_of_an_explicit_document_mask() -> None:
+    lengths = [5, 1, 12, 1, 1, 20]
+    mask = torch.zeros(40, 40, dtype=torch.bool)
+    start = 0
+    for length in lengths:  # block-diagonal causal mask, built from the lengths alone
+        mask[start : start + length, start : start + length] = torch.ones(length, length).tril().bool()
+        start += length
+    assert flops.causal_pair_count(lengths) == int(mask.sum())
+    q_dim = 4 * 16
+    per_pair = 2 * 2 * q_dim  # QK^T and PV: one multiply-add (2 FLOPs) per pair and query width element
+    assert flops.attention_flops(q_dim, int(mask.sum())) == per_pair * int(mask.sum())

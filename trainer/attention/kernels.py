@@ -211,10 +211,22 @@ def kernel_calls(kernels: tuple[BlockKernel, ...], block: BlockMask) -> list[tup
     return [(kernel, tile) for tile in block.tiles(kernel.tile)]
 
 
+def unit_stride(x: Tensor) -> Tensor:
+    """``x`` itself when its last axis (head_dim) is contiguous, else a contiguous copy.
+
+    Fused kernels (PyTorch's CPU flash kernel among them) read each head vector as contiguous
+    memory and return wrong results, silently, for views such as ``buf[..., ::2]`` or a
+    ``[dim, tokens, heads]`` buffer permuted to tokens-first. Every tensor goes through this on its way
+    into a kernel (:func:`block_forward`, :func:`block_backward`); other strides are handled by the kernels.
+    """
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
 def block_forward(
     kernel: BlockKernel, q: Tensor, k: Tensor, v: Tensor, block: BlockMask, scale: float
 ) -> tuple[Tensor, Tensor]:
     """Forward of one block (or tile); rows without keys normalised to ``out = 0, lse = -inf``."""
+    q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)
     out, lse = kernel.forward(q, k, v, block, scale)
     return normalize_empty_rows(out, lse.to(accumulator_dtype(q.dtype)), block.row_has_key)
 
@@ -231,6 +243,7 @@ def block_backward(
     scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Backward of one block (or tile): dq, dk, dv given the window's output and log-sum-exp."""
+    dout, q, k, v, out = (unit_stride(x) for x in (dout, q, k, v, out))
     return kernel.backward(dout, q, k, v, out, lse, block, scale)
 
 

@@ -21,6 +21,7 @@ from longctx.trainer.attention.kernels import (
     block_forward,
     default_scale,
     kernel_calls,
+    unit_stride,
 )
 from longctx.trainer.attention.masks import BlockMask
 from longctx.trainer.attention.merge import merge_into
@@ -237,6 +238,7 @@ def ring_attention(
     What the plan skips is reported by ``plan.stats`` (e.g. ``compute_fraction``).
     """
     _check_inputs(q, k, v, plan)
+    q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)  # once here, not once per tile
     scale = default_scale(q.shape[2]) if softmax_scale is None else softmax_scale
     kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
     return _RingAttention.apply(q, k, v, plan, scale, kernels)

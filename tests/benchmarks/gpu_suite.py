@@ -1,0 +1,502 @@
+"""The CUDA paths on one GPU, in one run: kernel exactness, attention speed, training, longest context.
+
+Sections (each with a time cap; the JSON report is rewritten, atomically, after every case, so a run
+stopped by a timeout still leaves what it measured):
+
+1. ``exactness``: every kernel the ring can select on the device (FlashAttention varlen where installed,
+   PyTorch's flash varlen and memory-efficient kernels, the math kernel, and the automatic chain), forward
+   and backward of ``ring_attention`` at P = 1 and of a virtual P = 4 zigzag ring, on doc-masked windows
+   (one document, many short ones, one-token ones, a padding tail; GQA 32/8 heads, head_dim 128, bf16),
+   against float64 softmax attention with an explicit mask on the CPU. Within 2e-2 or the check fails.
+2. ``speed``: TFLOP/s of useful (causal, doc-masked) work of ``ring_attention`` at 8K, 32K and 128K
+   tokens, forward and forward+backward, against flash-backend SDPA on one causal document (goal: 0.7x
+   of SDPA or better), and on many documents (goal: the same useful rate, i.e. proportionally faster).
+3. ``training``: a Llama-shaped 1.1B model with random weights, packed 32K windows, bf16, the trainer's
+   own model and optimizer at world size 1 with activation checkpointing: tokens/s, MFU, peak memory
+   against ``longctx plan`` (goal: within 15%).
+4. ``longest``: one training step at 64K, 128K and 256K tokens until one runs out of memory.
+
+Usage::
+
+    python tests/benchmarks/gpu_suite.py --out runs/gpu_suite.json        # on a GPU (make gpu-check)
+    python tests/benchmarks/gpu_suite.py --cpu-smoke --out /tmp/smoke.json # every code path, tiny, CPU
+    python tests/benchmarks/gpu_suite.py --sections speed,training ...     # a subset
+
+Exit status: 0 when every check passed (exactness, finite losses, something measured in each section
+run), 1 when a check failed or a section raised, 2 without a CUDA device (unless ``--cpu-smoke``) or when
+the installed longctx is not this checkout's. Goals (speed, memory estimate) are reported, not enforced.
+
+On this workplace's lent H200 (nothing can be installed there: the packages it lacks travel as wheels,
+built here with ``make gpu-wheels``, which also builds this checkout's own wheel; run it in the checkout
+the device tool sends, after the last code change), the whole call is ``run`` with
+``carry=[".whl"]``, ``timeout_s=600`` and this command (one line)::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
+
+The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up); then copy
+``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is
+too slow there for every layout, rerun only that section with a smaller window:
+``--sections exactness --exact-tokens 1024``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from gpu_measure import Deadline, free_memory
+
+from longctx.core.atomic import write_json
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = ("exactness", "speed", "training", "longest")
+SOURCE_FOLDERS = {"longctx.trainer": "trainer", "longctx.packer": "packer", "longctx.core": "longctx/core"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes, repetitions and time caps of one mode of the suite (``gpu`` or ``cpu-smoke``)."""
+
+    mode: str
+    device: torch.device
+    heads: int
+    kv_heads: int
+    head_dim: int
+    exact_tokens: int
+    exact_dtypes: tuple[torch.dtype, ...]
+    exact_backends: tuple[str, ...]
+    exact_case_estimate_s: float
+    speed_tokens: tuple[int, ...]
+    speed_dtype: torch.dtype
+    speed_mean_document: int
+    matmul_size: int
+    train_dims: dict
+    train_tokens: int
+    train_warmup: int
+    train_steps: int
+    longest_tokens: tuple[int, ...]
+    longest_max_document: int
+    caps: dict[str, float]
+    budget_s: float
+    speed_goal: float = 0.7
+    reps: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def speed_reps(self, tokens: int) -> tuple[int, int]:
+        """``(warmup, timed repetitions)`` for a length: fewer for the long, slow ones."""
+        return next((value for limit, value in sorted(self.reps.items()) if tokens <= limit), (1, 3))
+
+
+def gpu_settings(device: torch.device, budget_s: float, exact_tokens: int | None = None) -> Settings:
+    """The sizes of the issue: GQA 32/8 x 128 attention, a 1.1B Llama-shaped model, 32K windows."""
+    return Settings(
+        mode="gpu",
+        device=device,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        # above torch_efficient's 2048-token tiles; the float64 CPU reference grows as its square
+        exact_tokens=exact_tokens or 2560,
+        exact_dtypes=(torch.bfloat16,),
+        exact_backends=("auto", "flash_attn_varlen", "torch_flash_varlen", "torch_efficient", "math"),
+        exact_case_estimate_s=12.0,
+        speed_tokens=(8192, 32768, 131072),
+        speed_dtype=torch.bfloat16,
+        speed_mean_document=2048,
+        matmul_size=8192,
+        # hidden 2048, 22 layers, 16 heads of 128 (4 key/value heads), SwiGLU 5632, vocab 32000: 1.12B
+        train_dims={
+            "hidden_size": 2048,
+            "intermediate_size": 5632,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "tie_word_embeddings": False,
+            "vocab_size": 32000,
+        },
+        train_tokens=32768,
+        train_warmup=2,
+        train_steps=5,
+        longest_tokens=(65536, 131072, 262144),
+        longest_max_document=32768,
+        caps={"exactness": 120.0, "speed": 110.0, "training": 80.0, "longest": 130.0},
+        budget_s=budget_s,
+        reps={8192: (3, 10), 32768: (2, 6)},
+    )
+
+
+def smoke_settings(budget_s: float) -> Settings:
+    """Every code path at tiny sizes on the CPU (float32 and bfloat16): finds bugs, measures nothing."""
+    return Settings(
+        mode="cpu-smoke",
+        device=torch.device("cpu"),
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        exact_tokens=64,
+        exact_dtypes=(torch.float32, torch.bfloat16),
+        exact_backends=("auto", "cpu_flash", "math"),
+        exact_case_estimate_s=0.0,
+        speed_tokens=(256, 512),
+        speed_dtype=torch.bfloat16,
+        speed_mean_document=32,
+        matmul_size=128,
+        train_dims={
+            "hidden_size": 64,
+            "intermediate_size": 172,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "tie_word_embeddings": False,
+            "vocab_size": 1000,
+        },
+        train_tokens=256,
+        train_warmup=1,
+        train_steps=2,
+        longest_tokens=(256, 512, 1024),
+        longest_max_document=128,
+        caps={name: 60.0 for name in SECTIONS},
+        budget_s=budget_s,
+        reps={1 << 30: (1, 2)},
+    )
+
+
+# Environment -----------------------------------------------------------------------------------------------
+def stale_sources() -> list[str]:
+    """Files of this checkout that differ from the longctx Python imports (an installed copy built from
+    another state of the tree); empty when they match or when the import is this checkout (editable)."""
+    import importlib
+
+    stale = []
+    for package, folder in SOURCE_FOLDERS.items():
+        installed = Path(importlib.import_module(package).__file__).parent
+        source = REPO / folder
+        if not source.is_dir() or installed.resolve() == source.resolve():
+            continue
+        for path in sorted(source.rglob("*.py")):
+            copy = installed / path.relative_to(source)
+            if not copy.is_file() or copy.read_bytes() != path.read_bytes():
+                stale.append(str(path.relative_to(REPO)))
+    return stale
+
+
+def third_party_imports() -> list[str]:
+    """Top-level names of the modules outside the standard library that this process has loaded because
+    the longctx modules or the suite's own modules import them: what the GPU machine must provide.
+
+    A name counts when such a module's source imports it (at module level or inside a function) and it
+    was loaded; optional extras that were never imported (a tracker, flash-attn) and other libraries'
+    optional imports (torch's) do not count.
+    """
+    loaded = {name.partition(".")[0] for name in list(sys.modules)}
+    ours = {
+        name
+        for name, module in list(sys.modules.items())
+        if getattr(module, "__file__", None)
+        and (name.partition(".")[0] == "longctx" or Path(module.__file__).parent == Path(__file__).parent)
+    }
+    names: set[str] = set()
+    for name in ours:
+        tree = ast.parse(Path(sys.modules[name].__file__).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.partition(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names.add(node.module.partition(".")[0])
+    names -= {"longctx", "__future__", *ours}
+    return sorted(name for name in names & loaded if name not in sys.stdlib_module_names)
+
+
+def environment(device: torch.device) -> dict:
+    """What ran: device, library versions, the checkout's commit where git can tell."""
+    info: dict = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=props.multi_processor_count,
+            memory_gib=props.total_memory / 2**30,
+            cudnn=torch.backends.cudnn.version(),
+        )
+    try:
+        info["commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = None
+    return info
+
+
+# Report ----------------------------------------------------------------------------------------------------
+class Report:
+    """The JSON report, rewritten atomically after every case so that a killed run leaves its results."""
+
+    def __init__(self, path: Path, header: dict) -> None:
+        self.path = path
+        self.data = {**header, "sections": {}}
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.path, self.data)
+
+    def start(self, name: str, cap_s: float) -> Callable[[dict], None]:
+        section = {"status": "running", "cap_s": cap_s, "cases": []}
+        self.data["sections"][name] = section
+        self.save()
+
+        def emit(case: dict) -> None:
+            section["cases"].append(case)
+            self.save()
+
+        return emit
+
+    def finish(self, name: str, status: str, seconds: float, **fields: object) -> None:
+        self.data["sections"][name].update(status=status, seconds=seconds, **fields)
+        self.save()
+
+
+def run_sections(settings: Settings, names: list[str], report: Report) -> bool:
+    """Run the chosen sections in order under the suite's budget; whether every check passed."""
+    from gpu_attention import run_exactness, run_speed
+    from gpu_training import run_longest_context, run_training
+
+    runners = {
+        "exactness": lambda d, e, s: run_exactness(settings, d, e),
+        "speed": lambda d, e, s: run_speed(settings, d, e),
+        "training": lambda d, e, s: run_training(settings, d, e, s),
+        "longest": lambda d, e, s: run_longest_context(settings, d, e, s),
+    }
+    suite = Deadline.after(settings.budget_s)
+    shared: dict = {}
+    ok = True
+    for name in names:
+        cap = settings.caps[name]
+        emit = report.start(name, cap)
+        t0 = time.perf_counter()
+        print(f"== {name} (cap {cap:.0f} s, {suite.left():.0f} s left in the suite)", flush=True)
+        if suite.left() <= 0:
+            report.finish(name, "skipped", 0.0, reason="suite time budget spent")
+            continue
+        try:
+            summary = runners[name](Deadline.after(cap, suite), emit, shared)
+        except Exception as exc:  # recorded in the report; the next section still runs
+            ok = False
+            report.finish(
+                name,
+                "error",
+                time.perf_counter() - t0,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=8)[-4000:],
+            )
+            print(f"   error: {type(exc).__name__}: {exc}", flush=True)
+        else:
+            passed = bool(summary.get("passed", True))
+            ok &= passed
+            report.finish(name, "passed" if passed else "FAILED", time.perf_counter() - t0, summary=summary)
+        free_memory(settings.device)
+    return ok
+
+
+# Table -----------------------------------------------------------------------------------------------------
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} GiB"
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def table(data: dict) -> str:
+    """A short human summary of the report."""
+    env = data["environment"]
+    lines = [
+        f"longctx GPU suite ({data['mode']}): {env.get('gpu', env['device'])}, torch {env['torch']}, "
+        f"{data.get('seconds', 0):.0f} s, {'ALL CHECKS PASSED' if data.get('passed') else 'CHECKS FAILED'}"
+    ]
+    if data["mode"] != "gpu":
+        lines.append("  (CPU smoke run: code paths only; these are not GPU figures)")
+    for name, section in data["sections"].items():
+        summary = section.get("summary", {})
+        head = f"{name:10s} {section['status']:7s} {section.get('seconds', 0):6.1f} s"
+        if section["status"] == "error":
+            lines.append(f"{head}  {section['error']}")
+            continue
+        if name == "exactness" and summary:
+            cases = [c for c in section["cases"] if "worst" in c]
+            worst = max((c["worst"] for c in cases), default=float("nan"))
+            missing = sorted(
+                {
+                    f"{c['backend']} ({c['reason']})"
+                    for c in section["cases"]
+                    if c.get("status") == "unavailable"
+                }
+            )
+            lines.append(
+                f"{head}  {summary['checked']} checks, worst error {worst:.1e}; auto chain "
+                + "; ".join(f"{d}: {' > '.join(c)}" for d, c in summary["auto_kernel_chain"].items())
+            )
+            for case in cases:
+                lines.append(
+                    f"    {case['dtype'][6:]:8s} {case['backend']:18s} {case['mode']:11s} "
+                    f"{case['layout']:13s} "
+                    f"{case['worst']:.1e} / {case['tolerance']:.0e} {case['status']}"
+                )
+            lines += [f"    unavailable: {m}" for m in missing]
+        elif name == "speed" and summary:
+            lines.append(
+                f"{head}  matmul ceiling {summary['matmul_tflops']:.3g} TFLOP/s; {summary['goal']}: "
+                f"{'met' if summary['goal_met'] else 'NOT met'}"
+            )
+            rates = {(c["tokens"], c["layout"], c["impl"]): c for c in section["cases"] if "impl" in c}
+            for row in summary["rows"]:
+                tokens = row["tokens"]
+                ours, sdpa = (
+                    rates[(tokens, "one_document", "ring_attention")],
+                    rates[(tokens, "one_document", "sdpa_flash")],
+                )
+                many = rates[(tokens, "many_documents", "ring_attention")]
+                fwd, fb = "forward", "forward_backward"
+                lines.append(
+                    f"    {_tokens(tokens):>5s} fwd {ours[fwd]['tflops']:6.3g} "
+                    f"vs SDPA {sdpa[fwd]['tflops']:6.3g} "
+                    f"TFLOP/s ({row['forward_vs_sdpa']:.2f}x); fwd+bwd {ours[fb]['tflops']:6.3g} vs "
+                    f"{sdpa[fb]['tflops']:6.3g} ({row['forward_backward_vs_sdpa']:.2f}x); many docs "
+                    f"{many[fb]['tflops']:6.3g} TFLOP/s, "
+                    f"{row['forward_backward_many_documents_speedup']:.2g}x "
+                    "one document's speed"
+                )
+        elif name == "training" and summary.get("steps_timed"):
+            mfu = summary.get("mfu")
+            peak = (summary["peak_memory"] or {}).get("peak_allocated_gib")
+            lines.append(
+                f"{head}  {summary['model']['parameters'] / 1e9:.3g}B, {_tokens(summary['seq_len'])}: "
+                f"{summary['tokens_per_s']:,.0f} tokens/s, MFU {'-' if mfu is None else f'{mfu:.1%}'}, peak "
+                f"{_gib(peak)} vs plan {_gib(summary['plan_estimate']['total_gib'])}"
+                + (f" ({summary['peak_over_plan']:.2f}x)" if "peak_over_plan" in summary else "")
+            )
+        elif name == "longest" and summary:
+            parts = []
+            for case in section["cases"]:
+                label = f"{_tokens(case['tokens'])} {case['status']}"
+                if case["status"] == "fits":
+                    label += (
+                        f" {_gib((case['peak_memory'] or {}).get('peak_allocated_gib'))}"
+                        f" (plan {_gib(case['plan_estimate']['total_gib'])}, {case['seconds']:.1f} s)"
+                    )
+                parts.append(label)
+            lines.append(f"{head}  " + "; ".join(parts))
+        else:
+            lines.append(head + ("  " + section.get("reason", "") if section.get("reason") else ""))
+    return "\n".join(lines)
+
+
+# Main ------------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU: code paths only")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON report (default: $OUT/gpu_suite.json where OUT is set, else runs/gpu_suite.json)",
+    )
+    parser.add_argument(
+        "--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}"
+    )
+    parser.add_argument(
+        "--exact-tokens",
+        type=int,
+        default=None,
+        help="window of the exactness checks on a GPU (default 2560; a multiple of 8; the float64 CPU "
+        "reference's time grows as its square)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="time budget of the whole suite (default 450 s; smoke 240 s)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [name.strip() for name in args.sections.split(",") if name.strip()]
+    unknown = [name for name in names if name not in SECTIONS]
+    if unknown or not names:
+        print(
+            f"error: unknown section(s) {unknown or names}; expected some of {', '.join(SECTIONS)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.exact_tokens is not None and (args.exact_tokens <= 0 or args.exact_tokens % 8):
+        print(f"error: --exact-tokens {args.exact_tokens} must be a positive multiple of 8", file=sys.stderr)
+        return 2
+    if not args.cpu_smoke and not torch.cuda.is_available():
+        print("error: no CUDA device; pass --cpu-smoke for a CPU dry run of every code path", file=sys.stderr)
+        return 2
+    stale = stale_sources()
+    if stale:
+        print(
+            f"error: the installed longctx is not this checkout ({len(stale)} files differ, "
+            f"e.g. {stale[0]}); rebuild its wheel with `make gpu-wheels`",
+            file=sys.stderr,
+        )
+        return 2
+    out = args.out or (
+        Path(os.environ["OUT"]) / "gpu_suite.json"
+        if os.environ.get("OUT")
+        else REPO / "runs" / "gpu_suite.json"
+    )
+    if args.cpu_smoke:
+        torch.set_num_threads(1)  # tiny tensors: threads only add overhead, on a shared machine a lot of it
+        settings = smoke_settings(args.budget_s or 240.0)
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+        settings = gpu_settings(device, args.budget_s or 450.0, args.exact_tokens)
+    started = time.perf_counter()
+    report = Report(
+        out,
+        {
+            "suite": "longctx gpu_suite",
+            "mode": settings.mode,
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "argv": sys.argv[1:] if argv is None else argv,
+            "environment": environment(settings.device),
+            "budget_s": settings.budget_s,
+        },
+    )
+    passed = run_sections(settings, names, report)
+    report.data.update(seconds=time.perf_counter() - started, passed=passed, imports=third_party_imports())
+    report.save()
+    print(table(report.data))
+    print(f"report: {out}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
