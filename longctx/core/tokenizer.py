@@ -159,8 +159,8 @@ def document_specials(
     Explicit settings win. Otherwise: EOS is ``eos_token`` of the ``tokenizer_config.json`` beside
     the file, else the token the tokenizer's post-processor appends, else the first of
     :data:`CONVENTIONAL_EOS` among its special tokens. BOS is used when ``add_bos`` (or, when it is
-    None, the config's ``add_bos_token``; without that key, whether the post-processor prepends a
-    token) says so: ``bos``, else the config's ``bos_token``, else the post-processor's first token.
+    None: ``bos`` is given, or the config's ``add_bos_token``; without that key, whether the
+    post-processor prepends a token) says so: ``bos``, else the config's ``bos_token``, else the post-processor's first token.
     PAD is ``pad``, else the config's ``pad_token``, else None (the EOS pads). Each chosen token must
     be in the vocabulary: a :class:`ConfigError` naming ``{key}.eos_token`` (etc.) otherwise.
     """
@@ -184,8 +184,8 @@ def document_specials(
                 f"eos_token, none in its post-processor, none of {', '.join(CONVENTIONAL_EOS)}); set "
                 f"{key}.eos_token to one of its special tokens: {', '.join(sorted(specials)) or '(none)'}"
             )
-    if add_bos is None:
-        add_bos = bool(config["add_bos_token"]) if "add_bos_token" in config else (bos is not None or lead is not None)
+    if add_bos is None:  # an explicit BOS token is used; else what the tokenizer says
+        add_bos = bos is not None or (bool(config["add_bos_token"]) if "add_bos_token" in config else lead is not None)
     if add_bos and bos is None:
         bos = _token_content(config.get("bos_token")) or lead
         if bos is None:

@@ -82,6 +82,9 @@ def test_explicit_settings_win(tmp_path: Path) -> None:
     path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|begin_of_text|> $A")
     found = document_specials(path, eos="<|eot_id|>", add_bos=False)
     assert (found.eos, found.bos, found.origin) == ("<|eot_id|>", None, "config")
+    quiet = make_tokenizer(tmp_path / "quiet", ["<s>", "</s>"], config={"eos_token": "</s>", "add_bos_token": False})
+    assert document_specials(quiet).bos is None
+    assert document_specials(quiet, bos="<s>").bos == "<s>"  # a BOS set explicitly is used
 
 
 def test_a_token_missing_from_the_vocabulary_is_named(tmp_path: Path) -> None:
