@@ -5,7 +5,6 @@ input curated from local disk: the same documents and the same ledger, but for w
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -17,60 +16,28 @@ from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.pipeline.bpe import train_bpe
 from tests.pipeline.test_curate import build_input, make_config, prose, python_module
-
-pytest.importorskip("s3fs", reason="needs the test extra (s3fs, moto[server])")
-moto_server = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
-
-BUCKET = "corpora"
+from tests.s3server import S3, s3  # noqa: F401  (the fixture)
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """A moto S3 server on 127.0.0.1 (a free port), with the environment that points clients at it."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    patch = pytest.MonkeyPatch()
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-        patch.delenv(name, raising=False)
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        patch.setenv(name, value)
-    try:
-        yield endpoint
-    finally:
-        patch.undo()
-        server.stop()
-
-
-def s3fs_for(endpoint: str):
-    import s3fs
-
-    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)
-
-
-@pytest.fixture(scope="module")
-def curated(s3, tmp_path_factory) -> dict[str, Path]:
+def curated(s3: S3, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("s3")
     build_input(root / "input")
     # repository code is never executed, wherever it is read from
     (root / "input" / "code" / "toolkit" / "setup.py").write_text(
         f"open({str(root / 'PWNED')!r}, 'w').write('ran')\n"
     )
-    fs = s3fs_for(s3)
-    fs.mkdir(BUCKET)
-    fs.put(str(root / "input"), f"{BUCKET}/corpus", recursive=True)
+    bucket = s3.bucket("corpora")
+    s3.fs().put(str(root / "input"), f"{bucket}/corpus", recursive=True)
     tokenizer = root / "tok" / "tokenizer.json"
     train_bpe([prose(s, 2000) for s in range(5)] + [python_module(s, 20) for s in range(5)], 400, tokenizer)
     local = make_config(root, root / "input", tokenizer, root / "local")
     remote = make_config(root, root / "input", tokenizer, root / "remote")
-    remote["curate"]["input"] = f"s3://{BUCKET}/corpus"
-    remote["curate"]["storage_options"] = {"client_kwargs": {"endpoint_url": s3}}
+    remote["curate"]["input"] = f"s3://{bucket}/corpus"
+    remote["curate"]["storage_options"] = s3.storage_options
     jobs.curate(parse_config(local))
     jobs.curate(parse_config(remote))
-    return {"root": root, "local": root / "local", "remote": root / "remote"}
+    return {"root": root, "local": root / "local", "remote": root / "remote", "bucket": bucket}
 
 
 def documents(output: Path) -> dict[str, dict]:
@@ -92,23 +59,24 @@ def test_curating_from_s3_equals_curating_from_disk(curated) -> None:
     assert set(local) == set(remote)
     for doc_id, row in local.items():
         assert row["path"].startswith(str(curated["root"] / "input"))
-        assert remote[doc_id]["path"] == row["path"].replace(str(curated["root"] / "input"), f"s3://{BUCKET}/corpus")
+        assert remote[doc_id]["path"] == row["path"].replace(str(curated["root"] / "input"), f"s3://{curated['bucket']}/corpus")
         assert {k: v for k, v in remote[doc_id].items() if k != "path"} == {k: v for k, v in row.items() if k != "path"}
     assert documents(curated["remote"]) == documents(curated["local"])
     assert not (curated["root"] / "PWNED").exists()
 
 
-def test_storage_options_are_not_part_of_the_run_identity(curated, s3) -> None:
+def test_storage_options_are_not_part_of_the_run_identity(curated, s3: S3) -> None:
     """Credentials and endpoints change where data is read from, not what it is: the record has none."""
     record = (curated["remote"] / "work" / "curate" / "run.json").read_text()
-    assert s3 not in record and "endpoint_url" not in record
+    assert s3.endpoint not in record and "endpoint_url" not in record
 
 
-def test_missing_remote_input_is_one_line(curated, s3, tmp_path: Path) -> None:
+def test_missing_remote_input_is_one_line(curated, s3: S3, tmp_path: Path) -> None:
     cfg = make_config(tmp_path, curated["root"] / "input", curated["root"] / "tok" / "tokenizer.json", tmp_path / "out")
-    cfg["curate"]["input"] = f"s3://{BUCKET}/nothing-here"
-    cfg["curate"]["storage_options"] = {"client_kwargs": {"endpoint_url": s3}}
-    with pytest.raises(ConfigError, match=f"curate.input: s3://{BUCKET}/nothing-here does not exist"):
+    missing = f"s3://{curated['bucket']}/nothing-here"
+    cfg["curate"]["input"] = missing
+    cfg["curate"]["storage_options"] = s3.storage_options
+    with pytest.raises(ConfigError, match=f"curate.input: {missing} does not exist"):
         jobs.curate(parse_config(cfg))
     assert not (tmp_path / "out").exists()
     shutil.rmtree(tmp_path, ignore_errors=True)
