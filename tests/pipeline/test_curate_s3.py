@@ -1,22 +1,32 @@
 """Curation reading its sources from object storage: a real S3-compatible server (moto's) started on
 loopback by the test, read through fsspec/s3fs by datatrove's data folders. The reference is the same
-input curated from local disk: the same documents and the same ledger, but for where they came from."""
+input curated from local disk: the same documents and the same ledger, but for where they came from.
+The README's snippet (a hub tokenizer id, an s3:// input) runs as written but for the bucket, the
+endpoint and a hub cache laid out by the test, offline."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from longctx import jobs
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.pipeline.bpe import train_bpe
+from tests.core.test_tokenizer_specials import lay_out_hub_cache
 from tests.pipeline.test_curate import build_input, make_config, prose, python_module
+from tests.readme import code_blocks
 from tests.s3server import S3, s3  # noqa: F401  (the fixture)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -79,4 +89,29 @@ def test_missing_remote_input_is_one_line(curated, s3: S3, tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=f"curate.input: {missing} does not exist"):
         jobs.curate(parse_config(cfg))
     assert not (tmp_path / "out").exists()
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tmp_path: Path) -> None:
+    (block,) = code_blocks("Inputs in object storage, tokenizers from the hub", "yaml")
+    snippet = yaml.safe_load(block)
+    repo_id = snippet["tokenizer"]["path"]
+    tokenizer = curated["root"] / "tok" / "tokenizer.json"
+    hub = tmp_path / "hub"
+    lay_out_hub_cache(hub, repo_id, {"tokenizer.json": tokenizer,
+                                     "tokenizer_config.json": tokenizer.with_name("tokenizer_config.json")})
+    cfg = make_config(tmp_path, curated["root"] / "input", tokenizer, tmp_path / "out")
+    cfg["tokenizer"] = snippet["tokenizer"]
+    cfg["curate"] |= snippet["curate"] | {
+        "input": snippet["curate"]["input"].replace("my-bucket", curated["bucket"]),
+        "storage_options": s3.storage_options,
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "longctx.cli", "curate", "--config", str(tmp_path / "run.yaml")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    assert documents(tmp_path / "out") == documents(curated["local"])
     shutil.rmtree(tmp_path, ignore_errors=True)
