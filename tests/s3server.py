@@ -34,8 +34,15 @@ class S3:
 
     @property
     def storage_options(self) -> dict[str, Any]:
-        """fsspec/s3fs keyword arguments for this server (what a config's ``storage_options`` holds)."""
-        return {"client_kwargs": {"endpoint_url": self.endpoint}}
+        """fsspec/s3fs keyword arguments for this server (what a config's ``storage_options`` holds).
+
+        They carry the test credentials too: processes started before the fixture set the
+        environment (datatrove's forkserver workers) would otherwise find none."""
+        return {
+            "key": ENVIRONMENT["AWS_ACCESS_KEY_ID"],
+            "secret": ENVIRONMENT["AWS_SECRET_ACCESS_KEY"],
+            "client_kwargs": {"endpoint_url": self.endpoint},
+        }
 
     def fs(self) -> Any:
         """A fresh s3fs file system on this server (no instance or listing cache shared with the code

@@ -146,7 +146,7 @@ def test_without_credentials_the_error_says_so(published, s3: S3, monkeypatch: p
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    opts = s3.storage_options | {"skip_instance_cache": True}
+    opts = {k: v for k, v in s3.storage_options.items() if k not in ("key", "secret")} | {"skip_instance_cache": True}
     with pytest.raises(RemoteError, match=rf"^{url}/seq{SEQ_LEN}/manifest.json: no credentials found"):
         load_manifest(f"{url}/seq{SEQ_LEN}", opts)
 

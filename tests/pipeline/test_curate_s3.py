@@ -24,15 +24,9 @@ from longctx.pipeline.bpe import train_bpe
 from tests.core.test_tokenizer_specials import lay_out_hub_cache
 from tests.pipeline.test_curate import build_input, make_config, prose, python_module
 from tests.readme import code_blocks
-from tests.s3server import ENVIRONMENT, S3, s3  # noqa: F401  (the fixture)
+from tests.s3server import S3, s3  # noqa: F401  (the fixture)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def options(s3: S3) -> dict:
-    """The server's storage options with the test credentials in them: curation's workers may come
-    from a process started before the fixture set the environment (datatrove's forkserver)."""
-    return {"key": ENVIRONMENT["AWS_ACCESS_KEY_ID"], "secret": ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]} | s3.storage_options
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,7 @@ def curated(s3: S3, tmp_path_factory) -> dict[str, Path]:
     local = make_config(root, root / "input", tokenizer, root / "local")
     remote = make_config(root, root / "input", tokenizer, root / "remote")
     remote["curate"]["input"] = f"s3://{bucket}/corpus"
-    remote["curate"]["storage_options"] = options(s3)
+    remote["curate"]["storage_options"] = s3.storage_options
     jobs.curate(parse_config(local))
     jobs.curate(parse_config(remote))
     return {"root": root, "local": root / "local", "remote": root / "remote", "bucket": bucket}
@@ -91,7 +85,7 @@ def test_missing_remote_input_is_one_line(curated, s3: S3, tmp_path: Path) -> No
     cfg = make_config(tmp_path, curated["root"] / "input", curated["root"] / "tok" / "tokenizer.json", tmp_path / "out")
     missing = f"s3://{curated['bucket']}/nothing-here"
     cfg["curate"]["input"] = missing
-    cfg["curate"]["storage_options"] = options(s3)
+    cfg["curate"]["storage_options"] = s3.storage_options
     with pytest.raises(ConfigError, match=f"curate.input: {missing} does not exist"):
         jobs.curate(parse_config(cfg))
     assert not (tmp_path / "out").exists()
@@ -110,7 +104,7 @@ def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tm
     cfg["tokenizer"] = snippet["tokenizer"]
     cfg["curate"] |= snippet["curate"] | {
         "input": snippet["curate"]["input"].replace("my-bucket", curated["bucket"]),
-        "storage_options": options(s3),
+        "storage_options": s3.storage_options,
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
