@@ -36,7 +36,7 @@ from longctx.core.run_record import check_same_run, config_hash
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
 from longctx.pipeline.config import CurateConfig, SourceConfig
 from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
-from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
+from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.ledger import InputTally, LedgerWriter, merge_ledger
 from longctx.pipeline.signatures import MinhashSignature
@@ -202,7 +202,7 @@ def build_stages(
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
         ),
-        DocumentWriter(work / "filtered", tokenizer_sha256=tokenizer_sha256),
+        StageDocumentWriter(work / "filtered"),
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:

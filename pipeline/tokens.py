@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 PIECE_CHARS = 1 << 17
 """Characters per piece of a long document (at least; a piece ends at the next safe cut)."""
 
-CALL_CHARS = 1 << 22
+CALL_CHARS = 1 << 21
 """Characters per ``encode_batch_fast`` call: bounds the tokenizer's temporary memory."""
 
 _CUT = re.compile(r"(?<=\S) ")
