@@ -29,7 +29,7 @@ from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 from longctx.core.atomic import atomic_path, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
-from longctx.core.executors import Stage, run_stages
+from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
@@ -201,6 +201,7 @@ def build_stages(
             tokenizer_path,
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
+            concurrent_tasks=concurrent_tasks(curate.executor, curate.executor.tasks),
         ),
         StageDocumentWriter(work / "filtered"),
         DedupIndex(work / "dedup" / "index"),
