@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/longctx demo --config configs/demo.yaml
+	$(BIN)/longctx demo
 
 test: setup
 	$(BIN)/python -m pytest -q

@@ -1,20 +1,31 @@
 """``longctx demo``: the whole flow on the embedded default corpus, on CPU.
 
 curate -> pack (every ``pack.seq_lens``) -> validate the shards -> train a tiny model on 2 CPU
-ranks with ring attention (``train.cp``) -> evaluate loss by position and needle retrieval -> one
-summary. Every stage is resumable and a second run reuses what is finished.
+ranks with ring attention (``train.cp``) -> compare the base and the trained model on loss by
+position and needle retrieval -> one summary. Every stage is resumable and a second run reuses what
+is finished. The demo's config ships inside the package (:func:`packaged_config`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.resources
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from longctx.config import RootConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+
+
+@contextlib.contextmanager
+def packaged_config() -> Iterator[Path]:
+    """The demo config shipped in the package (``longctx/configs/demo.yaml``), as a file path."""
+    with importlib.resources.as_file(importlib.resources.files("longctx") / "configs" / "demo.yaml") as path:
+        yield path
 
 
 def _stage(number: int, total: int, name: str) -> float:
@@ -28,15 +39,15 @@ def _train_done(layout: RunLayout, steps: int) -> bool:
     latest = latest_checkpoint(layout.checkpoints)
     if latest is None or not (layout.final_model / "config.json").is_file():
         return False
-    return json.loads((latest / "meta.json").read_text())["step"] >= steps
+    return latest.step >= steps
 
 
 def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
     """Train under torchrun with ``nproc`` local CPU processes, as ``longctx train --nproc`` does."""
-    from longctx.trainer.launch import launch
+    from longctx.trainer.launch import launch_training
 
     args = ["train", "--config", str(config_path), "--output", str(output)]
-    if launch(nproc, "longctx.cli", args) != 0:
+    if launch_training(nproc, args, output) != 0:
         raise RuntimeError(f"training failed (longctx {' '.join(args)} on {nproc} ranks)")
 
 
@@ -79,14 +90,19 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
     timings["validate"] = time.monotonic() - t
 
     t = _stage(4, total, f"train ({cfg.train.cp} CPU ranks, ring attention, {cfg.train.steps} steps)")
-    if _train_done(layout, cfg.train.steps):
+    trained_before = _train_done(layout, cfg.train.steps)
+    if trained_before:
         print("  finished in an earlier run; reusing its checkpoint", flush=True)
     else:
         _launch_training(config_path, cfg.output, cfg.train.cp)
     timings["train"] = time.monotonic() - t
 
-    t = _stage(5, total, "evaluate")
-    evaluation = jobs.evaluate(cfg)
+    t = _stage(5, total, f"evaluate ({' vs '.join(cfg.eval.models)})")
+    evaluation = jobs.latest_evaluation(cfg) if trained_before else None
+    if evaluation is not None:
+        print(f"  finished in an earlier run; reusing {evaluation['folder']}", flush=True)
+    else:
+        evaluation = jobs.evaluate(cfg)
     print(evaluation["loss_table"], flush=True)
     timings["eval"] = time.monotonic() - t
 
@@ -135,7 +151,8 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
         lines.append(f"\ntraining loss {losses[0]:.3f} -> {losses[-1]:.3f}  {sparkline(losses)}  "
                      f"(largest trained position {s['trained_max_position']})")
     if s["needle_accuracy"] is not None:
-        lines.append(f"needle retrieval accuracy: {s['needle_accuracy']:.0%} (a tiny model after a few steps: expect 0)")
+        accuracy = ", ".join(f"{label} {a:.0%}" for label, a in s["needle_accuracy"].items())
+        lines.append(f"needle retrieval accuracy: {accuracy} (a tiny model after a few steps: expect 0)")
     lines.append("\nwhere things are:")
     for key, value in s["paths"].items():
         lines.append(f"  {key}: {', '.join(value) if isinstance(value, list) else value}")

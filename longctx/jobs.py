@@ -13,6 +13,7 @@ The ``longctx`` commands and the demo call these; so can Python code that holds 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from longctx.config import RootConfig
@@ -41,7 +42,7 @@ def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | Non
     return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
 
 
-def train(cfg: RootConfig, *, progress: bool = True) -> TrainResult:
+def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
     :func:`longctx.trainer.train.train`."""
     from longctx.trainer.train import train as run_training
@@ -49,7 +50,23 @@ def train(cfg: RootConfig, *, progress: bool = True) -> TrainResult:
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
     return run_training(
-        cfg.train, context=cfg.context, output=cfg.output, tokenizer=cfg.tokenizer.path, progress=progress
+        cfg.train,
+        context=cfg.context,
+        output=cfg.output,
+        tokenizer=cfg.tokenizer.path,
+        progress=progress,
+        restart=restart,
+    )
+
+
+def export(cfg: RootConfig, step: int) -> Path:
+    """``longctx train --export STEP``: see :func:`longctx.trainer.train.export_checkpoint`."""
+    from longctx.trainer.train import export_checkpoint
+
+    if cfg.train is None:
+        raise ConfigError("the config has no 'train' section")
+    return export_checkpoint(
+        cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=cfg.tokenizer.path
     )
 
 
@@ -62,3 +79,11 @@ def evaluate(cfg: RootConfig) -> dict[str, Any]:
     return run_eval(
         cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=cfg.tokenizer.path
     )
+
+
+def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:
+    """The newest ``longctx eval`` result of ``cfg.eval``'s settings made after the trained model,
+    or None: see :func:`longctx.trainer.eval_job.latest_evaluation`."""
+    from longctx.trainer.eval_job import latest_evaluation as latest
+
+    return latest(cfg.eval, cfg.output) if cfg.eval is not None else None

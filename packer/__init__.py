@@ -3,7 +3,8 @@
 The reading side is importable from the package root (imported on first use, so that
 ``import longctx.packer`` stays cheap for the CLI)::
 
-    from longctx.packer import PackedDataset, collate_packed
+    from longctx.packer import PackedDataset, PackedLoader, collate_packed
+    from longctx.packer import PackedCollator, read_header, to_transformers  # transformers / datasets
 
 Splitting a window over context-parallel ranks is the trainer's job
 (``longctx.trainer.attention.zigzag``).
@@ -25,6 +26,9 @@ _EXPORTS = {
     "FORMAT_VERSION": "longctx.packer.format",
     "ShardError": "longctx.packer.format",
     "run_pack": "longctx.packer.run",
+    "read_header": "longctx.packer.hf",
+    "to_transformers": "longctx.packer.hf",
+    "PackedCollator": "longctx.packer.hf",
 }
 
 __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
@@ -38,6 +42,9 @@ __all__ = [  # noqa: RUF022 - grouped like _EXPORTS
     "FORMAT_VERSION",
     "ShardError",
     "run_pack",
+    "read_header",
+    "to_transformers",
+    "PackedCollator",
 ]
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from longctx.pipeline.documents import document_files, read_column, source_of, token_counts
 
@@ -37,3 +38,14 @@ def read_catalog(documents: Path) -> dict[str, SourceCatalog]:
         ids.setdefault(source, []).extend(read_column(file, "id").to_pylist())
         counts.setdefault(source, []).append(token_counts(file))
     return {name: SourceCatalog(name, ids[name], np.concatenate(counts[name])) for name in sorted(ids)}
+
+
+def text_size(file: Path) -> int:
+    """Uncompressed bytes of a curated file's ``text`` column, from the Parquet footer (no text read)."""
+    meta = pq.ParquetFile(file).metadata
+    return sum(
+        column.total_uncompressed_size
+        for g in range(meta.num_row_groups)
+        for column in (meta.row_group(g).column(c) for c in range(meta.num_columns))
+        if column.path_in_schema == "text"
+    )

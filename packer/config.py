@@ -15,14 +15,29 @@ from longctx.core.config import ExecutorConfig, StrictModel
 from longctx.core.tokenizer import EOS_TOKEN
 
 
+def is_source_name(name: str) -> bool:
+    """Whether ``name`` can name a source, i.e. a folder directly under ``<output>/documents``."""
+    return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
+
+
+DATA_FIELDS = frozenset({"mix", "mix_total_tokens", "seed", "eos_token", "bos_token", "pad_token"})
+"""Fields of :class:`PackConfig` that decide the tokens of every output of a run."""
+WINDOW_FIELDS = frozenset({"strategy", "shard_tokens", "pool_tokens"})
+"""Fields (besides ``executor.tasks``) that decide how one output is packed."""
+NOT_IN_OUTPUT = frozenset({"seq_lens", "executor", "batch_size", "allow_short_positions", "mix_max_dropped"})
+"""Fields that do not change an output's bytes: which outputs to make, where tasks run, how many
+documents one tokenizer call takes, whether a run is refused."""
+
+
 class PackConfig(StrictModel):
     """Tokenize, mix and pack curated documents into fixed-length windows.
 
     ``seq_lens`` lists one or more window lengths built from the same documents (a staged
     extension such as 8K, 32K, 128K); empty means ``[context.target]``. ``mix`` maps every curated
     source to the fraction of tokens it should contribute; sources are upsampled by repeating
-    documents or downsampled by dropping them, chosen by ``seed``. Without ``mix`` every document
-    is used exactly once.
+    documents or downsampled by dropping them, chosen by ``seed``; a mix that would drop more than
+    ``mix_max_dropped`` of a source's tokens is refused. Without ``mix`` every document is used
+    exactly once.
     """
 
     seq_lens: list[int] = Field(
@@ -39,6 +54,13 @@ class PackConfig(StrictModel):
         default=None,
         gt=0,
         description="tokens the mix should reach; default: all tokens of the sources it uses",
+    )
+    mix_max_dropped: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="largest share of a source's tokens the mix may leave out (fraction-0 sources excepted); "
+        "a mix that drops more is refused",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
     eos_token: str = Field(default=EOS_TOKEN, description="appended to every document")
@@ -80,6 +102,12 @@ class PackConfig(StrictModel):
             return None
         if not value:
             raise ValueError("mix must name at least one source (or be left out)")
+        not_names = sorted(name for name in value if not is_source_name(name))
+        if not_names:
+            raise ValueError(
+                f"{', '.join(map(repr, not_names))} cannot be a source: sources are the folder names "
+                "under <output>/documents"
+            )
         negative = sorted(name for name, fraction in value.items() if fraction < 0)
         if negative:
             raise ValueError(f"mix fractions must be >= 0; negative for: {', '.join(negative)}")
@@ -101,14 +129,19 @@ class PackConfig(StrictModel):
         """The window lengths to build, in ascending order."""
         return sorted(self.seq_lens) if self.seq_lens else [target_context]
 
-    def output_fields(self) -> dict[str, Any]:
-        """The settings that determine the shards' bytes (hashed into ``config_sha256``).
+    def data_fields(self) -> dict[str, Any]:
+        """The settings that decide which tokens every output holds (shared by all window lengths of
+        a run): the mix, its total and seed, and the special tokens."""
+        return self.model_dump(mode="json", include=DATA_FIELDS)
 
-        Left out: the executor's kind, workers and Slurm settings (where tasks run), ``batch_size``
-        (how many documents one tokenizer call takes) and ``allow_short_positions`` (whether the
-        manifest is written, not what the shards hold), so changing them resumes the same run. The
-        task count decides how documents are split among tasks, so it is kept.
-        """
-        fields = self.model_dump(mode="json", exclude={"executor", "batch_size", "allow_short_positions"})
-        fields["tasks"] = self.executor.tasks
-        return fields
+    def window_fields(self) -> dict[str, Any]:
+        """The settings that decide how one output's windows are packed and split into files: the
+        strategy, the pool and shard sizes, and the task count (each task packs its own share of the
+        documents). An output added to a run later may use other values than the earlier ones."""
+        return self.model_dump(mode="json", include=WINDOW_FIELDS) | {"tasks": self.executor.tasks}
+
+    def output_fields(self, seq_len: int) -> dict[str, Any]:
+        """Everything that determines the bytes of the ``seq_len`` output (hashed into its
+        ``config_sha256``). The other fields (:data:`NOT_IN_OUTPUT`) change where and whether the job
+        runs, not what it writes, so changing them resumes the same run."""
+        return self.data_fields() | self.window_fields() | {"seq_len": seq_len}

@@ -40,11 +40,14 @@ Batch = dict[str, torch.Tensor | int]
 def tokens_to_sample(row: RowTokens | PackedRow) -> Sample:
     """Training tensors of one window (int64 tokens, labels and positions, int32 ``cu_seqlens``,
     bool mask), in the shifted label convention of this module."""
-    ids = row.input_ids
-    targets = np.zeros(len(ids), dtype=bool)
-    np.equal(row.loss_mask[1:], 1, out=targets[:-1])
-    labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int64)
-    np.copyto(labels[:-1], ids[1:], where=targets[:-1], casting="unsafe")
+    ids, mask = row.input_ids, row.loss_mask
+    targets = np.empty(len(ids), dtype=bool)
+    np.not_equal(mask[1:], 0, out=targets[:-1])
+    targets[-1] = False
+    labels = np.empty(len(ids), dtype=np.int64)
+    labels[:-1] = ids[1:]
+    labels[-1] = IGNORE_INDEX
+    np.putmask(labels, ~targets, IGNORE_INDEX)
     return {
         "input_ids": torch.from_numpy(ids.astype(np.int64)),
         "labels": torch.from_numpy(labels),
@@ -62,12 +65,13 @@ def collate_packed(samples: list[Sample]) -> Batch:
     segments of the flattened batch (the varlen-attention layout) and ``max_seqlen`` its longest."""
     seq_len = samples[0]["input_ids"].numel()
     keys = ("input_ids", "labels", "position_ids", "loss_mask")
-    if len(samples) == 1:  # a view, not a copy: a batch of one row is the common case in training
-        batch: Batch = {key: samples[0][key].unsqueeze(0) for key in keys}
+    if len(samples) == 1:  # views, not copies: a batch of one row is the common case in training
+        batch: Batch = {key: samples[0][key][None] for key in keys}
+        cu_seqlens = samples[0]["cu_seqlens"]
     else:
         batch = {key: torch.stack([s[key] for s in samples]) for key in keys}
-    cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
-    cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
+        cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
+        cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
     batch["cu_seqlens"] = cu_seqlens
     batch["max_seqlen"] = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     return batch

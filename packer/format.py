@@ -3,7 +3,10 @@
 A shard is an uncompressed Arrow IPC *stream* holding one record batch, so it can be memory-mapped
 and read without copying, and ``datasets.Dataset.from_file`` opens it directly. Its schema metadata
 (key ``longctx``) is a JSON :class:`ShardHeader` naming the format version, the tokenizer, the
-window length and the config that produced it. Files are written under a temporary name and
+window length and the config that produced it. A second key, ``huggingface``, declares the columns
+as ``datasets`` features and carries the same header as the ``id`` of the ``input_ids`` feature:
+``datasets`` replaces the schema metadata with its own but keeps the features, so the header
+survives ``Dataset.from_file`` and ``load_dataset("arrow", ...)`` (``longctx.packer.hf.read_header``). Files are written under a temporary name and
 renamed, so a reader never sees half a shard.
 """
 
@@ -21,8 +24,9 @@ from longctx.core.atomic import write_bytes
 from longctx.core.errors import LongctxError
 
 FORMAT_NAME = "longctx-packed-windows"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 METADATA_KEY = b"longctx"
+HF_METADATA_KEY = b"huggingface"
 SHARD_SUFFIX = ".arrow"
 
 
@@ -90,6 +94,31 @@ def shard_schema(seq_len: int) -> pa.Schema:
     )
 
 
+def hf_features(seq_len: int, header_json: str) -> dict[str, Any]:
+    """The shard's columns as ``datasets`` features (``Features.to_dict()`` layout), with
+    ``header_json`` as the ``id`` of the ``input_ids`` values, where ``datasets`` keeps it."""
+
+    def values(dtype: str, length: int | None = None, id_: str | None = None) -> dict[str, Any]:
+        feature: dict[str, Any] = {"dtype": dtype, "_type": "Value"}
+        if id_ is not None:
+            feature["id"] = id_
+        listed: dict[str, Any] = {"feature": feature}
+        if length is not None:
+            listed["length"] = length
+        return {**listed, "_type": "List"}
+
+    return {
+        "input_ids": values("int32", seq_len, header_json),
+        "position_ids": values("int32", seq_len),
+        "loss_mask": values("uint8", seq_len),
+        "cu_seqlens": values("int32"),
+        "doc_id": values("string"),
+        "doc_source": values("string"),
+        "doc_offset": values("int64"),
+        "doc_length": values("int64"),
+    }
+
+
 def checksum(data: bytes | memoryview) -> str:
     """xxh3-128 of a file's bytes, as hex (fast enough to verify terabytes)."""
     return xxhash.xxh3_128_hexdigest(data)
@@ -98,7 +127,11 @@ def checksum(data: bytes | memoryview) -> str:
 def write_shard(path: Path, batch: pa.RecordBatch, header: ShardHeader) -> ShardFile:
     """Write ``batch`` as a shard at ``path`` atomically and return its manifest entry."""
     meta = ShardMetadata(**header.model_dump(), rows=batch.num_rows)
-    schema = shard_schema(header.seq_len).with_metadata({METADATA_KEY: meta.model_dump_json().encode()})
+    header_json = meta.model_dump_json()
+    hf = {"info": {"features": hf_features(header.seq_len, header_json)}}
+    schema = shard_schema(header.seq_len).with_metadata(
+        {METADATA_KEY: header_json.encode(), HF_METADATA_KEY: json.dumps(hf).encode()}
+    )
     if not batch.schema.equals(schema, check_metadata=False):
         raise ValueError(
             f"batch schema does not match the shard schema:\n{batch.schema}\nexpected:\n{schema}"

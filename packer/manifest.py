@@ -1,7 +1,8 @@
 """The manifest of one output (``shards/seq<N>/manifest.json``) and the coverage check.
 
 The manifest lists every shard with its row count and checksum, and says what the windows hold:
-tokens and padding, tokens per source against the mix's targets, position histograms, the largest
+tokens and padding, tokens per source against the mix's targets, what the mix did with every
+source (documents and tokens available, used, dropped, epochs), position histograms, the largest
 position, and the fraction of tokens at positions at or above ``context.original``. Those are the
 positions a context extension exists to train, so an output where no token reaches them is refused
 (unless ``pack.allow_short_positions`` is set) and gets no manifest; readers refuse a folder
@@ -43,6 +44,32 @@ class SourceSummary(FrozenModel):
     segment_length_histogram: list[int]
 
 
+class SourceUse(FrozenModel):
+    """What the mix does with one source. Tokens count what is packed: each document's tokens plus
+    its EOS (and BOS) token; "used" counts every copy of a repeated document."""
+
+    target_fraction: float | None
+    fraction: float
+    documents: int
+    tokens: int
+    documents_used: int
+    documents_dropped: int
+    tokens_dropped: int
+    copies: int
+    tokens_used: int
+    epochs: float
+    max_copies: int
+
+
+class MixReport(FrozenModel):
+    """Per source use of the curated documents, decided before packing (``seed`` is None without a
+    ``pack.mix``: then every document is used once)."""
+
+    seed: int | None
+    tokens_used: int
+    sources: dict[str, SourceUse]
+
+
 class Manifest(FrozenModel):
     """Everything about one output of ``seq_len``-token windows; see ``packer/FORMAT.md``."""
 
@@ -61,6 +88,7 @@ class Manifest(FrozenModel):
     position_histogram: list[int]
     segment_length_histogram: list[int]
     sources: dict[str, SourceSummary]
+    mix: MixReport | None = None
 
 
 def build_manifest(
@@ -69,6 +97,7 @@ def build_manifest(
     shards: list[ShardFile],
     stats: OutputStats,
     targets: Mapping[str, float] | None,
+    mix: MixReport | None = None,
 ) -> Manifest:
     """Merge shards and statistics of all tasks into the manifest."""
     tokens = stats.tokens
@@ -107,6 +136,7 @@ def build_manifest(
         position_histogram=position_histogram.tolist(),
         segment_length_histogram=length_histogram.tolist(),
         sources=sources,
+        mix=mix,
     )
 
 

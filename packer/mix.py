@@ -5,6 +5,12 @@ A source that should contribute ``f`` of ``total`` tokens but holds ``T`` needs 
 once more, chosen so their tokens come closest to the fractional part. The choice is a threshold on
 a hash of ``(seed, source, document id)``, so a task decides each document's count locally, with no
 coordination and the same answer on every machine.
+
+What the mix does to every source is decided here, before any task runs, so it is reported up front
+(:func:`mix_report`, printed by ``pack`` and recorded in every manifest): per source, the documents
+and tokens available, used (counting repeats), dropped, and the epochs (times the source is gone
+through). A mix that drops more than ``pack.mix_max_dropped`` of a source's tokens is refused
+(:func:`check_dropped`), naming the source and the settings that would avoid it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core.errors import ConfigError
 from longctx.packer.catalog import SourceCatalog
+from longctx.packer.manifest import MixReport, SourceUse
 
 _ALL = 1 << 64  # above every 64-bit hash
 
@@ -107,6 +114,116 @@ def plan_mix(
         )  # the first `cut` documents in hash order get one more copy
         rules[name] = SourceRule(base, int(hashes[order[cut]]) if cut < len(order) else _ALL)
     return MixPlan(seed, rules)
+
+
+class MixError(ConfigError):
+    """The mix would leave out more of a source than ``pack.mix_max_dropped`` allows."""
+
+
+def mix_report(
+    catalogs: Mapping[str, SourceCatalog],
+    copies: Mapping[str, np.ndarray],
+    specials_per_doc: int,
+    targets: Mapping[str, float] | None,
+    seed: int | None,
+) -> MixReport:
+    """How many documents and tokens of each source are available, used (with repeats) and
+    dropped, given each document's number of ``copies`` (catalog order); curated counts must be known."""
+    lengths = {name: cat.token_counts + specials_per_doc for name, cat in catalogs.items()}
+    used = {name: int((copies[name] * lengths[name]).sum()) for name in catalogs}
+    total = sum(used.values())
+    sources = {}
+    for name, cat in catalogs.items():
+        n, length, tokens = copies[name], lengths[name], int(lengths[name].sum())
+        sources[name] = SourceUse(
+            target_fraction=targets.get(name) if targets else None,
+            fraction=used[name] / total if total else 0.0,
+            documents=len(cat.ids),
+            tokens=tokens,
+            documents_used=int((n > 0).sum()),
+            documents_dropped=int((n == 0).sum()),
+            tokens_dropped=int(length[n == 0].sum()),
+            copies=int(n.sum()),
+            tokens_used=used[name],
+            epochs=used[name] / tokens if tokens else 0.0,
+            max_copies=int(n.max(initial=0)),
+        )
+    return MixReport(seed=seed, tokens_used=total, sources=sources)
+
+
+def _tokens(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def format_mix_report(report: MixReport) -> str:
+    """The report as a table, one row per source."""
+    how = f"pack.mix, seed {report.seed}" if report.seed is not None else "no pack.mix: every document once"
+    lines = [
+        f"mix ({how}): {_tokens(report.tokens_used)} tokens, counting each document's EOS/BOS and repeats",
+        (
+            f"  {'source':<14} {'target':>6} {'share':>6} | {'docs':>6} {'used':>6} {'dropped':>7} | "
+            f"{'tokens':>8} {'used':>8} {'dropped':>8} | {'epochs':>6} {'max copies':>10}"
+        ),
+    ]
+    for name, s in sorted(report.sources.items()):
+        target = f"{s.target_fraction:.3f}" if s.target_fraction is not None else "-"
+        lines.append(
+            f"  {name:<14} {target:>6} {s.fraction:>6.3f} | {s.documents:>6,} {s.documents_used:>6,} "
+            f"{s.documents_dropped:>7,} | {_tokens(s.tokens):>8} {_tokens(s.tokens_used):>8} "
+            f"{_tokens(s.tokens_dropped):>8} | {s.epochs:>6.2f} {s.max_copies:>10}"
+        )
+    return "\n".join(lines)
+
+
+def total_without_drops(
+    catalogs: Mapping[str, SourceCatalog], mix: Mapping[str, float], specials: int
+) -> int:
+    """The smallest ``pack.mix_total_tokens`` at which the mix drops no document of a source it uses."""
+    return max(
+        math.ceil(int((cat.token_counts + specials).sum()) / mix[name])
+        for name, cat in catalogs.items()
+        if mix[name] > 0
+    )
+
+
+def check_dropped(
+    report: MixReport,
+    mix: Mapping[str, float],
+    max_dropped: float,
+    catalogs: Mapping[str, SourceCatalog],
+    specials: int,
+) -> None:
+    """Refuse a mix that leaves out more than ``max_dropped`` of the tokens of a source it uses
+    (a source with fraction 0 is left out on purpose), saying which, how much, and what to change."""
+    over = {
+        name: s
+        for name, s in sorted(report.sources.items())
+        if mix.get(name, 0) > 0 and s.tokens and s.tokens_dropped / s.tokens > max_dropped
+    }
+    if not over:
+        return
+    worst = max(s.tokens_dropped / s.tokens for s in over.values())
+    lines = [
+        f"pack.mix would drop {s.documents_dropped:,} of {s.documents:,} documents of source '{name}' "
+        f"({_tokens(s.tokens_dropped)} of {_tokens(s.tokens)} tokens, {s.tokens_dropped / s.tokens:.0%}), "
+        f"more than pack.mix_max_dropped allows ({max_dropped:.0%})."
+        for name, s in over.items()
+    ]
+    total = total_without_drops(catalogs, mix, specials)
+    epochs = {
+        name: mix[name] * total / int((cat.token_counts + specials).sum())
+        for name, cat in catalogs.items()
+        if mix[name] > 0
+    }
+    most = max(epochs, key=epochs.__getitem__)
+    lines.append(
+        f"To keep every document, set pack.mix_total_tokens: {total} (then '{most}' is repeated "
+        f"{epochs[most]:.1f} times); to drop them anyway, set pack.mix_max_dropped: {math.ceil(worst * 100) / 100:g}."
+    )
+    raise MixError("\n".join(lines))
 
 
 def format_fractions(targets: Mapping[str, float] | None, tokens: Mapping[str, int], title: str) -> str:

@@ -1,13 +1,16 @@
-"""The pack job: plan on the driver, then two datatrove stages.
+"""The pack job: plan on the driver, then two datatrove stages for the window lengths still to pack.
 
-1. Plan (driver, reads no text): resolve the tokenizer's special tokens, read document ids and
-   token counts, decide the mix, refuse early when no document can reach ``context.original``, and
-   refuse to resume into an output that a different configuration started.
-2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~longctx.packer.stage.PackDocuments` over each task's
-   share of the curated files.
+1. Plan (driver, reads no text): check the output folder, resolve the tokenizer's special tokens,
+   read document ids and token counts, decide the mix (refusing one that drops too much of a
+   source), refuse early when no document can reach ``context.original``, and check the request
+   against the run record (:mod:`longctx.packer.record`): finished outputs are kept untouched, only
+   new or unfinished window lengths are packed, and other data than the run's is refused.
+2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~longctx.packer.stage.PackDocuments` over each
+   task's share of the curated files, writing every length still to pack in one pass.
 3. ``manifest`` (1 task): :class:`~longctx.packer.stage.WriteManifests`.
 
-Completed tasks are recorded under ``<output>/work/pack/logs`` and skipped when the job runs again.
+Completed tasks are recorded under ``<output>/work/pack/<lengths>/logs`` (one folder per set of
+lengths packed together) and skipped when the job runs again.
 """
 
 from __future__ import annotations
@@ -22,27 +25,48 @@ from datatrove.pipeline.base import PipelineStep
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, run_stages
-from longctx.core.layout import RunLayout
-from longctx.core.run_record import check_same_run, config_hash
-from longctx.packer.catalog import SourceCatalog, read_catalog
+from longctx.core.layout import RunLayout, shard_folder
+from longctx.core.preflight import check_output_folder
+from longctx.core.run_record import config_hash
+from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.format import ShardHeader, TokenizerInfo
-from longctx.packer.manifest import CoverageError, Manifest, coverage_refusal, load_manifest
-from longctx.packer.mix import MixPlan, MixSampler, format_fractions, plan_mix
+from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
+from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
+from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
-from longctx.pipeline.documents import document_files
+from longctx.pipeline.documents import document_files, source_of
+
+SHARD_BYTES_PER_TOKEN = 10
+"""Bytes a shard takes per window token: ``input_ids`` and ``position_ids`` (4 each), ``loss_mask``
+(1), and the per-segment lists."""
+CHARS_PER_TOKEN = 3
+"""For estimates where curation recorded no token counts (fewer than most text has per token)."""
 
 
 @dataclass(frozen=True)
 class PackPlan:
-    """Everything decided before any task runs."""
+    """Everything decided before any task runs, for every requested window length."""
 
-    config: dict[str, Any]
+    configs: dict[int, dict[str, Any]]
     headers: list[ShardHeader]
     mix: MixPlan | None
     planned_tokens: dict[str, int]
+    report: MixReport | None
+    data: dict[str, Any]
+
+    def only(self, seq_lens: list[int]) -> PackPlan:
+        """The same plan for some of its window lengths."""
+        return PackPlan(
+            {n: self.configs[n] for n in seq_lens},
+            [h for h in self.headers if h.seq_len in seq_lens],
+            self.mix,
+            self.planned_tokens,
+            self.report,
+            self.data,
+        )
 
 
 def _copies(catalog: SourceCatalog, mix: MixPlan | None) -> np.ndarray:
@@ -82,45 +106,67 @@ def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> Pa
     specials = 1 + (info.bos_id is not None)
     mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
+    report = None
+    if all(cat.counts_known for cat in catalogs.values()):
+        report = mix_report(catalogs, copies, specials, pack.mix, pack.seed if pack.mix else None)
+        if pack.mix:
+            check_dropped(report, pack.mix, pack.mix_max_dropped, catalogs, specials)
     seq_lens = pack.resolved_seq_lens(context.target)
     if not pack.allow_short_positions:
         check_planned_coverage(catalogs, copies, seq_lens, context.original, specials)
-    config = {
-        "pack": pack.output_fields() | {"seq_lens": seq_lens},
-        "context": {"original": context.original, "target": context.target},
-    }
-    digest = config_hash(config)
+    shared_context = {"original": context.original, "target": context.target}
+    configs = {n: {"pack": pack.output_fields(n), "context": shared_context} for n in seq_lens}
     headers = [
         ShardHeader(
-            seq_len=seq_len,
+            seq_len=n,
             original_context=context.original,
             target_context=context.target,
             strategy=pack.strategy,
             tokenizer=info,
-            config_sha256=digest,
+            config_sha256=config_hash(configs[n]),
         )
-        for seq_len in seq_lens
+        for n in seq_lens
     ]
     planned = {
         name: int((copies[name] * (cat.token_counts + specials)).sum()) if cat.counts_known else -1
         for name, cat in catalogs.items()
     }
-    return PackPlan(config, headers, mix, planned)
-
-
-def run_fingerprint(layout: RunLayout, plan: PackPlan) -> dict[str, Any]:
-    """What determines the shards: the settings, the tokenizer and the curated files (name and size)."""
-    return {
-        "config_sha256": plan.headers[0].config_sha256,
-        "tokenizer_sha256": plan.headers[0].tokenizer.sha256,
-        "documents": [
-            [str(f.relative_to(layout.documents)), f.stat().st_size] for f in document_files(layout.documents)
-        ],
+    data = {f"pack.{key}": value for key, value in pack.data_fields().items()} | {
+        "context": shared_context,
+        "tokenizer_sha256": info.sha256,
+        "documents": documents_fingerprint(layout.documents, document_files(layout.documents)),
     }
+    return PackPlan(configs, headers, mix, planned, report, data)
+
+
+def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
+    """About how many bytes the shards of ``plan`` still need: its tokens (curated counts, or the
+    text's size where counts are unknown) at every window length, less what earlier runs wrote."""
+    tokens = sum(n for n in plan.planned_tokens.values() if n >= 0)
+    if any(n < 0 for n in plan.planned_tokens.values()):
+        unknown = {name for name, n in plan.planned_tokens.items() if n < 0}
+        text_bytes = sum(
+            text_size(f)
+            for f in document_files(layout.documents)
+            if source_of(layout.documents, f) in unknown
+        )
+        tokens += text_bytes // CHARS_PER_TOKEN
+    written = sum(
+        f.stat().st_size
+        for h in plan.headers
+        if layout.shard_folder(h.seq_len).is_dir()
+        for f in layout.shard_folder(h.seq_len).iterdir()
+    )
+    return max(0, tokens * SHARD_BYTES_PER_TOKEN * len(plan.headers) - written)
+
+
+def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
+    """The datatrove logs and completions of the pass that packs ``seq_lens`` together."""
+    return layout.work / "+".join(shard_folder(Path(), n).name for n in seq_lens)
 
 
 def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[Stage]:
-    """The job's datatrove stages in order, as ``(name, pipeline, tasks)``."""
+    """The job's datatrove stages in order, as ``(name, pipeline, tasks)``, for the lengths of ``plan``."""
     steps: list[PipelineStep] = [
         CuratedDocumentReader(layout.documents, pack.batch_size, progress=pack.executor.kind == "local")
     ]
@@ -128,7 +174,13 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
         steps.append(MixSampler(plan.mix))
     steps.append(PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size))
     manifests = WriteManifests(
-        layout, plan.headers, plan.config, pack.executor.tasks, pack.mix, pack.allow_short_positions
+        layout,
+        plan.headers,
+        plan.configs,
+        pack.executor.tasks,
+        pack.mix,
+        plan.report,
+        pack.allow_short_positions,
     )
     return [("pack", steps, pack.executor.tasks), ("manifest", [manifests], 1)]
 
@@ -136,19 +188,26 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
 def run_pack(
     pack: PackConfig, *, context: ContextConfig, output: Path, verbose: bool = False
 ) -> dict[int, Manifest] | None:
-    """Run (or resume) packing of ``<output>/documents`` into ``<output>/shards/seq<N>/``.
+    """Run (or resume, or extend with new window lengths) packing of ``<output>/documents`` into
+    ``<output>/shards/seq<N>/``; outputs already finished are kept as they are.
 
-    Returns the manifest of each window length once the stages have run (local and Ray
+    Returns the manifest of each requested window length once the stages have run (local and Ray
     executors), or None when they were submitted to Slurm.
     """
     layout = RunLayout(output, "pack")
+    check_output_folder(layout.root, key="output")
     plan = make_plan(pack, context, layout)
-    if plan.mix is not None and all(n >= 0 for n in plan.planned_tokens.values()):
-        print(
-            format_fractions(pack.mix, plan.planned_tokens, "planned mix (from curated token counts):"),
-            flush=True,
-        )
-    check_same_run(layout, run_fingerprint(layout, plan), layout.shards)
-    if not run_stages(pack.executor, build_stages(pack, layout, plan), layout.work, "pack", verbose):
-        return None
-    return {h.seq_len: load_manifest(layout.shard_folder(h.seq_len)) for h in plan.headers}
+    seq_lens = [h.seq_len for h in plan.headers]
+    outputs = plan_outputs(layout, plan.data, {n: pack.window_fields() for n in seq_lens})
+    todo = plan.only(outputs.to_pack)
+    check_output_folder(layout.shards, needed_bytes=estimated_output_bytes(layout, todo), key="output")
+    write_record(layout, outputs)
+    for n in outputs.kept:
+        print(f"{layout.shard_folder(n)}: already packed, kept as it is", flush=True)
+    if outputs.to_pack:
+        if plan.report is not None:
+            print(format_mix_report(plan.report), flush=True)
+        stages = build_stages(pack, layout, todo)
+        if not run_stages(pack.executor, stages, pass_folder(layout, outputs.to_pack), "pack", verbose):
+            return None
+    return {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}

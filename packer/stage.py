@@ -27,7 +27,14 @@ from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.tokenizer import load_tokenizer
 from longctx.packer.binpack import pack
 from longctx.packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
-from longctx.packer.manifest import CoverageError, Manifest, build_manifest, coverage_refusal, write_manifest
+from longctx.packer.manifest import (
+    CoverageError,
+    Manifest,
+    MixReport,
+    build_manifest,
+    coverage_refusal,
+    write_manifest,
+)
 from longctx.packer.pool import DocumentPool, PoolBuilder
 from longctx.packer.rows import build_rows
 from longctx.packer.stats import OutputStats
@@ -159,7 +166,8 @@ class PackDocuments(PipelineStep):
 
 
 class WriteManifests(PipelineStep):
-    """Single task after packing: merge every task's summary into each output's manifest.
+    """Single task after packing: merge every task's summary into each output's manifest, with the
+    mix report of the plan.
 
     Refuses (raising :class:`CoverageError`) an output where no token reaches ``original_context``,
     unless ``allow_short_positions``; refuses a folder holding shards no task reported.
@@ -172,17 +180,19 @@ class WriteManifests(PipelineStep):
         self,
         layout: RunLayout,
         headers: list[ShardHeader],
-        config: dict[str, Any],
+        configs: Mapping[int, dict[str, Any]],
         tasks: int,
         targets: Mapping[str, float] | None,
+        mix: MixReport | None,
         allow_short_positions: bool,
     ) -> None:
         super().__init__()
         self.layout = layout
         self.headers = headers
-        self.config = config
+        self.configs = dict(configs)
         self.tasks = tasks
         self.targets = dict(targets) if targets else None
+        self.mix = mix
         self.allow_short_positions = allow_short_positions
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -205,7 +215,7 @@ class WriteManifests(PipelineStep):
         stray = sorted({p.name for p in folder.glob(f"*{SHARD_SUFFIX}")} - {f.file for f in files})
         if stray:
             raise ShardError(f"{folder} holds shards that no task of this run wrote: {', '.join(stray[:5])}")
-        manifest = build_manifest(header, self.config, files, stats, self.targets)
+        manifest = build_manifest(header, self.configs[header.seq_len], files, stats, self.targets, self.mix)
         refusal = coverage_refusal(
             header.seq_len,
             header.original_context,

@@ -267,8 +267,16 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
             return found[:limit]
     if complete and not found:
         stats = stats_from_shards(opened, header.seq_len, header.original_context)
-        recomputed = build_manifest(header, manifest.config, manifest.shards, stats, None).model_dump()
+        recomputed = build_manifest(
+            header, manifest.config, manifest.shards, stats, None, manifest.mix
+        ).model_dump()
         claimed = manifest.model_dump()
+        if manifest.mix is not None:  # the plan's record of the mix must match what the rows hold
+            used = {n: s.tokens_used for n, s in manifest.mix.sources.items() if s.tokens_used}
+            if used != {n: s["tokens"] for n, s in recomputed["sources"].items()}:
+                found.append(
+                    Violation("manifest.json", None, "mix", "tokens used per source differ from the shards")
+                )
         for source in claimed["sources"].values():
             source["target_fraction"] = None
         for key in sorted(claimed):

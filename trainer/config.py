@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
+from longctx.trainer.rope_keys import check_rope_scaling
 
 
 class TinyModelConfig(StrictModel):
@@ -36,6 +37,13 @@ class ModelSection(StrictModel):
     rope_scaling: dict[str, Any] | None = None
 
     _exists = field_validator("hf_path")(must_exist)
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _known_rope_scaling(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_rope_scaling(value)
+        return value
 
 
 class OptimConfig(StrictModel):
@@ -65,8 +73,22 @@ class CoverageConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
+    """Distributed checkpoints under ``<output>/train/checkpoints/step_<N>/`` (``longctx.trainer.checkpoint``)."""
+
     every: int = Field(default=100, gt=0, description="steps between checkpoints (and one at the end)")
-    keep: int = Field(default=2, gt=0, description="most recent checkpoints kept")
+    keep: int = Field(default=2, gt=0, description="most recent intact checkpoints kept")
+
+
+class ExportConfig(StrictModel):
+    """The Hugging Face folder written at the end of training (``<output>/train/final``) and by
+    ``longctx train --export STEP``.
+
+    ``dtype: auto`` stores the weights in the dtype of the base checkpoint's tensors (bf16 for
+    Llama-3) and in float32 for the tiny random model.
+    """
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_shard_size: str = Field(default="5GB", description="largest safetensors file, e.g. 5GB or 500MB")
 
 
 def _require_extra(module: str, extra: str) -> None:
@@ -129,17 +151,55 @@ class TrainConfig(StrictModel):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     coverage: CoverageConfig = Field(default_factory=CoverageConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
     steps: int = Field(default=20, gt=0)
-    grad_accum: int = Field(default=1, gt=0, description="micro-batches (packed rows) per optimizer step and DP rank")
+    global_batch_rows: int | None = Field(
+        default=None,
+        gt=0,
+        description="packed rows per optimizer step over all data-parallel ranks; a multiple of the "
+        "data-parallel size (each rank accumulates global_batch_rows / dp rows). Fixes the data order "
+        "independently of the world size. Default: one row per data-parallel rank",
+    )
     holdout_rows: int = Field(
         default=0, ge=0, description="last windows of the shard folder never trained on; longctx eval scores them"
     )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
-    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 autocast on GPU, fp32 on CPU")
-    activation_checkpointing: bool = False
+    dp_replicate: int = Field(
+        default=1,
+        gt=0,
+        description="replicas of the sharded model state (HSDP, e.g. one per node); the state is sharded "
+        "over the other world_size / dp_replicate ranks",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto", description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU"
+    )
+    activation_checkpointing: Literal["none", "full", "selective"] = Field(
+        default="none",
+        description="none: keep all activations; full: recompute each block in backward; selective: "
+        "recompute each block except its attention (true/false are accepted for full/none)",
+    )
     seed: int = 0
     comm_timeout_s: int = Field(default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang")
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _boolean_switch(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            return "full" if value else "none"
+        return value
+
+    grad_accum: Any = Field(default=None, exclude=True, repr=False, description="replaced by global_batch_rows")
+
+    @field_validator("grad_accum")
+    @classmethod
+    def _renamed(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(
+                "replaced by train.global_batch_rows: packed rows per optimizer step over all data-parallel "
+                "ranks (= grad_accum x the data-parallel size)"
+            )
+        return value
 
 
 class NeedleEvalConfig(StrictModel):
@@ -151,6 +211,7 @@ class NeedleEvalConfig(StrictModel):
         default_factory=lambda: ["single_needle"]
     )
     seed: int = 0
+    samples: int = Field(default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed")
     max_new_tokens: int = Field(default=16, gt=0)
 
     @field_validator("depths")
@@ -161,10 +222,20 @@ class NeedleEvalConfig(StrictModel):
         return value
 
 
-class EvalConfig(StrictModel):
-    """``longctx eval``: loss by position on packed windows and the needle grid."""
+MODEL_KEYWORDS = ("base", "trained")
 
-    model: Path | None = Field(default=None, description="a Hugging Face checkpoint folder; default <output>/train/final")
+
+class EvalConfig(StrictModel):
+    """``longctx eval``: loss by position on packed windows and the needle grid, for each model of
+    ``models`` on the same windows and needles.
+
+    A model is ``base`` (the model training starts from: ``train.model``, with the run's RoPE
+    settings, random-initialized from ``train.seed`` when it is the tiny model), ``trained``
+    (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
+    like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
+    """
+
+    models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
     shards: Path | None = Field(default=None, description="windows to score; default the training shards")
     rows: int = Field(
         default=8, gt=0, description="windows scored for loss by position: the held-out ones (train.holdout_rows) first"
@@ -173,4 +244,17 @@ class EvalConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
 
-    _exists = field_validator("model", "shards")(must_exist)
+    _exists = field_validator("shards")(must_exist)
+
+    @field_validator("models")
+    @classmethod
+    def _models_exist(cls, value: list[str]) -> list[str]:
+        for model in value:
+            if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+                raise ValueError(
+                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
+                    "(a folder with config.json)"
+                )
+        if len(set(value)) < len(value):
+            raise ValueError(f"a model is listed twice: {value}")
+        return value

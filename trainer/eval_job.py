@@ -1,19 +1,24 @@
-"""``longctx eval`` as a function: load a model, score loss by position and the needle grid, write
-JSON and PNG results under ``<output>/eval``."""
+"""``longctx eval`` as a function: score each model of ``eval.models`` on the same windows (loss by
+position) and the same needles, and write tables, JSON and one plot per metric (a line or a panel
+per model) into a new folder ``<output>/eval/<NNN>``: an evaluation never replaces an earlier one."""
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from longctx.core.atomic import write_json, write_text
+from longctx.core.atomic import new_numbered_folder, write_json, write_text
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import EvalConfig, TrainConfig
+from longctx.trainer.model import Transformer
 
 
 def _haystack(documents: Path, limit_chars: int) -> list[str]:
@@ -31,6 +36,56 @@ def _haystack(documents: Path, limit_chars: int) -> list[str]:
     return texts
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to evaluate: its label in tables and plots, and where it comes from."""
+
+    label: str
+    source: str  # "base", or a Hugging Face checkpoint folder
+    path: Path | None
+
+
+def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
+    """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist and
+    ``base`` needs the run's train section."""
+    specs = []
+    for model in models:
+        if model == "base":
+            if train is None:
+                raise ConfigError("eval.models: 'base' is the model of the train section, and this config has none")
+            path = train.model.hf_path
+            specs.append(ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None))
+        elif model == "trained":
+            if not (layout.final_model / "config.json").is_file():
+                raise ConfigError(
+                    f"eval.models: no trained model at {layout.final_model} (train first, or list Hugging Face "
+                    "checkpoint folders with --model)"
+                )
+            specs.append(ModelSpec("trained", str(layout.final_model), layout.final_model))
+        else:
+            specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
+    names = [s.label for s in specs]
+    return [ModelSpec(s.source, s.source, s.path) if names.count(s.label) > 1 else s for s in specs]
+
+
+def _load(spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device) -> Transformer:
+    from longctx.trainer.build import build_model, fill_random
+    from longctx.trainer.hf_io import load_model, load_weights
+    from longctx.trainer.parallel import ParallelState
+    from longctx.trainer.train import model_config
+
+    if spec.path is not None:
+        return load_model(spec.path, device=device)
+    assert train is not None  # resolve_models refuses 'base' without a train section
+    config = model_config(train, context, vocab_size)
+    model = build_model(config, ParallelState.single(device), activation_checkpointing="none", bf16=False).model
+    if train.model.hf_path is not None:  # the base model is what training starts from
+        load_weights(model, train.model.hf_path)
+    else:
+        fill_random(model, train.seed)
+    return model
+
+
 def run_eval(
     eval: EvalConfig,
     *,
@@ -39,35 +94,31 @@ def run_eval(
     train: TrainConfig | None = None,
     tokenizer: Path | None = None,
 ) -> dict[str, Any]:
-    """Evaluate ``eval.model`` (default: the model trained into ``output``) and return what was written.
+    """Evaluate every model of ``eval.models`` and return what was written.
 
-    ``train`` is the run's training section, when it has one: its shards are the default windows to
-    score, and its held-out windows are scored first. ``tokenizer`` is the configured
-    ``tokenizer.path``, used when the run folder holds no ``tokenizer.json``.
+    ``train`` is the run's training section, when it has one: it defines the ``base`` model, its
+    shards are the default windows to score, and its held-out windows are scored first.
+    ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder holds no
+    ``tokenizer.json``.
     """
     from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
     from longctx.packer.dataset import PackedDataset
     from longctx.trainer.evaluate import (
         format_loss_table,
         loss_by_position,
-        needle_grid,
+        needle_accuracy,
+        needle_examples,
         plot_loss_by_position,
         plot_needle_heatmap,
+        score_needles,
     )
-    from longctx.trainer.hf_io import load_model
     from longctx.trainer.train import shards_folder, tokenizer_file
 
     layout = RunLayout(output)
-    model_dir = eval.model or layout.final_model
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            f"no model at {model_dir} (train first, or set eval.model to a Hugging Face checkpoint folder)"
-        )
+    specs = resolve_models(eval.models, layout, train)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = eval.precision == "bf16" or (eval.precision == "auto" and device.type == "cuda")
-    model = load_model(model_dir, device=device)
     tok_path = tokenizer_file(layout, tokenizer)
-    out = layout.eval
     trained_on = shards_folder(train, layout, context.target) if train else None
     shards = eval.shards or trained_on or layout.shard_folder(context.target)
     holdout = train.holdout_rows if train and shards == trained_on else 0
@@ -83,48 +134,90 @@ def run_eval(
         )
     indices = held_out + [int(i) for i in dataset.order(0)[: eval.rows - len(held_out)]]
     rows = [dataset[i] for i in indices]
-    table = loss_by_position(model, rows, context.original, dataset.seq_len, device, bf16)
-    write_json(
-        out / "loss_by_position.json",
-        {
-            "model": str(model_dir),
-            "shards": str(shards),
-            "rows": indices,
-            "held_out_rows": len(held_out),
-            "buckets": table,
-        },
-    )
-    plot_loss_by_position(
-        table, context.original, out / "loss_by_position.png", f"loss by position ({model_dir.name})"
-    )
-    result: dict[str, Any] = {
-        "loss_by_position": table,
-        "loss_table": format_loss_table(table, context.original),
-    }
-    if eval.needle is not None:
-        needle = eval.needle
+    needle, examples, tok, eos = eval.needle, [], None, []
+    if needle is not None:  # the same needles for every model, built before any model is loaded
         tok = load_tokenizer(tok_path)
         haystack = _haystack(layout.documents, 8 * max(needle.lengths) + 10_000)
         if not haystack:
             raise ConfigError(f"no curated documents under {layout.documents} to build needle haystacks from")
+        try:
+            examples = needle_examples(haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples)
+        except ValueError as err:
+            raise ConfigError(f"eval.needle: {err}") from None
         eos = [i for i in (tok.token_to_id(EOS_TOKEN),) if i is not None]
-        results = needle_grid(
-            model,
-            tok,
-            haystack,
-            needle.lengths,
-            needle.depths,
-            needle.kinds,
-            needle.seed,
-            device,
-            needle.max_new_tokens,
-            eos,
-        )
-        records = [r.__dict__ for r in results]
-        accuracy = sum(r.correct for r in results) / len(results) if results else 0.0
-        write_json(out / "needle.json", {"model": str(model_dir), "accuracy": accuracy, "results": records})
-        plot_needle_heatmap(results, out / "needle.png")
-        result["needle_accuracy"] = accuracy
-    write_text(out / "loss_by_position.txt", result["loss_table"] + "\n")
-    result["files"] = sorted(str(p) for p in out.iterdir() if p.suffix in (".json", ".png", ".txt"))
-    return result
+
+    tables: dict[str, list[dict[str, Any]]] = {}
+    needles: dict[str, list] = {}
+    started = time.monotonic()
+    for spec in specs:
+        print(f"evaluating {spec.label} ({spec.source})", flush=True)
+        model = _load(spec, train, context, dataset.shards.manifest.header.tokenizer.vocab_size, device)
+        tables[spec.label] = loss_by_position(model, rows, context.original, dataset.seq_len, device, bf16)
+        if needle is not None:
+            needles[spec.label] = score_needles(model, tok, examples, device, needle.max_new_tokens, eos)
+        del model
+
+    loss_table = format_loss_table(tables, context.original)
+    sources = {s.label: s.source for s in specs}
+    accuracy = {label: needle_accuracy(results) for label, results in needles.items()}
+    with new_numbered_folder(layout.eval) as (tmp, folder):
+        write_json(tmp / "loss_by_position.json", {
+            "shards": str(shards), "rows": indices, "held_out_rows": len(held_out),
+            "models": [{"label": label, "model": sources[label], "buckets": table} for label, table in tables.items()],
+        })
+        write_text(tmp / "loss_by_position.txt", loss_table + "\n")
+        plot_loss_by_position(tables, context.original, tmp / "loss_by_position.png")
+        if needle is not None:
+            write_json(tmp / "needle.json", {
+                **needle.model_dump(mode="json"),
+                "models": [
+                    {"label": label, "model": sources[label], **accuracy[label], "results": [r.__dict__ for r in results]}
+                    for label, results in needles.items()
+                ],
+            })
+            plot_needle_heatmap(needles, tmp / "needle.png")
+        files = sorted(p.name for p in tmp.iterdir()) + ["summary.json"]
+        summary = {  # models in the order they were given (JSON keys are written sorted)
+            "models": [{"label": label, "model": source} for label, source in sources.items()],
+            "eval": eval.model_dump(mode="json"),
+            "needle_accuracy": [{"label": label, "accuracy": a["accuracy"]} for label, a in accuracy.items()]
+            if needle is not None
+            else None,
+            "files": files,
+            "seconds": time.monotonic() - started,
+        }
+        write_json(tmp / "summary.json", summary)
+    return _result(folder)
+
+
+def _result(folder: Path) -> dict[str, Any]:
+    """What :func:`run_eval` returns, read from an evaluation folder."""
+    summary = json.loads((folder / "summary.json").read_text())
+    losses = json.loads((folder / "loss_by_position.json").read_text())
+    needles = json.loads((folder / "needle.json").read_text()) if (folder / "needle.json").is_file() else None
+    return {
+        "folder": str(folder),
+        "files": [str(folder / name) for name in summary["files"]],
+        "models": {m["label"]: m["model"] for m in summary["models"]},
+        "eval": summary["eval"],
+        "loss_by_position": {m["label"]: m["buckets"] for m in losses["models"]},
+        "loss_table": (folder / "loss_by_position.txt").read_text().rstrip("\n"),
+        "needle_accuracy": {m["label"]: m["accuracy"] for m in needles["models"]} if needles else None,
+        "needle_by_length": {m["label"]: m["by_length"] for m in needles["models"]} if needles else None,
+    }
+
+
+def latest_evaluation(eval: EvalConfig, output: Path) -> dict[str, Any] | None:
+    """The newest evaluation under ``<output>/eval`` made with these ``eval`` settings after the
+    trained model was written (as :func:`run_eval` returns it), or None."""
+    layout = RunLayout(output)
+    trained = layout.final_model / "config.json"
+    if not layout.eval.is_dir() or not trained.is_file():
+        return None
+    folders = sorted((p for p in layout.eval.iterdir() if p.name.isdigit() and (p / "summary.json").is_file()), reverse=True)
+    for folder in folders:
+        if folder.stat().st_mtime < trained.stat().st_mtime:
+            return None
+        if json.loads((folder / "summary.json").read_text())["eval"] == eval.model_dump(mode="json"):
+            return _result(folder)
+    return None

@@ -3,15 +3,17 @@
 - Loss by position: mean next-token loss of tokens whose position falls in each power-of-two bucket
   (plus a bucket edge at the original context). An extended model's loss keeps falling with
   position past the old window; a flat or rising tail means the extension did not take.
-- Needle retrieval: for a grid of context lengths x needle depths, greedy decoding must reproduce
-  the needle's value.
+- Needle retrieval: for a grid of context lengths x needle depths, greedy decoding (with a key/value
+  cache, ``longctx.trainer.generate``) must reproduce the needle's value; several samples per cell.
 
 Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.hf_io``.
+The plots and the table take one result per model, so that models are compared on the same windows
+and needles (a line or a panel per model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ import torch
 
 from longctx.core.atomic import write_figure
 from longctx.trainer.coverage import position_edges
+from longctx.trainer.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
 from longctx.trainer.model import Transformer
 
@@ -64,39 +67,12 @@ def loss_by_position(
     ]
 
 
-@torch.no_grad()
-def greedy_generate(
-    model: Transformer,
-    prompt: Sequence[int],
-    max_new_tokens: int,
-    device: torch.device,
-    stop: Callable[[list[int]], bool] = lambda generated: False,
-) -> list[int]:
-    """Greedy continuation of one prompt, until ``max_new_tokens`` or ``stop(generated)`` is true.
-
-    The prefix is recomputed at every step: answers are a few tokens and scoring stops as soon as
-    the answer is settled, so a KV cache would not pay for its complexity here.
-    """
-    model.eval()
-    ids = list(prompt)
-    out: list[int] = []
-    for _ in range(max_new_tokens):
-        n = len(ids)
-        tokens = torch.tensor(ids, device=device)
-        positions = torch.arange(n, device=device)
-        hidden = model(tokens, positions, positions, torch.zeros(n, dtype=torch.long, device=device), rope_seq_len=n)
-        out.append(int(model.logits(hidden[-1:]).argmax(-1)))
-        ids.append(out[-1])
-        if stop(out):
-            break
-    return out
-
-
 @dataclass(frozen=True)
 class NeedleResult:
     context_tokens: int
     depth: float
     task: str
+    sample: int
     answer: str
     generated: str
     correct: bool
@@ -114,6 +90,64 @@ def answer_settled(generated: str, answer: str) -> bool:
     return text.startswith(expected) or (bool(text) and not expected.startswith(text))
 
 
+@dataclass(frozen=True)
+class NeedleExample:
+    """One needle prompt of the grid: its task kind, its sample number and the example itself."""
+
+    task: str
+    sample: int
+    example: Any  # longctx.pipeline.synthetic.tasks.Example
+
+
+def needle_examples(
+    haystack_texts: list[str],
+    tokenizer,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    kinds: Sequence[str],
+    seed: int,
+    samples: int = 1,
+) -> list[NeedleExample]:
+    """``samples`` examples per (length, depth, kind), built with
+    :func:`longctx.pipeline.synthetic.tasks.make_grid`. Sample ``s`` draws its haystack, keys and
+    values from its own seed (derived from ``seed`` and ``s``), so the same ``seed`` gives the same
+    needles: build them once and score every model on them. Raises ``ValueError`` for lengths too
+    short to hold a task."""
+    from longctx.pipeline.synthetic.tasks import derive_seed, make_grid
+
+    return [
+        NeedleExample(kind, sample, example)
+        for kind in kinds
+        for sample in range(samples)
+        for example in make_grid(haystack_texts, tokenizer, list(lengths), list(depths), derive_seed(seed, "sample", sample), kind)
+    ]
+
+
+def score_needles(
+    model: Transformer,
+    tokenizer,
+    examples: Sequence[NeedleExample],
+    device: torch.device,
+    max_new_tokens: int = 16,
+    stop_ids: Sequence[int] = (),
+) -> list[NeedleResult]:
+    """Greedy decoding on each example, scored against its answer. Decoding stops at a token of
+    ``stop_ids`` or as soon as the score is settled (:func:`answer_settled`)."""
+    results = []
+    for item in examples:
+        example = item.example
+        prompt_ids = tokenizer.encode(example.prompt, add_special_tokens=False).ids
+
+        def stop(ids: list[int], answer: str = example.answer) -> bool:
+            return ids[-1] in stop_ids or answer_settled(tokenizer.decode(ids), answer)
+
+        generated_ids = greedy_generate(model, prompt_ids, max_new_tokens, device, stop)
+        generated = tokenizer.decode([i for i in generated_ids if i not in stop_ids])
+        results.append(NeedleResult(example.context_tokens, example.depth, item.task, item.sample, example.answer,
+                                    generated, score_answer(generated, example.answer)))
+    return results
+
+
 def needle_grid(
     model: Transformer,
     tokenizer,
@@ -125,80 +159,97 @@ def needle_grid(
     device: torch.device,
     max_new_tokens: int = 16,
     stop_ids: Sequence[int] = (),
+    samples: int = 1,
 ) -> list[NeedleResult]:
-    """Build one example per (length, depth, kind) with :func:`longctx.pipeline.synthetic.tasks.make_grid` and
-    score greedy decoding against its answer. Decoding stops at a token of ``stop_ids`` or as soon
-    as the score is settled (:func:`answer_settled`)."""
-    from longctx.pipeline.synthetic.tasks import make_grid
-
-    results = []
-    for kind in kinds:
-        for example in make_grid(haystack_texts, tokenizer, list(lengths), list(depths), seed, kind):
-            prompt_ids = tokenizer.encode(example.prompt, add_special_tokens=False).ids
-
-            def stop(ids: list[int], answer: str = example.answer) -> bool:
-                return ids[-1] in stop_ids or answer_settled(tokenizer.decode(ids), answer)
-
-            generated_ids = greedy_generate(model, prompt_ids, max_new_tokens, device, stop)
-            generated = tokenizer.decode([i for i in generated_ids if i not in stop_ids])
-            results.append(NeedleResult(example.context_tokens, example.depth, kind, example.answer, generated,
-                                        score_answer(generated, example.answer)))
-    return results
+    """:func:`needle_examples` scored with :func:`score_needles`, for one model."""
+    examples = needle_examples(haystack_texts, tokenizer, lengths, depths, kinds, seed, samples)
+    return score_needles(model, tokenizer, examples, device, max_new_tokens, stop_ids)
 
 
-def plot_loss_by_position(rows: list[dict[str, Any]], original: int, path: Path, title: str = "") -> None:
-    """Mean loss against position (log2 x axis), with the original context marked."""
+def needle_accuracy(results: Sequence[NeedleResult]) -> dict[str, Any]:
+    """Overall accuracy and accuracy per context length (over depths, kinds and samples)."""
+    lengths = sorted({r.context_tokens for r in results})
+    by_length = {n: [r.correct for r in results if r.context_tokens == n] for n in lengths}
+    return {
+        "accuracy": sum(r.correct for r in results) / len(results) if results else None,
+        "by_length": [{"context_tokens": n, "accuracy": sum(cell) / len(cell)} for n, cell in by_length.items()],
+        "examples": len(results),
+    }
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(max(1, (r["start"] + r["end"]) / 2), r["mean_loss"]) for r in rows if r["mean_loss"] is not None]
+    return plt
+
+
+def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: int, path: Path) -> None:
+    """Mean loss against position (log2 x axis), one line per model, the original context marked."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([p for p, _ in points], [v for _, v in points], marker="o")
+    for label, rows in tables.items():
+        points = [(max(1, (r["start"] + r["end"]) / 2), r["mean_loss"]) for r in rows if r["mean_loss"] is not None]
+        ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=label)
     ax.axvline(original, color="tab:red", linestyle="--", label=f"original context ({original})")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in document (bucket midpoint)")
     ax.set_ylabel("mean next-token loss")
-    ax.set_title(title or "loss by position")
+    ax.set_title("loss by position (same windows for every model)")
     ax.legend()
     fig.tight_layout()
     write_figure(path, fig)
 
 
-def plot_needle_heatmap(results: list[NeedleResult], path: Path) -> None:
-    """Accuracy per (context length, depth), averaged over task kinds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lengths = sorted({r.context_tokens for r in results})
-    depths = sorted({r.depth for r in results})
-    grid = [[0.0] * len(lengths) for _ in depths]
-    for i, d in enumerate(depths):
-        for j, n in enumerate(lengths):
-            cell = [r.correct for r in results if r.depth == d and r.context_tokens == n]
-            grid[i][j] = sum(cell) / len(cell) if cell else float("nan")
-    fig, ax = plt.subplots(figsize=(1.2 * len(lengths) + 3, 0.5 * len(depths) + 2.5))
-    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
-    ax.set_xlabel("context tokens")
-    ax.set_ylabel("needle depth")
-    ax.set_title("needle retrieval (greedy decoding reproduces the value)")
-    for i in range(len(depths)):
-        for j in range(len(lengths)):
-            ax.text(j, i, f"{grid[i][j]:.0%}", ha="center", va="center", fontsize=8)
-    fig.colorbar(image, ax=ax, label="accuracy")
-    fig.tight_layout()
+def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Path) -> None:
+    """Accuracy per (context length, depth) over task kinds and samples (each cell says correct/total):
+    one panel per model."""
+    plt = _pyplot()
+    labels = list(results)
+    every = [r for rs in results.values() for r in rs]
+    lengths = sorted({r.context_tokens for r in every})
+    depths = sorted({r.depth for r in every})
+    fig, axes = plt.subplots(
+        1, len(labels), figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), squeeze=False,
+        layout="constrained",
+    )
+    image = None
+    for ax, label in zip(axes[0], labels):
+        grid = [[float("nan")] * len(lengths) for _ in depths]
+        counts = [[""] * len(lengths) for _ in depths]
+        for i, d in enumerate(depths):
+            for j, n in enumerate(lengths):
+                cell = [r.correct for r in results[label] if r.depth == d and r.context_tokens == n]
+                if cell:
+                    grid[i][j], counts[i][j] = sum(cell) / len(cell), f"{sum(cell)}/{len(cell)}"
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+        ax.set_xlabel("context tokens")
+        ax.set_ylabel("needle depth")
+        ax.set_title(label)
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
+    samples = max((r.sample for r in every), default=0) + 1
+    fig.suptitle(f"needle retrieval: greedy decoding reproduces the value ({samples} samples per cell)")
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     write_figure(path, fig)
 
 
-def format_loss_table(rows: list[dict[str, Any]], original: int) -> str:
-    lines = [f"{'positions':>17} {'tokens':>9} {'mean loss':>10}"]
-    for r in rows:
-        loss = f"{r['mean_loss']:.4f}" if r["mean_loss"] is not None else "-"
+def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int) -> str:
+    """Loss by position as text: a row per bucket, a column of mean losses per model."""
+    labels = list(tables)
+    widths = [max(10, len(label)) for label in labels]
+    first = next(iter(tables.values()))
+    header = f"{'positions':>17} {'tokens':>9} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, widths))
+    lines = [header]
+    for k, r in enumerate(first):
+        losses = [tables[label][k]["mean_loss"] for label in labels]
+        cells = " ".join(f"{loss:>{w}.4f}" if loss is not None else f"{'-':>{w}}" for loss, w in zip(losses, widths))
         mark = "  <- original context" if r["start"] == original else ""
-        lines.append(f"{'[' + str(r['start']) + ', ' + str(r['end']) + ')':>17} {r['tokens']:>9} {loss:>10}{mark}")
+        lines.append(f"{'[' + str(r['start']) + ', ' + str(r['end']) + ')':>17} {r['tokens']:>9} {cells}{mark}")
     return "\n".join(lines)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from longctx.core.atomic import atomic_path
@@ -28,7 +27,7 @@ from longctx.trainer.model import Attention, ModelConfig, Transformer
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
-DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+DEFAULT_MAX_SHARD_SIZE = "5GB"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
@@ -89,21 +88,34 @@ def _stored_names(files: Iterable[Path]) -> dict[str, Path]:
     return where
 
 
+def local_region(param: Tensor) -> tuple[slice, ...]:
+    """The part of the full parameter this rank holds: everything for a plain tensor, the rank's
+    rows for an FSDP2 (DTensor) shard."""
+    if not hasattr(param, "device_mesh"):
+        return tuple(slice(0, n) for n in param.shape)
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # stable 2.6-2.13
+
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
 def load_weights(model: Transformer, directory: str | os.PathLike[str]) -> None:
     """Copy the checkpoint's tensors in ``directory`` into ``model``'s parameters (converting dtype).
 
     Every parameter must be present with its exact shape and no unknown tensor may be stored;
-    all names and shapes are checked before anything is copied. Tensors are read one at a time, so
-    memory beyond the model is one tensor. ``model`` must hold full (unsharded) parameters.
+    all names and shapes are checked before anything is copied. Each parameter receives only the
+    part this rank holds (:func:`local_region`): a model sharded with FSDP2 reads its slices of the
+    safetensors files, so no rank ever holds a whole tensor it does not own, and an unsharded model
+    reads whole tensors one at a time (memory beyond the model is one tensor).
     """
-    targets = model.state_dict()
+    params = dict(model.named_parameters())
     where = {
         name: file
         for name, file in _stored_names(weight_files(directory)).items()
         if not _skipped(name, model.config)
     }
-    missing = sorted(set(targets) - set(where))
-    unexpected = sorted(set(where) - set(targets))
+    missing = sorted(set(params) - set(where))
+    unexpected = sorted(set(where) - set(params))
     if missing or unexpected:
         raise ValueError(
             f"checkpoint {directory} does not match a {model.config.model_type} model of this config: "
@@ -117,15 +129,32 @@ def load_weights(model: Transformer, directory: str | os.PathLike[str]) -> None:
         with safe_open(file, framework="pt") as handle:
             for name in names:
                 shape = tuple(handle.get_slice(name).get_shape())
-                if shape != tuple(targets[name].shape):
+                if shape != tuple(params[name].shape):
                     raise ValueError(
-                        f"{name}: checkpoint shape {shape}, model shape {tuple(targets[name].shape)}"
+                        f"{name}: checkpoint shape {shape}, model shape {tuple(params[name].shape)}"
                     )
     with torch.no_grad():
         for file, names in by_file.items():
             with safe_open(file, framework="pt") as handle:
                 for name in names:
-                    targets[name].copy_(handle.get_tensor(name))
+                    param = params[name]
+                    local = param.to_local() if hasattr(param, "to_local") else param
+                    if local.numel():
+                        local.copy_(handle.get_slice(name)[local_region(param)])
+
+
+def stored_dtype(directory: str | os.PathLike[str]) -> torch.dtype:
+    """The dtype of the checkpoint's floating-point tensors (the first one found), e.g. bf16 for Llama-3."""
+    for file in weight_files(directory):
+        with safe_open(file, framework="pt") as handle:
+            for name in handle.keys():
+                dtype = handle.get_slice(name).get_dtype()
+                if dtype in _SAFETENSORS_FLOATS:
+                    return _SAFETENSORS_FLOATS[dtype]
+    return torch.float32
+
+
+_SAFETENSORS_FLOATS = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 
 
 def load_model(
@@ -134,7 +163,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     attention: Attention | None = None,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str | bool = "none",
     seq_len: int | None = None,
 ) -> Transformer:
     """Build the model a Hugging Face checkpoint describes and load its weights.
@@ -153,18 +182,36 @@ def load_model(
     return model
 
 
-def _shards(tensors: Mapping[str, Tensor], max_shard_bytes: int) -> list[dict[str, Tensor]]:
-    """Split tensors, in order, into groups of at most ``max_shard_bytes`` (a larger tensor stands alone)."""
-    shards: list[dict[str, Tensor]] = [{}]
-    size = 0
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensor
-        size += nbytes
-    return shards
+def write_checkpoint(
+    config: ModelConfig,
+    state_dict: Mapping[str, Tensor],
+    folder: Path,
+    *,
+    dtype: torch.dtype | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> None:
+    """Write ``config.json`` and the tensors into the existing, empty ``folder``.
+
+    Tensors are cast to ``dtype`` when given and written by ``huggingface_hub.save_torch_state_dict``:
+    one ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` files with
+    ``model.safetensors.index.json`` above ``max_shard_size`` (bytes, or a string such as ``"5GB"``).
+    """
+    from huggingface_hub import save_torch_state_dict
+
+    tensors = {
+        name: tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype).contiguous()
+        for name, tensor in state_dict.items()
+    }
+    if not tensors:
+        raise ValueError("state_dict is empty")
+    stored_dtype = dtype or next(iter(tensors.values())).dtype
+    save_torch_state_dict(tensors, folder, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    for weights in folder.glob("model*.safetensors"):  # safetensors writes 0600 whatever the umask
+        weights.chmod(0o666 & ~umask)
+    hf_config = {**config.to_hf(), "torch_dtype": str(stored_dtype).removeprefix("torch.")}
+    (folder / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
 
 def save_checkpoint(
@@ -173,42 +220,21 @@ def save_checkpoint(
     directory: str | os.PathLike[str],
     *,
     dtype: torch.dtype | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> None:
     """Write ``config.json`` and the tensors as a Hugging Face checkpoint that ``from_pretrained`` loads.
 
-    ``state_dict`` holds full tensors under Hugging Face names (``Transformer.state_dict()``), cast
-    to ``dtype`` when given. Above ``max_shard_bytes`` the weights are sharded with an index. The
-    checkpoint is written under a temporary name beside ``directory`` and renamed into place
-    (``longctx.core.atomic``), so ``directory`` (which must not exist, or be empty) never holds a
-    partial checkpoint.
+    ``state_dict`` holds full tensors under Hugging Face names (``Transformer.state_dict()``); see
+    :func:`write_checkpoint`. The checkpoint is written under a temporary name beside ``directory``
+    and renamed into place (``longctx.core.atomic``), so ``directory`` (which must not exist, or be
+    empty) never holds a partial checkpoint.
     """
     target = Path(directory)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise FileExistsError(f"{target} already exists and is not an empty directory")
-    tensors = {
-        name: tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype).contiguous()
-        for name, tensor in state_dict.items()
-    }
-    if not tensors:
-        raise ValueError("state_dict is empty")
-    stored_dtype = dtype or next(iter(tensors.values())).dtype
-    shards = _shards(tensors, max_shard_bytes)
     with atomic_path(target) as staging:
         staging.mkdir()
-        if len(shards) == 1:
-            save_file(shards[0], staging / WEIGHTS_NAME, metadata={"format": "pt"})
-        else:
-            weight_map: dict[str, str] = {}
-            for number, shard in enumerate(shards, start=1):
-                name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-                save_file(shard, staging / name, metadata={"format": "pt"})
-                weight_map.update(dict.fromkeys(shard, name))
-            total = sum(t.numel() * t.element_size() for t in tensors.values())
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (staging / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-        hf_config = {**config.to_hf(), "torch_dtype": str(stored_dtype).removeprefix("torch.")}
-        (staging / CONFIG_NAME).write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+        write_checkpoint(config, state_dict, staging, dtype=dtype, max_shard_size=max_shard_size)
 
 
 def save_model(
@@ -216,7 +242,7 @@ def save_model(
     directory: str | os.PathLike[str],
     *,
     dtype: torch.dtype | None = None,
-    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> None:
     """Save an unsharded ``model`` as a Hugging Face checkpoint (see :func:`save_checkpoint`)."""
-    save_checkpoint(model.config, model.state_dict(), directory, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    save_checkpoint(model.config, model.state_dict(), directory, dtype=dtype, max_shard_size=max_shard_size)

@@ -1,39 +1,181 @@
-"""Starting a training job on this machine under torchrun (``torch.distributed.run``).
+"""Starting a training job's ranks on this machine, and the ranks' side of the bargain.
 
-``longctx train --nproc N`` and the demo both start their ranks here, with the same command: the
-current interpreter, ``--standalone`` rendezvous, ``N`` processes, each running a Python module
-(``python -m <module> <args>``). The caller names the module, so this launcher knows nothing of the
-command line it starts.
+``longctx train --nproc N`` and the demo run the torch elastic agent (what ``torchrun --standalone``
+runs) *in this process*: N ranks, each ``python -m <module> <args>``. Running the agent here rather
+than as a ``torchrun`` child means nothing sits between the launcher and its ranks, so:
+
+- **Killing the launcher stops the ranks.** The agent starts each rank in its own session (so a
+  signal to the launcher's process group does not reach them). Each rank therefore asks the kernel
+  for ``SIGTERM`` when its parent dies (``PR_SET_PDEATHSIG``) and, should that be missed, a watchdog
+  thread ends it within a second of its parent being gone. SIGTERM/SIGINT to the launcher make the
+  agent stop the ranks (SIGTERM, then SIGKILL), as torchrun does.
+- **A user error is one line.** A rank failing with a :class:`~longctx.core.errors.LongctxError`
+  (a damaged shard, a refused config) records its message in the job's error file and exits with
+  status 2; ranks that then fail because that rank is gone (a broken collective) exit quietly; the
+  launcher prints the recorded line and returns 2. Other failures keep their traceback.
+- **Nothing is left behind.** The agent's per-rank logs and the error file live in a job folder the
+  caller names (inside the run folder), removed when the job ends and again before the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import logging
 import os
-import subprocess
+import shutil
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Variables a torchrun job sets for its ranks; a new job must not inherit them from its parent."""
+PARENT_ENV = "LONGCTX_LAUNCHER_PID"
+ERROR_FILE_ENV = "LONGCTX_ERROR_FILE"
+_PR_SET_PDEATHSIG = 1
 
 
 def torchrun_command(nproc: int, module: str, args: Sequence[str]) -> list[str]:
-    """The command that runs ``python -m module *args`` as ``nproc`` local ranks."""
+    """The equivalent ``torchrun`` command line, for users who start the ranks themselves."""
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        module,
-        *args,
-    ]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", module, *args]
 
 
-def launch(nproc: int, module: str, args: Sequence[str]) -> int:
-    """Run ``python -m module *args`` as ``nproc`` local ranks under torchrun; returns its exit status."""
-    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
-    return subprocess.call(torchrun_command(nproc, module, args), env=env)
+@contextlib.contextmanager
+def _job_environment(updates: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with torchrun's variables removed and ``updates`` set (the agent builds each
+    rank's environment from this process's), restored afterwards."""
+    saved = dict(os.environ)
+    for key in TORCHRUN_ENV:
+        os.environ.pop(key, None)
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dict[str, str] | None = None) -> int:
+    """Run ``python -m module *args`` as ``nproc`` local ranks; returns the job's exit status
+    (0, 2 after a user error whose line was printed, 1 after another failure, 128 + signal).
+
+    ``job_dir`` holds the agent's logs and the error file while the job runs (created empty,
+    removed at the end); ``env`` adds variables for the ranks.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    error_file = job_dir / "error.txt"
+    updates = {PARENT_ENV: str(os.getpid()), ERROR_FILE_ENV: str(error_file), **(env or {})}
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        updates["OMP_NUM_THREADS"] = "1"  # as torchrun does: N ranks share the cores
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(job_dir / "logs")),
+    )
+    elastic_logger = logging.getLogger("torch.distributed.elastic")
+    level = elastic_logger.level
+    # the agent installs its own handlers (to stop the ranks); the caller's come back afterwards
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    elastic_logger.setLevel(logging.CRITICAL)  # we report failures ourselves, in one line
+    try:
+        with _job_environment(updates):
+            elastic_launch(config, sys.executable)("-m", module, *args)
+        return 0
+    except ChildFailedError as err:
+        recorded = error_file.read_text(encoding="utf-8").strip() if error_file.exists() else ""
+        if recorded:
+            print(recorded, file=sys.stderr, flush=True)
+            return 2
+        rank, failure = min(err.failures.items())
+        print(f"rank {rank} failed with exit code {failure.exitcode} (its output is above)", file=sys.stderr)
+        return 1
+    except SignalException as err:
+        print(f"stopped by {signal.Signals(err.sigval).name}; the ranks were stopped", file=sys.stderr)
+        return 128 + int(err.sigval)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        elastic_logger.setLevel(level)
+        shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def launch_training(nproc: int, argv: Sequence[str], output: Path) -> int:
+    """``longctx train`` (``argv``) as ``nproc`` ranks, holding the run's lock for the whole job."""
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.runlock import HELD_ENV, run_lock
+
+    train_dir = RunLayout(output).train
+    with run_lock(train_dir) as lock:
+        env = {HELD_ENV: str(lock)} if lock is not None else {}
+        return launch(nproc, "longctx.cli", argv, train_dir / ".job", env)
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _watch_parent(parent: int, interval_s: float) -> None:
+    while True:
+        time.sleep(interval_s)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def follow_launcher(interval_s: float = 1.0) -> None:
+    """In a rank started by :func:`launch`: end this process when the launcher is gone."""
+    parent = os.environ.get(PARENT_ENV)
+    if parent is None:
+        return
+    _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != int(parent):  # the launcher died before the death signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch_parent, args=(int(parent), interval_s), daemon=True, name="launcher-watch").start()
+
+
+@contextlib.contextmanager
+def rank_errors(command: str) -> Iterator[None]:
+    """In a rank started by :func:`launch`: a user error is recorded for the launcher (first one
+    wins) and ends the rank with status 2; a failure that follows another rank's recorded user error
+    (typically a broken collective) ends the rank quietly with status 2. Elsewhere: no-op."""
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file is None or PARENT_ENV not in os.environ:
+        yield
+        return
+    from longctx.core.errors import LongctxError
+
+    try:
+        yield
+    except LongctxError as err:
+        with contextlib.suppress(FileExistsError), open(error_file, "x", encoding="utf-8") as out:
+            out.write(f"longctx {command}: {err}\n")
+        raise SystemExit(2) from None
+    except Exception:
+        if Path(error_file).exists():
+            raise SystemExit(2) from None
+        raise

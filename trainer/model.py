@@ -14,7 +14,8 @@ pluggable (:data:`Attention`), and the default is ``longctx.trainer.attention.ri
 
 :meth:`Transformer.forward` returns final hidden states rather than logits: at long context the
 ``[tokens, vocab]`` logits are the largest activation of the model, so the loss is computed in token
-chunks (:meth:`Transformer.cross_entropy_sum`); :meth:`Transformer.logits` gives full logits when wanted.
+chunks (``forward(..., labels=...)``, :meth:`Transformer.token_cross_entropy`); :meth:`Transformer.logits`
+gives full logits of an unsharded model when wanted.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
 from longctx.trainer.flops import ModelShape
+from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
 from longctx.trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
 
 # Configuration ---------------------------------------------------------------------------------------------
@@ -391,60 +393,115 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, kv_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(q_dim, config.hidden_size, bias=config.attention_bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
-        """``x`` ``[B, T, hidden]``, RoPE tables ``[B, T, head_dim]``, one row attention per batch row."""
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries and keys, and values: ``[B, T, heads, head_dim]`` each."""
         batch, tokens, _ = x.shape
         q = apply_rotary(self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim), cos, sin)
         k = apply_rotary(self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
+        return q, k, v
+
+    @staticmethod
+    def attend(q: Tensor, k: Tensor, v: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """Row-by-row attention; the output is ``[B, T, heads * head_dim]``."""
         out = torch.stack([attend(q[b], k[b], v[b]) for b, attend in enumerate(rows)])
-        return self.o_proj(out.reshape(batch, tokens, self.n_heads * self.head_dim))
+        return out.flatten(-2)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """``x`` ``[B, T, hidden]``, RoPE tables ``[B, T, head_dim]``, one row attention per batch row."""
+        return self.o_proj(self.attend(*self.project(x, cos, sin), rows))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    def __init__(self, config: ModelConfig) -> None:
+    With ``selective`` (activation checkpointing ``"selective"``) the block keeps only its input,
+    the attention's inputs (rotated q, k, v) and its output for backward; the norms, projections and
+    the MLP are recomputed, the attention (the costly part at long context, and a ring exchange
+    under context parallelism) is not.
+    """
+
+    def __init__(self, config: ModelConfig, *, selective: bool = False) -> None:
         super().__init__()
         self.self_attn = SelfAttention(config)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.selective = selective
+
+    def _attention_inputs(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos, sin)
+
+    def _after_attention(self, x: Tensor, attended: Tensor) -> Tensor:
+        x = x + self.self_attn.o_proj(attended)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
         """Apply the block to ``[B, T, hidden]``."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, rows)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if self.selective and torch.is_grad_enabled():
+            q, k, v = checkpoint(self._attention_inputs, x, cos, sin, use_reentrant=False)
+            return checkpoint(self._after_attention, x, SelfAttention.attend(q, k, v, rows), use_reentrant=False)
+        return self._after_attention(x, SelfAttention.attend(*self._attention_inputs(x, cos, sin), rows))
+
+
+def checkpointing_mode(value: str | bool) -> str:
+    """What a decoder block keeps for backward. ``none``: everything. ``full``: only its input; the
+    whole block, attention included, is recomputed in backward. ``selective``: its input and the
+    attention's inputs and output; the rest of the block is recomputed, the attention is not.
+    ``True``/``False`` (the old switch) mean full/none."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if value not in ACTIVATION_CHECKPOINTING:
+        raise ValueError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {value!r}")
+    return value
 
 
 class Decoder(nn.Module):
     """Embedding, decoder layers and final norm (Hugging Face's ``model.*`` submodule)."""
 
-    def __init__(self, config: ModelConfig, *, activation_checkpointing: bool = False) -> None:
+    def __init__(self, config: ModelConfig, *, activation_checkpointing: str | bool = "none") -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.activation_checkpointing = checkpointing_mode(activation_checkpointing)
+        selective = self.activation_checkpointing == "selective"
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        if not weight.is_meta:  # nn.Embedding's own init on the meta device would import torch._dynamo
+            nn.init.normal_(weight)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
+        self.layers = nn.ModuleList(DecoderLayer(config, selective=selective) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.activation_checkpointing = activation_checkpointing
 
     def forward(self, input_ids: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
         """Final normalized hidden states ``[B, T, hidden]``; checkpointed layers recompute in backward."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            if self.activation_checkpointing and torch.is_grad_enabled():
+            if self.activation_checkpointing == "full" and torch.is_grad_enabled():
                 x = checkpoint(layer, x, cos, sin, rows, use_reentrant=False)
             else:
                 x = layer(x, cos, sin, rows)
         return self.norm(x)
 
 
+def initial_value(name: str, shape: Sequence[int], std: float, generator: torch.Generator | None) -> Tensor:
+    """The initial float32 value of parameter ``name``: ones for norm weights, zeros for biases,
+    Normal(0, ``std``) for matrices and embeddings (drawn from ``generator``)."""
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
 class Transformer(nn.Module):
     """A Llama-family causal language model over packed rows (Hugging Face's ``*ForCausalLM``).
 
-    ``attention`` defaults to :class:`RingAttention` with no group (local). With
-    ``activation_checkpointing`` each decoder layer's activations are recomputed in backward
-    (``torch.utils.checkpoint``, non-reentrant). Parameters are created with PyTorch's default
-    initialization; call :meth:`init_weights` for the usual normal init.
+    ``attention`` defaults to :class:`RingAttention` with no group (local).
+    ``activation_checkpointing`` is a mode of :func:`checkpointing_mode`; recomputation uses
+    ``torch.utils.checkpoint``, non-reentrant.
+    Parameters are created with PyTorch's default initialization; call :meth:`init_weights` for the
+    usual normal init.
+
+    The loss is part of :meth:`forward` (pass ``labels``) rather than a separate call, so that a
+    model sharded with FSDP2 gathers its output projection once, in the forward it hooks.
     """
 
     def __init__(
@@ -452,7 +509,7 @@ class Transformer(nn.Module):
         config: ModelConfig,
         *,
         attention: Attention | None = None,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: str | bool = "none",
     ) -> None:
         super().__init__()
         self.config = config
@@ -471,14 +528,13 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
-        """Normal(0, ``std``) linear and embedding weights, zero biases, unit norm weights."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.zero_()
-            if isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
+        """Normal(0, ``std``) linear and embedding weights, zero biases, unit norm weights.
+
+        Values are drawn parameter by parameter in ``named_parameters`` order
+        (:func:`initial_value`), so a sharded model filled the same way gets the same weights.
+        """
+        for name, param in self.named_parameters():
+            param.copy_(initial_value(name, param.shape, std, generator))
 
     def rope_tables(self, position_ids: Tensor, rope_seq_len: int | None = None) -> tuple[Tensor, Tensor]:
         """RoPE ``cos``/``sin`` ``[..., head_dim]`` for ``position_ids`` (float32).
@@ -501,8 +557,10 @@ class Transformer(nn.Module):
         segment_ids: Tensor,
         *,
         rope_seq_len: int | None = None,
+        labels: Tensor | None = None,
     ) -> Tensor:
-        """Final hidden states ``[B, T, hidden]`` (``[T, hidden]`` for 1-D inputs) of packed rows.
+        """Final hidden states ``[B, T, hidden]`` (``[T, hidden]`` for 1-D inputs) of packed rows,
+        or, with ``labels``, each token's cross-entropy (see :meth:`token_cross_entropy`).
 
         All inputs are ``[B, T]`` (or ``[T]`` for one row) integer tensors: token ids, per-document
         positions (restarting at 0 in every document), global indices of the tokens in their window
@@ -519,41 +577,59 @@ class Transformer(nn.Module):
         cos, sin = self.rope_tables(position_ids, rope_seq_len)
         rows = [bind_row(self.attention, token_index[b], segment_ids[b]) for b in range(input_ids.shape[0])]
         hidden = self.model(input_ids, cos, sin, rows)
-        return hidden[0] if single else hidden
+        hidden = hidden[0] if single else hidden
+        if labels is None:
+            return hidden
+        losses = self.token_cross_entropy(hidden, labels)
+        # FSDP2 hooks the output for backward; an output that is a view could lose that hook
+        return losses.clone() if losses._base is not None else losses
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """Vocabulary logits ``[..., vocab]`` of hidden states, in their dtype."""
+        """Vocabulary logits ``[..., vocab]`` of hidden states, in their dtype (unsharded models)."""
         return F.linear(hidden, self.output_weight)
 
-    def cross_entropy_sum(
-        self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int = 8192, ignore_index: int = -100
+    def token_cross_entropy(
+        self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
     ) -> Tensor:
-        """Summed next-token cross-entropy (float32 scalar) of ``hidden`` against ``labels``.
+        """Next-token cross-entropy of every token (float32, ``labels``' shape, 0 where ``labels`` is
+        ``ignore_index``), differentiable.
 
-        ``labels`` has ``hidden``'s leading shape; entries equal to ``ignore_index`` do not count.
-        Logits are computed ``chunk_tokens`` tokens at a time in float32 and recomputed in backward,
-        so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive. Returns a sum so the
-        caller can normalize by the token count of the whole (data- and context-parallel) batch.
+        Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
+        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk is
+        recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
+        Summing gives the loss of this rank's tokens, which the caller normalizes by the token count
+        of the whole (data- and context-parallel) batch.
         """
         flat_hidden = hidden.reshape(-1, hidden.shape[-1])
         flat_labels = labels.reshape(-1)
         if flat_labels.numel() != flat_hidden.shape[0]:
             raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
         weight = self.output_weight
-        total = flat_hidden.new_zeros((), dtype=torch.float32)
-        for start in range(0, flat_labels.numel(), chunk_tokens):
-            stop = start + chunk_tokens
-            total = total + checkpoint(
+        chunk = chunk_tokens or logits_chunk_tokens(weight.shape[0])
+        if flat_labels.numel() <= chunk:
+            losses = _chunk_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
+            return losses if labels.dim() == 1 else losses.view(labels.shape)
+        parts = [
+            checkpoint(
                 _chunk_cross_entropy,
-                flat_hidden[start:stop],
+                flat_hidden[start : start + chunk],
                 weight,
-                flat_labels[start:stop],
+                flat_labels[start : start + chunk],
                 ignore_index,
                 use_reentrant=False,
             )
-        return total
+            for start in range(0, flat_labels.numel(), chunk)
+        ]
+        losses = torch.cat(parts)
+        return losses if labels.dim() == 1 else losses.view(labels.shape)
+
+    def cross_entropy_sum(
+        self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
+    ) -> Tensor:
+        """Summed next-token cross-entropy (float32 scalar); see :meth:`token_cross_entropy`."""
+        return self.token_cross_entropy(hidden, labels, chunk_tokens=chunk_tokens, ignore_index=ignore_index).sum()
 
 
 def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
     logits = F.linear(hidden, weight).float()
-    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
+    return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")

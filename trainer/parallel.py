@@ -1,8 +1,16 @@
-"""Process groups for a 2-D layout of data-parallel x context-parallel ranks.
+"""The device mesh of a training job: data-parallel replicate x data-parallel shard x context parallel.
 
-Ranks are laid out context-parallel-major: rank ``r`` has ``dp_rank = r // cp`` and
-``cp_rank = r % cp``, so the ranks of one ring are neighbours (on one node when ``cp`` fits in it).
-Every group carries the configured timeout: a dead or stuck rank ends in an error, not a hang.
+Ranks form a 3-D mesh with named dimensions ``("dp_replicate", "dp_shard", "cp")``, row-major: rank
+``r = (replica * dp_shard + shard) * cp + cp_rank``, so the ranks of one ring are neighbours (on one
+node when ``cp`` fits in it). The ranks of a ring read the same rows (each keeps its zigzag share), so
+the data-parallel rank is ``replica * dp_shard + shard`` and the data-parallel size ``dp_replicate x
+dp_shard``. Weights, gradients and optimizer states are sharded (FSDP2) over ``dp_shard x cp`` and,
+when ``dp_replicate > 1``, replicated across that dimension (HSDP).
+
+The mesh is built the same way on CPU (gloo) and GPU (NCCL) with ``init_device_mesh``; every group
+it creates gets the configured timeout, so a dead or stuck rank ends in an error, not a hang. A
+single process needs no process group: :attr:`ParallelState.mesh` is then ``None`` and the model is
+trained unsharded.
 """
 
 from __future__ import annotations
@@ -10,102 +18,205 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from longctx.core.errors import ConfigError
 
+MESH_DIMS = ("dp_replicate", "dp_shard", "cp")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the three mesh dimensions."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.cp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: groups of ranks that read different rows."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one copy of the model state is sharded over (``dp_shard x cp``)."""
+        return self.dp_shard * self.cp
+
+    def describe(self) -> str:
+        return f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x cp {self.cp}"
+
+
+def mesh_shape(world_size: int, cp: int, dp_replicate: int = 1) -> MeshShape:
+    """The mesh of ``world_size`` ranks with rings of ``cp`` and ``dp_replicate`` replicas.
+
+    Raises :class:`ConfigError` when ``cp x dp_replicate`` does not divide the world size.
+    """
+    if cp < 1 or dp_replicate < 1 or world_size % (cp * dp_replicate):
+        what = f"train.cp = {cp}" if dp_replicate == 1 else f"train.cp x train.dp_replicate = {cp * dp_replicate}"
+        raise ConfigError(
+            f"{what} must divide the number of processes ({world_size}); start a multiple of "
+            f"{cp * dp_replicate} processes (torchrun --nproc-per-node, or longctx train --nproc)"
+        )
+    return MeshShape(dp_replicate, world_size // (cp * dp_replicate), cp)
+
 
 @dataclass(frozen=True)
 class ParallelState:
+    """This rank's place in the mesh and the groups it communicates over."""
+
     rank: int
-    world_size: int
+    shape: MeshShape
     dp_rank: int
-    dp_size: int
     cp_rank: int
-    cp_size: int
     device: torch.device
-    cp_group: dist.ProcessGroup | None  # None: a single process, no communication
-    world_group: dist.ProcessGroup | None
+    mesh: Any | None  # DeviceMesh over MESH_DIMS; None for a single process
+    fsdp_mesh: Any | None  # 1-D (dp_shard x cp) or 2-D (dp_replicate, dp_shard x cp) mesh for fully_shard
+    cp_group: dist.ProcessGroup | None  # None: the ring is local (cp = 1)
+    world_group: dist.ProcessGroup | None  # None: a single process, no communication
+
+    @classmethod
+    def single(cls, device: torch.device | None = None) -> ParallelState:
+        """One process, no communication."""
+        return cls(0, MeshShape(1, 1, 1), 0, 0, device or torch.device("cpu"), None, None, None, None)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def world_size(self) -> int:
+        return self.shape.world_size
 
-def init_parallel(cp: int, timeout_s: int) -> ParallelState:
-    """Join the torchrun job (or run as one process) and build the context-parallel groups.
+    @property
+    def dp_size(self) -> int:
+        return self.shape.dp_size
 
-    Uses NCCL when CUDA is available and gloo otherwise. Raises ``ConfigError`` when ``cp`` does not
-    divide the world size.
-    """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if cp < 1 or world_size % cp:
-        raise ConfigError(
-            f"train.cp = {cp} must divide the number of processes ({world_size}); "
-            f"start {cp} or a multiple of {cp} processes (torchrun --nproc-per-node, or longctx train --nproc)"
-        )
+    @property
+    def cp_size(self) -> int:
+        return self.shape.cp
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded with FSDP2 (any job of more than one process)."""
+        return self.fsdp_mesh is not None
+
+
+def _device() -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _set_timeout(group: dist.ProcessGroup, timeout: timedelta) -> None:
+    """Give a group the run's timeout (device-mesh groups otherwise get c10d's 10/30-minute default)."""
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # private, present in torch 2.6-2.13
+    if setter is not None:
+        setter(timeout, group)
+
+
+def build_mesh(shape: MeshShape, device_type: str) -> tuple[Any, Any]:
+    """``(mesh, fsdp_mesh)``: the named 3-D mesh and the mesh ``fully_shard`` shards over.
+
+    torch 2.10+ builds both as views of one 1-D world mesh (``_unflatten``), which avoids the
+    deprecation warning for slicing a flattened dimension off the root mesh; older versions flatten
+    ``dp_shard x cp`` (``_flatten``, private but present from 2.6).
+    """
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    dims = (shape.dp_replicate, shape.dp_shard, shape.cp)
+    if hasattr(DeviceMesh, "_unflatten"):
+        world = init_device_mesh(device_type, (shape.world_size,), mesh_dim_names=("world",))
+        mesh = world._unflatten(0, dims, MESH_DIMS)
+        hsdp = world._unflatten(0, (shape.dp_replicate, shape.shard_size), ("dp_replicate", "dp_shard_cp"))
+        fsdp_mesh = hsdp if shape.dp_replicate > 1 else hsdp["dp_shard_cp"]
     else:
-        device = torch.device("cpu")
+        mesh = init_device_mesh(device_type, dims, mesh_dim_names=MESH_DIMS)
+        flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        fsdp_mesh = mesh["dp_replicate", "dp_shard_cp"] if shape.dp_replicate > 1 else flat
+    return mesh, fsdp_mesh
+
+
+def init_parallel(cp: int, timeout_s: int, dp_replicate: int = 1) -> ParallelState:
+    """Join the torchrun job (or run as one process) and build the device mesh.
+
+    Uses NCCL when CUDA is available and gloo otherwise; joins an already initialized default group
+    (tests that run several jobs in one set of processes). Raises :class:`ConfigError` when the
+    mesh does not divide the world size.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+    shape = mesh_shape(world_size, cp, dp_replicate)
+    device = _device()
     if world_size == 1:
-        return ParallelState(0, 1, 0, 1, 0, 1, device, None, None)
-    if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        return ParallelState.single(device)
     timeout = timedelta(seconds=timeout_s)
-    cp_group = None
-    for first in range(0, world_size, cp):  # every rank creates every group, in the same order
-        group = dist.new_group(list(range(first, first + cp)), timeout=timeout)
-        if first <= rank < first + cp:
-            cp_group = group
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    mesh, fsdp_mesh = build_mesh(shape, device.type)
+    groups = {mesh[name].get_group() for name in MESH_DIMS}
+    groups |= set(fsdp_mesh.get_all_groups())
+    for group in groups:
+        _set_timeout(group, timeout)
+    replica, shard, cp_rank = mesh.get_coordinate()
     return ParallelState(
-        rank=rank,
-        world_size=world_size,
-        dp_rank=rank // cp,
-        dp_size=world_size // cp,
-        cp_rank=rank % cp,
-        cp_size=cp,
+        rank=dist.get_rank(),
+        shape=shape,
+        dp_rank=replica * shape.dp_shard + shard,
+        cp_rank=cp_rank,
         device=device,
-        cp_group=cp_group if cp > 1 else None,
+        mesh=mesh,
+        fsdp_mesh=fsdp_mesh,
+        cp_group=mesh["cp"].get_group() if shape.cp > 1 else None,
         world_group=dist.group.WORLD,
     )
 
 
-def all_reduce_sum(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum over every rank (data- and context-parallel), in place; a no-op for one process."""
-    if state.world_group is not None:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=state.world_group)
-    return tensor
-
-
-def all_reduce_max(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    if state.world_group is not None:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=state.world_group)
-    return tensor
-
-
-def sync_gradients(parameters: list[torch.nn.Parameter], state: ParallelState) -> None:
-    """Sum gradients over all ranks in one flat buffer.
-
-    The model is replicated on every rank and each rank's loss is already divided by the token
-    count of the whole data- x context-parallel group, so the sum is the exact gradient.
-    """
+def all_gather_stats(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Every rank's copy of the 1-D float64 ``values``, stacked ``[world, n]`` (one collective for
+    all of a step's statistics: sums and maxima are taken from the stack)."""
     if state.world_group is None:
-        return
-    grads = [p.grad for p in parameters if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=state.world_group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+        return values[None]
+    out = torch.empty(state.world_size * values.numel(), dtype=values.dtype, device=state.device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
+    gather(out, values.to(state.device).contiguous(), group=state.world_group)
+    return out.cpu().view(state.world_size, values.numel())
 
 
-def shutdown() -> None:
-    if dist.is_available() and dist.is_initialized():
+def all_reduce_sum(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Sum over every rank, in place; a no-op for one process."""
+    if state.world_group is not None:
+        on_device = tensor.to(state.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=state.world_group)
+        tensor.copy_(on_device)
+    return tensor
+
+
+def all_reduce_min(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """Minimum over every rank, in place (e.g. a flag every rank must agree on)."""
+    if state.world_group is not None:
+        on_device = tensor.to(state.device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.MIN, group=state.world_group)
+        tensor.copy_(on_device)
+    return tensor
+
+
+def barrier(state: ParallelState) -> None:
+    if state.world_group is not None:
+        dist.barrier(group=state.world_group)
+
+
+def shutdown(owned: bool) -> None:
+    """Destroy the default process group when this job created it (``owned``)."""
+    if owned and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

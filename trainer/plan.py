@@ -27,20 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_count, train_flops_per_token
-
-ACTIVATION_BYTES = 2
-"""Bytes per element of activations and of the key/value blocks sent around the ring (bf16)."""
-
-GRAD_ACCUM_BYTES = 4
-"""Bytes per element of the dK/dV accumulators riding the ring in backward (fp32, see ``ring.py``)."""
-
-MODEL_STATE_BYTES_PER_PARAM = 16
-"""Weights, gradients and AdamW moments per parameter: fp32 weight 4 + fp32 gradient 4 + fp32 m 4 + fp32 v 4.
-
-``longctx train`` keeps fp32 parameters under bf16 autocast, which is exactly this; the other common
-layout (bf16 weight 2 + bf16 gradient 2 + fp32 master 4 + m 4 + v 4) is also 16.
-"""
+from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_count, train_flops_per_token  # noqa: F401
+from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
+    ACTIVATION_BYTES,
+    ACTIVATION_CHECKPOINTING,
+    GRAD_ACCUM_BYTES,
+    MODEL_STATE_BYTES_PER_PARAM,
+    RankMemory,
+    activation_bytes_per_token,
+    fits,
+    kv_block_bytes,
+    rank_memory,
+)
 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """Backward attention FLOPs over forward: FlashAttention's backward does 5 ``b x b x d`` matmuls per head
@@ -144,40 +142,9 @@ def crossover_length(model: ModelShape, *, causal: bool = False) -> float:
     return flops.dense / flops.attention
 
 
-def activation_bytes_per_token(model: ModelShape, length: int, *, flash: bool) -> float:
-    """Bytes one layer keeps for backward per token of a sequence of ``length`` tokens (bf16, no recompute).
-
-    Follows Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models"
-    (section 4.1), whose GPT layer (dropout, 4h GeLU MLP) keeps ``s b h (34 + 5 a s / h)`` bytes. For a
-    Llama layer (no dropout, GQA, SwiGLU) the same accounting gives, per token:
-
-    * ``8h``: inputs of both RMSNorms and both normed outputs (the inputs of the q/k/v and MLP matmuls);
-    * ``4q + 4k``: Q and K (after RoPE), V, and the attention output (input of the o projection);
-    * ``8i``: gate and up outputs, SiLU(gate), and their product (input of the down projection);
-    * with FlashAttention, ``4a``: one fp32 log-sum-exp per head (scores are recomputed in backward);
-    * without it, ``2 a L``: each head's row of ``L`` softmax probabilities in bf16, kept for both the
-      softmax and the ``P V`` backward -- the ``O(L^2)`` term per sequence (Korthikanti's ``5as/h`` is
-      this plus a dropout mask and dropout output; an implementation that keeps fp32 softmax outputs
-      as well stores ``6 a L``).
-    """
-    common = ACTIVATION_BYTES * (
-        4 * model.hidden_size + 2 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size
-    )
-    if flash:
-        return common + 4.0 * model.num_heads
-    return common + ACTIVATION_BYTES * model.num_heads * length
-
-
 def kv_cache_bytes_per_token(model: ModelShape, bytes_per_element: float) -> float:
     """KV cache per token: ``2 (K and V) x n x g x d x bytes``; Llama-3-70B in fp16: 327,680 B = 320 KiB."""
     return 2.0 * model.num_layers * model.kv_dim * bytes_per_element
-
-
-def kv_block_bytes(
-    model: ModelShape, block_tokens: float, bytes_per_element: float = ACTIVATION_BYTES
-) -> float:
-    """One layer's keys and values for ``block_tokens`` tokens: ``2 x b x g x d x bytes``."""
-    return 2.0 * block_tokens * model.kv_dim * bytes_per_element
 
 
 def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = True) -> float:
@@ -273,58 +240,6 @@ def ring_step(
     )
 
 
-@dataclass(frozen=True)
-class RankMemory:
-    """Memory one rank of a ring holds during a training step, in bytes (a lower bound: no workspace,
-    fragmentation or transient gradient buffers)."""
-
-    model_states: float
-    activations: float
-    ring_buffers: float
-
-    @property
-    def total(self) -> float:
-        """Model states plus activations plus ring buffers."""
-        return self.model_states + self.activations + self.ring_buffers
-
-
-def rank_memory(
-    model: ModelShape,
-    length: int,
-    cp: int,
-    *,
-    state_shards: int = 1,
-    activation_checkpointing: bool = False,
-) -> RankMemory:
-    """Per-rank memory for one sequence of ``length`` tokens split over ``cp`` ranks (``b = L / cp``).
-
-    * model states: ``16 x parameters / state_shards`` (:data:`MODEL_STATE_BYTES_PER_PARAM`);
-      ``state_shards`` is the FSDP/ZeRO-3 degree, 1 when every rank holds a full replica, as
-      ``longctx train`` does;
-    * activations for ``b`` tokens with FlashAttention-style blocks (ring attention never materializes
-      scores): ``n b A`` with ``A`` from :func:`activation_bytes_per_token`; with activation
-      checkpointing, every layer's bf16 input ``n b 2h`` plus one layer's full activations ``b A``;
-    * ring buffers, the backward peak of one layer (``longctx.trainer.attention.ring``): the held and the
-      arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32. The rank's
-      own K/V are counted in its activations; the output logits are never whole, since longctx
-      computes the loss in chunks.
-    """
-    block = length // cp
-    per_token = activation_bytes_per_token(model, length, flash=True)
-    if activation_checkpointing:
-        activations = model.num_layers * block * ACTIVATION_BYTES * model.hidden_size + block * per_token
-    else:
-        activations = model.num_layers * block * per_token
-    buffers = (
-        2 * (kv_block_bytes(model, block) + kv_block_bytes(model, block, GRAD_ACCUM_BYTES)) if cp > 1 else 0.0
-    )
-    return RankMemory(
-        model_states=MODEL_STATE_BYTES_PER_PARAM * param_count(model) / state_shards,
-        activations=float(activations),
-        ring_buffers=buffers,
-    )
-
-
 def train_seconds(
     model: ModelShape, length: int, *, tokens: float, gpus: int, peak_flops: float, mfu: float
 ) -> float:
@@ -348,11 +263,13 @@ class RunSettings:
     link_bytes_per_s: float = 50e9
     achieved_flops: float = 400e12
     state_shards: int = 1
-    activation_checkpointing: bool = False
+    activation_checkpointing: str = "none"
     tokens: float | None = None
     gpus: int | None = None
     peak_flops: float = 989e12
     mfu: float = 0.4
+    gpu_memory_bytes: float | None = None
+    """Device memory each setting is checked against (``longctx.trainer.memory.fits``); None: no check."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -362,16 +279,23 @@ class RunSettings:
             "state shards": self.state_shards,
             "peak FLOP/s": self.peak_flops,
         }
+        if self.gpu_memory_bytes is not None:
+            positive["GPU memory"] = self.gpu_memory_bytes
         bad = [f"{name} ({value})" for name, value in positive.items() if not value > 0]
         if bad:
             raise ConfigError(f"must be positive: {', '.join(bad)}")
         if not 0 < self.mfu <= 1:
             raise ConfigError(f"MFU must be in (0, 1], got {self.mfu}")
-        if (self.tokens is None) != (self.gpus is None):
+        if self.tokens is not None and self.gpus is None:
             raise ConfigError("a wall-clock estimate needs both a token budget and a GPU count")
-        if self.tokens is not None and not (self.tokens > 0 and self.gpus is not None and self.gpus > 0):
+        if self.gpus is not None and not self.gpus > 0:
+            raise ConfigError(f"GPU count must be positive, got {self.gpus}")
+        if self.tokens is not None and not self.tokens > 0:
+            raise ConfigError(f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}")
+        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
             raise ConfigError(
-                f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}"
+                f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+                f"got {self.activation_checkpointing!r}"
             )
 
 
@@ -391,6 +315,8 @@ class LengthPlan:
     memory: RankMemory
     train_flops_per_token: float
     train_seconds: float | None
+    fits: bool | None
+    """Whether :attr:`memory` fits ``RunSettings.gpu_memory_bytes`` (None when no memory was given)."""
 
 
 def check_length(length: int, cp: int) -> None:
@@ -406,6 +332,13 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
     """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
     check_length(length, settings.cp)
     wall = None
+    memory = rank_memory(
+        model,
+        length,
+        settings.cp,
+        state_shards=settings.state_shards,
+        activation_checkpointing=settings.activation_checkpointing,
+    )
     if settings.tokens is not None and settings.gpus is not None:
         wall = train_seconds(
             model,
@@ -430,15 +363,10 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
             link_bytes_per_s=settings.link_bytes_per_s,
             achieved_flops=settings.achieved_flops,
         ),
-        memory=rank_memory(
-            model,
-            length,
-            settings.cp,
-            state_shards=settings.state_shards,
-            activation_checkpointing=settings.activation_checkpointing,
-        ),
+        memory=memory,
         train_flops_per_token=train_flops_per_token(model, length),
         train_seconds=wall,
+        fits=fits(memory, settings.gpu_memory_bytes) if settings.gpu_memory_bytes is not None else None,
     )
 
 
@@ -476,6 +404,23 @@ def parse_lengths(text: str) -> list[int]:
     if not items:
         raise ConfigError("no context lengths given")
     return [parse_length(item) for item in items]
+
+
+_BYTE_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2.0**10, "MI": 2.0**20, "GI": 2.0**30, "TI": 2.0**40}
+
+
+def parse_bytes(text: str) -> float:
+    """A memory size: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 x 2^30; a bare number is bytes."""
+    stripped = text.strip().upper().removesuffix("B")
+    digits = stripped.rstrip("KMGTI")
+    unit = stripped[len(digits) :]
+    try:
+        number = float(digits)
+    except ValueError:
+        number = math.nan
+    if unit not in _BYTE_UNITS or not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"bad memory size {text!r}: expected e.g. 80GB (1e9 bytes) or 80GiB (2^30 bytes)")
+    return number * _BYTE_UNITS[unit]
 
 
 def parse_count(text: str) -> float:

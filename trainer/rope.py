@@ -47,45 +47,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from longctx.trainer.rope_keys import _REQUIRED_KEYS, _TYPE_KEYS
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_THETA = 10_000.0
 
-# Keys each rope_type reads from a Hugging Face ``rope_parameters`` / ``rope_scaling`` dict, besides
-# ``rope_type`` and ``rope_theta``. They mirror transformers' ``_validate_<type>_rope_parameters``.
-_TYPE_KEYS: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "ntk": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": (
-        "factor",
-        "original_max_position_embeddings",
-        "attention_factor",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "truncate",
-    ),
-    "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
-    "longrope": (
-        "short_factor",
-        "long_factor",
-        "original_max_position_embeddings",
-        "factor",
-        "attention_factor",
-    ),
-    "proportional": ("factor", "partial_rotary_factor"),
-}
 _SCALING_FIELDS = frozenset(name for keys in _TYPE_KEYS.values() for name in keys)
-_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    "linear": ("factor",),
-    "ntk": ("factor",),
-    "dynamic": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "longrope": ("short_factor", "long_factor"),
-}
 # Types whose pretraining length transformers defaults to ``max_position_embeddings`` when absent.
 _ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
 

@@ -5,8 +5,9 @@ step, ``close()`` at the end. A record is the loop's dict (``step``, ``loss``, `
 ``loss_by_position: {edge: loss}``); JSONL keeps it as it is, the trackers get it flattened into
 scalars (:func:`scalars`). Only rank 0 creates a tracker.
 
-Resuming keeps each sink consistent with the checkpoint the run resumed from: JSONL drops the lines
-of steps after it, TensorBoard is told to purge them (``purge_step``), and W&B continues the same
+Resuming keeps each sink consistent with the checkpoint the run resumed from: the training loop has
+already moved the JSONL lines of steps after it aside (``longctx.trainer.resume.prepare_metrics``,
+which never deletes a record), TensorBoard is told to purge them (``purge_step``), and W&B continues the same
 run (its id is kept in the run folder), where steps it has already seen are not logged twice.
 
 TensorBoard (``torch.utils.tensorboard``) and W&B are optional extras, imported only when
@@ -54,15 +55,12 @@ class Sink(Protocol):
 
 
 class JsonlSink:
-    """One JSON object per line in ``path``. On resume, lines of steps after the resumed step
-    (written by the killed run after its last checkpoint) are dropped first."""
+    """One JSON object per line, appended to ``path`` (the file is never rewritten here; on resume,
+    ``prepare_metrics`` has already set aside the lines of steps after the resumed checkpoint)."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            write_text(path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
@@ -159,7 +157,7 @@ class Tracker:
 
     def __init__(self, log: LogConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any] | None = None) -> None:
         config = config or {}
-        self.sinks: list[Sink] = [JsonlSink(layout.metrics, resume_step)]
+        self.sinks: list[Sink] = [JsonlSink(layout.metrics)]
         self._close = weakref.finalize(self, _close_all, self.sinks)
         if log.tensorboard:
             self.sinks.append(TensorBoardSink(layout.tensorboard, resume_step, config))

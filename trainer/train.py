@@ -1,17 +1,21 @@
-"""The training loop: packed shards -> zigzag context-parallel rows -> ring attention -> AdamW.
+"""The training loop: packed shards -> zigzag context-parallel rows -> ring attention -> AdamW on FSDP2 shards.
 
-One optimizer step takes ``grad_accum`` packed rows per data-parallel rank; each row is split
-across the ``cp`` ranks of its ring (zigzag). The loss is the sum of token losses over the whole
-data- x context-parallel group divided by the group's number of loss-masked tokens, so it does not
-depend on how windows are split; gradients are summed over all ranks.
+One optimizer step takes ``train.global_batch_rows`` packed rows over all data-parallel ranks
+(``longctx.trainer.data``); each row is split across the ``cp`` ranks of its ring (zigzag). Every rank
+backpropagates the plain sum of its tokens' losses; after the step's micro-batches, one collective
+gathers every rank's token count and statistics, and the gradients (summed over ranks by FSDP2, see
+``longctx.trainer.sharding``) are divided by the token count of the whole batch. So the loss is the
+mean over the batch's loss-masked tokens, whatever the mesh.
+
+Around the loop: the mesh (``parallel``), the model built on the meta device and filled shard by shard
+(``build``), distributed checkpoints (``checkpoint``, ``resume``) and the Hugging Face export
+(``export``); the memory estimate of ``longctx plan`` (``memory``) is checked before anything loads.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,26 +25,34 @@ import torch
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
-from longctx.packer.dataset import PackedDataset
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
-from longctx.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from longctx.trainer.build import build_model, fill_random
+from longctx.trainer.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    checkpoint_folder,
+    damage,
+    find_resume_checkpoint,
+    load_checkpoint,
+    read_trainer_state,
+    save_checkpoint,
+)
 from longctx.trainer.config import TrainConfig
 from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
+from longctx.trainer.data import StepRows
+from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import load_config as load_hf_config
-from longctx.trainer.hf_io import load_weights, save_model
-from longctx.trainer.metrics import peak_flops, token_losses
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
-from longctx.trainer.parallel import (
-    ParallelState,
-    all_reduce_max,
-    all_reduce_sum,
-    init_parallel,
-    shutdown,
-    sync_gradients,
-)
+from longctx.trainer.hf_io import load_weights, stored_dtype
+from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.metrics import peak_flops
+from longctx.trainer.model import ModelConfig, Transformer
+from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
+from longctx.trainer.resume import check_settings, prepare_metrics
+from longctx.trainer.runlock import run_lock
 from longctx.trainer.schedule import make_scheduler
+from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.tracking import Tracker
 
 
@@ -53,6 +65,20 @@ class TrainResult:
     tokens_per_s: float
     resumed_from: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+    state_bytes: dict[str, int] = field(default_factory=dict)
+    """This rank's and the whole model's parameter and optimizer-state bytes (see :func:`state_bytes`)."""
+
+
+def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole (``*_total``)."""
+    params = list(model.parameters())
+    states = list(optimizer_tensors(optimizer))
+    return {
+        "params_local": local_bytes(params),
+        "params_total": sum(p.numel() * p.element_size() for p in params),
+        "optimizer_local": local_bytes(states),
+        "optimizer_total": sum(t.numel() * t.element_size() for t in states),
+    }
 
 
 def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> Path:
@@ -66,28 +92,59 @@ def tokenizer_file(layout: RunLayout, configured: Path | None) -> Path | None:
     return layout.tokenizer if layout.tokenizer.exists() else configured
 
 
-def build_model(
-    tcfg: TrainConfig, context: ContextConfig, vocab_size: int, state: ParallelState
-) -> Transformer:
-    """The model of ``train.model`` with the run's RoPE settings, on the run's device."""
+def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> ModelConfig:
+    """The model of ``train.model`` with the run's RoPE settings (``max_position_embeddings`` = target)."""
     section = tcfg.model
     if section.hf_path is not None:
-        model_cfg = load_hf_config(section.hf_path)
+        config = load_hf_config(section.hf_path)
     else:
-        model_cfg = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
-    model_cfg = model_cfg.with_rope(
+        config = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
+    return config.with_rope(
         rope_scaling=section.rope_scaling, rope_theta=section.rope_theta, max_position_embeddings=context.target
     )
-    if model_cfg.vocab_size < vocab_size:
-        raise ValueError(f"the shards' vocabulary ({vocab_size}) is larger than the model's ({model_cfg.vocab_size})")
-    model = Transformer(
-        model_cfg, attention=RingAttention(group=state.cp_group), activation_checkpointing=tcfg.activation_checkpointing
+
+
+def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None:
+    """Refuse shards whose token ids may not fit the model's embedding."""
+    if vocab_size > config.vocab_size:
+        raise ConfigError(
+            f"the shards in {folder} use a vocabulary of {vocab_size} tokens but the model's embedding has "
+            f"{config.vocab_size} rows: pack with the model's tokenizer (or a model whose vocab_size covers it)"
+        )
+
+
+def use_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
+    return tcfg.precision == "bf16" or (tcfg.precision == "auto" and device.type == "cuda")
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory of ``device`` when it is a GPU; None on CPU (no check there)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory
+
+
+def check_memory(tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool) -> None:
+    """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
+    device_bytes = device_memory(state.device)
+    if device_bytes is None:
+        return
+    estimate = rank_memory(
+        config.shape,
+        seq_len,
+        state.cp_size,
+        state_shards=state.shape.shard_size,
+        activation_checkpointing=tcfg.activation_checkpointing,
+        compute_bytes=2 if bf16 else 4,
     )
-    if section.hf_path is not None:
-        load_weights(model, section.hf_path)
-    else:
-        model.init_weights(generator=torch.Generator().manual_seed(tcfg.seed))
-    return model.to(state.device)
+    where = torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else str(state.device)
+    check_fits(
+        estimate,
+        device_bytes,
+        where=where,
+        settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
+        f"{tcfg.activation_checkpointing}",
+    )
 
 
 def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
@@ -96,12 +153,6 @@ def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": tcfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.optim.lr, betas=tcfg.optim.betas, eps=tcfg.optim.eps)
-
-
-def _rows(dataset: PackedDataset) -> Iterator[dict[str, torch.Tensor]]:
-    """Rows forever, epoch after epoch (the dataset moves its own epoch on)."""
-    while True:
-        yield from dataset
 
 
 def _causal_pairs(cu_seqlens: torch.Tensor) -> int:
@@ -116,18 +167,24 @@ def train(
     output: Path,
     tokenizer: Path | None = None,
     progress: bool = True,
+    restart: bool = False,
 ) -> TrainResult:
     """Run (or resume) training under the current torchrun job (or as one process).
 
     Reads the shards (``train.shards``, else ``<output>/shards/seq<context.target>``) and writes
     ``<output>/train``. ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder
-    holds no ``tokenizer.json``.
+    holds no ``tokenizer.json``. ``restart`` starts from step 0 when the folder holds checkpoints but
+    none is intact (see ``longctx.trainer.resume``).
     """
-    state = init_parallel(train.cp, train.comm_timeout_s)
+    import torch.distributed as dist
+
+    owned = not (dist.is_available() and dist.is_initialized())
+    state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        return _train(_Job(train, context, RunLayout(output), tokenizer), state, progress)
+        with run_lock(RunLayout(output).train):  # one run per output folder (trainer/runlock.py)
+            return _train(_Job(train, context, RunLayout(output), tokenizer, restart), state, progress)
     finally:
-        shutdown()
+        shutdown(owned)
 
 
 @dataclass(frozen=True)
@@ -138,6 +195,7 @@ class _Job:
     context: ContextConfig
     layout: RunLayout
     tokenizer: Path | None
+    restart: bool = False
 
 
 @dataclass
@@ -145,8 +203,9 @@ class _Run:
     """Everything one training run holds between steps."""
 
     layout: RunLayout
-    dataset: PackedDataset
+    rows: StepRows
     model: Transformer
+    loss_multiplier: float
     optimizer: torch.optim.AdamW
     scheduler: torch.optim.lr_scheduler.LambdaLR
     tracker: CoverageTracker
@@ -155,20 +214,35 @@ class _Run:
     start_step: int
 
 
+def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint: data, order and model (not the mesh)."""
+    return {
+        "shards_config_sha256": shards_sha,
+        "seq_len": rows.seq_len,
+        "model": config.to_hf(),
+        "seed": tcfg.seed,
+        "global_batch_rows": rows.global_batch_rows,
+        "holdout_rows": tcfg.holdout_rows,
+    }
+
+
 def _setup(job: _Job, state: ParallelState) -> _Run:
-    """Data, coverage check, model, optimizer and schedule; restored from the latest checkpoint."""
+    """Data, coverage, vocabulary and memory checks, model, optimizer and schedule; restored from the
+    newest intact checkpoint when there is one."""
     tcfg, layout = job.train, job.layout
     torch.manual_seed(tcfg.seed)
-    dataset = PackedDataset(
-        shards_folder(tcfg, layout, job.context.target),
+    folder = shards_folder(tcfg, layout, job.context.target)
+    rows = StepRows(
+        folder,
         tokenizer=tokenizer_file(layout, job.tokenizer),
         seed=tcfg.seed,
-        dp_rank=state.dp_rank,
-        dp_world_size=state.dp_size,
         holdout_rows=tcfg.holdout_rows,
+        global_batch_rows=tcfg.global_batch_rows or state.dp_size,
+        dp_rank=state.dp_rank,
+        dp_size=state.dp_size,
     )
-    manifest = dataset.shards.manifest
-    seq_len, original = dataset.seq_len, job.context.original
+    manifest = rows.dataset.shards.manifest
+    seq_len, original = rows.seq_len, job.context.original
     if seq_len % (2 * state.cp_size):
         raise ConfigError(f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}")
     required = required_position(original, job.context.target, tcfg.coverage.required_position)
@@ -181,37 +255,46 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
             raise
         if state.is_main:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
-    model = build_model(tcfg, job.context, manifest.header.tokenizer.vocab_size, state)
-    model.config.check_context_length(seq_len)
-    optimizer = make_optimizer(model, tcfg)
+    config = model_config(tcfg, job.context, manifest.header.tokenizer.vocab_size)
+    check_vocabulary(config, manifest.header.tokenizer.vocab_size, folder)
+    config.check_context_length(seq_len)
+    bf16 = use_bf16(tcfg, state.device)
+    check_memory(tcfg, config, seq_len, state, bf16)
+    meta = _settings(tcfg, config, rows, manifest.header.config_sha256)
+    resume_from = find_resume_checkpoint(
+        layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
+    )
+    if resume_from is not None:
+        check_settings(resume_from.folder, read_trainer_state(resume_from.folder)["meta"], meta)
+    built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
+    if resume_from is None:
+        if tcfg.model.hf_path is not None:
+            load_weights(built.model, tcfg.model.hf_path)
+        else:
+            fill_random(built.model, tcfg.seed)
+    optimizer = make_optimizer(built.model, tcfg)
     scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
     run = _Run(
         layout=layout,
-        dataset=dataset,
-        model=model,
+        rows=rows,
+        model=built.model,
+        loss_multiplier=built.loss_multiplier,
         optimizer=optimizer,
         scheduler=scheduler,
         tracker=CoverageTracker(original, seq_len, tcfg.coverage.max_steps_without_long),
-        meta={
-            "world_size": state.world_size,
-            "cp": state.cp_size,
-            "shards_config_sha256": manifest.header.config_sha256,
-            "seq_len": seq_len,
-            "model": model.config.to_hf(),
-            "seed": tcfg.seed,
-            "grad_accum": tcfg.grad_accum,
-        },
+        meta=meta,
         seq_len=seq_len,
         start_step=0,
     )
-    resume_from = latest_checkpoint(layout.checkpoints)
     if resume_from is not None:
-        run.start_step, rank_state = load_checkpoint(resume_from, model, optimizer, scheduler, state.rank, run.meta)
-        dataset.load_state_dict(rank_state["data"])
-        for key, value in rank_state["coverage"].items():
+        saved = load_checkpoint(resume_from, built.model, optimizer, state)
+        run.start_step = resume_from.step
+        scheduler.load_state_dict(saved["scheduler"])
+        rows.load_state_dict(saved["data"])
+        for key, value in saved["coverage"].items():
             setattr(run.tracker, key, value)
         if state.is_main:
-            print(f"resuming from {resume_from} (step {run.start_step})", flush=True)
+            print(f"resuming from {resume_from.folder} (step {run.start_step}, {state.shape.describe()})", flush=True)
     return run
 
 
@@ -228,58 +311,89 @@ class _StepStats:
 
 
 def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool, position_losses: bool) -> _StepStats:
-    """Backward of every micro-batch with the loss divided by the group's token count, gradients
-    summed over ranks, and the step's loss and per-bucket statistics reduced over ranks.
+    """Backward of every micro-batch's summed token losses, then one collective for the step's token
+    count and statistics, and the gradients divided by the batch's token count.
 
-    Loss by position costs one more pass of the LM head, so it is computed only when
-    ``position_losses`` is set (on logged steps); the position counts for coverage are always kept.
+    Loss by position is binned only when ``position_losses`` is set (logged steps); the position
+    counts for coverage are always kept.
     """
-    comm = 0.0
     n_buckets = len(run.tracker.edges)
     score_fractions: list[float] = []
-    count = torch.tensor(float(sum(int(s.loss_mask.sum()) for s in shards)), dtype=torch.float64)
-    t = time.perf_counter()
-    all_reduce_sum(count, state)
-    comm += time.perf_counter() - t
-    if count.item() == 0:
-        raise ValueError("no loss-masked token in the step's windows")
-    run.optimizer.zero_grad(set_to_none=True)
-    stats = torch.zeros(1 + 2 * n_buckets, dtype=torch.float64)  # loss sum, loss per bucket, tokens per bucket
+    # local token count, loss sum, largest trained position, loss per bucket, tokens per bucket
+    stats = torch.zeros(3 + 2 * n_buckets, dtype=torch.float64)
+    stats[2] = -1
     device = state.device
     for shard in shards:
         labels = torch.where(shard.loss_mask, shard.labels, -100).to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            hidden = run.model(
+            token_losses = run.model(
                 shard.input_ids.to(device),
                 shard.position_ids.to(device),
                 shard.indices.to(device),
                 shard.segment_ids.to(device),
                 rope_seq_len=run.seq_len,
+                labels=labels,
             )
-            loss_sum = run.model.cross_entropy_sum(hidden, labels)
+        loss_sum = token_losses.sum()
+        (loss_sum * run.loss_multiplier if run.loss_multiplier != 1.0 else loss_sum).backward()
         ring_stats = getattr(run.model.attention, "last_stats", None)
         if ring_stats is not None:
             score_fractions.append(ring_stats.score_fraction)
-        (loss_sum / count.item()).backward()
-        stats[0] += float(loss_sum.detach())
         mask = shard.loss_mask
+        stats[0] += int(mask.sum())
+        stats[1] += float(loss_sum.detach())
+        if mask.any():
+            stats[2] = max(float(stats[2]), float(shard.position_ids[mask].max()))
         if position_losses:
-            per_token = token_losses(run.model, hidden.detach(), labels).double().cpu()
-            stats[1 : 1 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
-        stats[1 + n_buckets :] += run.tracker.local_counts(shard.position_ids, mask).double()
-    max_pos = torch.tensor(max((int(s.position_ids[s.loss_mask].max()) for s in shards if s.loss_mask.any()), default=-1))
-    t = time.perf_counter()
-    sync_gradients([p for p in run.model.parameters() if p.requires_grad], state)
-    all_reduce_sum(stats, state)
-    all_reduce_max(max_pos, state)
-    comm += time.perf_counter() - t
+            per_token = token_losses.detach().double().cpu()
+            stats[3 : 3 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
+        stats[3 + n_buckets :] += run.tracker.local_counts(shard.position_ids, mask).double()
+    start = time.perf_counter()
+    every_rank = all_gather_stats(stats, state)
+    comm = time.perf_counter() - start
+    total = every_rank.sum(0)
+    count = float(total[0])
+    if count == 0:
+        raise ValueError("no loss-masked token in the step's windows")
+    scale_gradients([p for p in run.model.parameters() if p.requires_grad], 1.0 / count)
     return _StepStats(
-        loss=float(stats[0] / count),
-        bucket_loss=stats[1 : 1 + n_buckets].tolist(),
-        bucket_count=stats[1 + n_buckets :].round().to(torch.int64).tolist(),
-        max_position=int(max_pos),
+        loss=float(total[1]) / count,
+        bucket_loss=total[3 : 3 + n_buckets].tolist(),
+        bucket_count=total[3 + n_buckets :].round().to(torch.int64).tolist(),
+        max_position=int(every_rank[:, 2].max()),
         comm_s=comm,
         attention_score_fraction=sum(score_fractions) / len(score_fractions) if score_fractions else None,
+    )
+
+
+def _trainer_state(run: _Run, job: _Job, state: ParallelState) -> dict[str, Any]:
+    """``trainer.json`` of a checkpoint: schedule, data position, coverage, settings and config."""
+    return {
+        "meta": run.meta,
+        "scheduler": run.scheduler.state_dict(),
+        "data": run.rows.state_dict(),
+        "coverage": _tracker_state(run.tracker),
+        "mesh": {"world_size": state.world_size, **state.shape.__dict__},
+        "config": {"train": job.train.model_dump(mode="json"), "context": job.context.model_dump(mode="json")},
+    }
+
+
+def export_dtype(tcfg: TrainConfig) -> torch.dtype:
+    """``train.export.dtype``; ``auto``: the base checkpoint's dtype, float32 for the tiny model."""
+    if tcfg.export.dtype != "auto":
+        return EXPORT_DTYPES[tcfg.export.dtype]
+    return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
+
+
+def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -> Path:
+    return export_model(
+        model,
+        folder,
+        state,
+        dtype=export_dtype(job.train),
+        tokenizer=tokenizer_file(job.layout, job.tokenizer),
+        base=job.train.model.hf_path,
+        max_shard_size=job.train.export.max_shard_size,
     )
 
 
@@ -287,11 +401,12 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     run = _setup(job, state)
     tcfg = job.train
     tracker, original = run.tracker, job.context.original
+    if state.is_main:
+        prepare_metrics(run.layout.metrics, run.start_step, job.restart)
     run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
     writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
-    bf16 = tcfg.precision == "bf16" or (tcfg.precision == "auto" and state.device.type == "cuda")
+    bf16 = use_bf16(tcfg, state.device)
     peak = peak_flops(state.device, None)
-    rows = _rows(run.dataset)
     params = [p for p in run.model.parameters() if p.requires_grad]
     bar = None
     if progress and state.is_main:
@@ -303,7 +418,7 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     tokens_seen, time_spent = 0, 0.0
     for step in range(run.start_step, tcfg.steps):
         start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
-        micro = [next(rows) for _ in range(tcfg.grad_accum)]
+        micro = run.rows.next_step()
         shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
         logged = (step + 1) % tcfg.log.every == 0 or step + 1 == tcfg.steps
         stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
@@ -313,10 +428,11 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
         lr = run.scheduler.get_last_lr()[0]
         run.optimizer.step()
         run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
         tracker.add(stats.bucket_count, stats.max_position)
         elapsed = time.perf_counter() - start
         comm = stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before
-        step_tokens = run.seq_len * tcfg.grad_accum * state.dp_size
+        step_tokens = run.seq_len * run.rows.global_batch_rows
         tokens_seen += step_tokens
         time_spent += elapsed
         pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
@@ -353,30 +469,51 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
                 step + 1,
                 run.model,
                 run.optimizer,
-                run.scheduler,
-                {"data": run.dataset.state_dict(), "coverage": _tracker_state(tracker)},
-                run.meta,
-                state.rank,
+                _trainer_state(run, job, state),
+                state,
                 tcfg.checkpoint.keep,
             )
     if bar is not None:
         bar.close()
     if writer is not None:
         writer.close()
-    final = None
-    if state.is_main:
-        shutil.rmtree(run.layout.final_model, ignore_errors=True)
-        save_model(run.model, run.layout.final_model)
-        final = run.layout.final_model
+    final = _export(run.model, job, state, run.layout.final_model)
     return TrainResult(
         steps=tcfg.steps,
         losses=losses,
         coverage=tracker.summary(),
-        final_model=final,
+        final_model=final if state.is_main else None,
         tokens_per_s=tokens_seen / time_spent if time_spent else 0.0,
         resumed_from=run.start_step,
         records=records,
+        state_bytes=state_bytes(run.model, run.optimizer),
     )
+
+
+def export_checkpoint(
+    train: TrainConfig, *, context: ContextConfig, output: Path, step: int, tokenizer: Path | None = None
+) -> Path:
+    """``longctx train --export STEP``: write checkpoint ``step`` as a Hugging Face folder under
+    ``<output>/train/export/`` (at any world size: the checkpoint is resharded onto this job's mesh)."""
+    import torch.distributed as dist
+
+    owned = not (dist.is_available() and dist.is_initialized())
+    state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
+    try:
+        layout = RunLayout(output)
+        folder = checkpoint_folder(layout.checkpoints, step)
+        if not folder.is_dir():
+            raise CheckpointError(f"no checkpoint of step {step} in {layout.checkpoints}")
+        problem = damage(folder, state)
+        if problem is not None:
+            raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
+        saved = read_trainer_state(folder)
+        config = ModelConfig.from_hf(saved["meta"]["model"])
+        built = build_model(config, state, activation_checkpointing="none", bf16=False)
+        load_checkpoint(Checkpoint(folder, step), built.model, None, state)
+        return _export(built.model, _Job(train, context, layout, tokenizer), state, layout.export(step))
+    finally:
+        shutdown(owned)
 
 
 def _tracker_state(tracker: CoverageTracker) -> dict[str, Any]:

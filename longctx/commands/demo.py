@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEFAULT_CONFIG = Path("configs/demo.yaml")
-
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -15,23 +13,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "The main job end to end on the embedded default corpus (Python's standard library and its "
             "bundled documentation): curate, pack two window lengths, validate the shards, train a tiny "
-            "model for a few steps on 2 CPU ranks with ring attention, evaluate loss by position and needle "
-            "retrieval, and print one summary. Finished stages are reused when run again."
+            "model for a few steps on 2 CPU ranks with ring attention, compare the base and the trained model "
+            "on loss by position and needle retrieval, and print one summary. Finished stages are reused when "
+            "run again. The config ships with the package, so it runs from any folder; results go to "
+            "runs/demo under the current folder unless --output says otherwise."
         ),
     )
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help=f"YAML config (default {DEFAULT_CONFIG})")
+    parser.add_argument("--config", type=Path, help="YAML config (default: the packaged demo config)")
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the packaged demo config (to copy and edit) and exit"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.config import load_config
-    from longctx.core.errors import ConfigError
-    from longctx.demo import run_demo
+    import contextlib
 
-    if not args.config.is_file():
-        raise ConfigError(f"{args.config} not found: run from the repository root or pass --config")
-    cfg = load_config(args.config, {"output": str(args.output) if args.output else None})
-    run_demo(cfg, args.config, verbose=args.verbose)
+    from longctx.config import load_config
+    from longctx.demo import packaged_config, run_demo
+
+    if args.print_config:
+        with packaged_config() as path:
+            print(path.read_text(encoding="utf-8"), end="")
+        return 0
+    with packaged_config() if args.config is None else contextlib.nullcontext(args.config) as config_path:
+        cfg = load_config(config_path, {"output": str(args.output) if args.output else None})
+        run_demo(cfg, config_path, verbose=args.verbose)
     return 0

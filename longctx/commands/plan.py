@@ -30,15 +30,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument(
-        "--model",
-        required=True,
-        help="preset (llama-3-8b, llama-3-70b, llama-3.1-405b, qwen2-7b, mistral-7b-v0.3), "
-        "a model folder or a config.json",
+        "--config",
+        type=Path,
+        help="a run config: its train section sets --cp, --dp-replicate, --activation-checkpointing and the "
+        "model (train.model.hf_path), and context.target the length, unless given here",
     )
     parser.add_argument(
-        "--lengths", required=True, help="comma-separated context lengths, e.g. 8K,32K,128K,1M"
+        "--model",
+        help="preset (llama-3-8b, llama-3-70b, llama-3.1-405b, qwen2-7b, mistral-7b-v0.3), "
+        "a model folder or a config.json (default: the --config's train.model.hf_path)",
     )
-    parser.add_argument("--cp", type=int, default=1, help="context-parallel (ring) size (default 1)")
+    parser.add_argument("--lengths", help="comma-separated context lengths, e.g. 8K,32K,128K,1M")
+    parser.add_argument("--cp", type=int, help="context-parallel (ring) size (default 1)")
     parser.add_argument(
         "--link-gbytes-per-s",
         type=float,
@@ -54,18 +57,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="TFLOP/s (1e12) the attention kernel achieves on one ring step's block pair (default 400)",
     )
     parser.add_argument(
+        "--dp-replicate", type=int, help="replicas of the sharded state, HSDP (train.dp_replicate, default 1)"
+    )
+    parser.add_argument(
         "--state-shards",
         type=int,
-        default=1,
-        help="ranks the weights, gradients and AdamW states are sharded over (FSDP/ZeRO-3); 1 = full "
-        "replica per "
-        "rank, as longctx train does (default 1)",
+        help="ranks the weights, gradients and AdamW states are sharded over; default as longctx train "
+        "shards them (FSDP2 over dp_shard x cp): --gpus / --dp-replicate, or --cp without --gpus",
     )
     parser.add_argument(
         "--activation-checkpointing",
-        action="store_true",
-        help="count per-rank activations with every layer recomputed in backward "
-        "(train.activation_checkpointing)",
+        nargs="?",
+        const="full",
+        choices=["none", "full", "selective"],
+        help="activations kept per rank (train.activation_checkpointing): none, full (the flag alone) or "
+        "selective (default none)",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        help="memory of one GPU, e.g. 80GB (1e9 bytes) or 80GiB: says whether each length fits",
     )
     parser.add_argument("--tokens", help="token budget for the wall-clock estimate, e.g. 20B (needs --gpus)")
     parser.add_argument("--gpus", type=int, help="GPUs of the run, for the wall-clock estimate")
@@ -83,20 +93,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.trainer.plan import RunSettings, load_model_shape, parse_count, parse_lengths, plan_length
+    from longctx.core.errors import ConfigError
+    from longctx.trainer.plan import (
+        RunSettings,
+        load_model_shape,
+        parse_bytes,
+        parse_count,
+        parse_lengths,
+        plan_length,
+    )
 
-    model = load_model_shape(args.model)
-    lengths = parse_lengths(args.lengths)
+    defaults = _config_defaults(args.config) if args.config is not None else {}
+    model_spec = args.model or defaults.get("model")
+    if model_spec is None:
+        raise ConfigError("no model: pass --model (a preset or a config.json), or a --config with train.model.hf_path")
+    lengths_spec = args.lengths or defaults.get("lengths")
+    if lengths_spec is None:
+        raise ConfigError("no lengths: pass --lengths, or a --config (its context.target)")
+    model = load_model_shape(model_spec)
+    lengths = parse_lengths(lengths_spec)
+    cp = args.cp or defaults.get("cp", 1)
+    replicas = args.dp_replicate or defaults.get("dp_replicate", 1)
+    shards = args.state_shards
+    if shards is None:
+        if args.gpus is not None and args.gpus % (cp * replicas):
+            raise ConfigError(f"--gpus {args.gpus} is not a multiple of cp x dp_replicate = {cp * replicas}")
+        shards = args.gpus // replicas if args.gpus is not None else cp
     settings = RunSettings(
-        cp=args.cp,
+        cp=cp,
         link_bytes_per_s=args.link_gbytes_per_s * 1e9,
         achieved_flops=args.achieved_tflops * 1e12,
-        state_shards=args.state_shards,
-        activation_checkpointing=args.activation_checkpointing,
+        state_shards=shards,
+        activation_checkpointing=args.activation_checkpointing or defaults.get("activation_checkpointing", "none"),
         tokens=parse_count(args.tokens) if args.tokens is not None else None,
         gpus=args.gpus,
         peak_flops=args.peak_tflops * 1e12,
         mfu=args.mfu,
+        gpu_memory_bytes=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))
@@ -104,6 +137,25 @@ def run(args: argparse.Namespace) -> int:
         write_csv(args.csv, model, settings, plans)
         print(f"\nwrote {args.csv}")
     return 0
+
+
+def _config_defaults(path: Path) -> dict[str, object]:
+    """What a run config says about the plan: model, length, cp, replicas, activation checkpointing."""
+    from longctx.config import load_config
+    from longctx.core.errors import ConfigError
+
+    cfg = load_config(path)
+    if cfg.train is None:
+        raise ConfigError(f"{path} has no 'train' section")
+    defaults: dict[str, object] = {
+        "lengths": str(cfg.context.target),
+        "cp": cfg.train.cp,
+        "dp_replicate": cfg.train.dp_replicate,
+        "activation_checkpointing": cfg.train.activation_checkpointing,
+    }
+    if cfg.train.model.hf_path is not None:
+        defaults["model"] = str(cfg.train.model.hf_path)
+    return defaults
 
 
 def human_bytes(value: float) -> str:
@@ -178,14 +230,18 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
         ("backward step: communication (+fp32 dK/dV)", lambda p: human_seconds(p.ring.backward_comm_s)),
         ("communication hidden", lambda p: "yes" if p.ring.hidden else "NO"),
         (f"rank: model states (/{settings.state_shards})", lambda p: human_bytes(p.memory.model_states)),
+        ("rank: gathered parameters (FSDP)", lambda p: human_bytes(p.memory.gathered_params)),
         (
-            "rank: activations" + (" (checkpointed)" if settings.activation_checkpointing else ""),
+            f"rank: activations (checkpointing {settings.activation_checkpointing})",
             lambda p: human_bytes(p.memory.activations),
         ),
+        ("rank: loss logits chunk", lambda p: human_bytes(p.memory.logits)),
         ("rank: ring buffers", lambda p: human_bytes(p.memory.ring_buffers)),
         ("rank: total", lambda p: human_bytes(p.memory.total)),
         ("train FLOP/token", lambda p: human_flops(p.train_flops_per_token)),
     ]
+    if settings.gpu_memory_bytes is not None:
+        rows.append((f"fits {human_bytes(settings.gpu_memory_bytes)} per GPU", lambda p: "yes" if p.fits else "NO"))
     if settings.tokens is not None:
         rows.append(("wall-clock", lambda p: human_seconds(p.train_seconds or 0.0)))
     return rows
@@ -232,6 +288,19 @@ def format_report(model: ModelShape, settings: RunSettings, plans: Sequence[Leng
         f">= {max(forward, backward):,.0f} "
         f"tokens per rank (forward {forward:,.0f}, backward {backward:,.0f})",
     ]
+    memory = (
+        f"memory per rank: model state sharded over {settings.state_shards} ranks, activation checkpointing "
+        f"{settings.activation_checkpointing}, bf16 compute"
+    )
+    if settings.gpu_memory_bytes is not None:
+        from longctx.trainer.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
+
+        memory += (
+            f"; fits a {human_bytes(settings.gpu_memory_bytes)} GPU when the total stays under "
+            f"{human_bytes(usable_bytes(settings.gpu_memory_bytes))} ({1 - HEADROOM_FRACTION:.0%} of it less "
+            f"{human_bytes(RESERVED_BYTES)} for the CUDA context and communication buffers)"
+        )
+    lines.append(memory)
     if settings.tokens is not None:
         lines.append(
             f"wall-clock: {human_count(settings.tokens)} tokens on {settings.gpus} GPUs at "
@@ -285,12 +354,16 @@ def csv_rows(
                 "ring_min_block_tokens": p.ring.min_block_tokens,
                 "ring_comm_hidden": int(p.ring.hidden),
                 "rank_model_state_bytes": p.memory.model_states,
+                "rank_gathered_param_bytes": p.memory.gathered_params,
                 "rank_activation_bytes": p.memory.activations,
+                "rank_logits_bytes": p.memory.logits,
                 "rank_ring_buffer_bytes": p.memory.ring_buffers,
                 "rank_total_bytes": p.memory.total,
                 "train_flops_per_token": p.train_flops_per_token,
             }
         )
+        if p.fits is not None:
+            row.update({"gpu_memory_bytes": settings.gpu_memory_bytes, "fits": int(p.fits)})
         if p.train_seconds is not None:
             row.update(
                 {

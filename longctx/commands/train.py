@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
             "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
             "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a killed "
-            "run resumes from its latest checkpoint when started again."
+            "run resumes from its newest intact checkpoint when started again, at any world size."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
@@ -25,30 +25,52 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     parser.add_argument("--shards", type=Path, help="shard folder (overrides train.shards)")
     parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="train from step 0 when the output holds checkpoints but none is intact (they are kept)",
+    )
+    parser.add_argument(
+        "--export",
+        type=int,
+        metavar="STEP",
+        help="do not train: write checkpoint STEP as a Hugging Face folder under <output>/train/export/",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nproc and "RANK" not in os.environ:
-        from longctx.trainer.launch import launch
-
-        return launch(args.nproc, "longctx.cli", torchrun_args(args))
-    from longctx import jobs
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
+    from longctx.trainer.launch import follow_launcher, launch_training, rank_errors
+    from longctx.trainer.preflight import check_before_start
 
-    cfg = load_config(
-        args.config,
-        {
-            "output": str(args.output) if args.output else None,
-            "train.steps": args.steps,
-            "train.shards": str(args.shards) if args.shards else None,
-        },
-    )
-    if cfg.train is None:
-        raise ConfigError(f"{args.config} has no 'train' section")
-    result = jobs.train(cfg)
+    follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
+    with rank_errors("train"):
+        cfg = load_config(
+            args.config,
+            {
+                "output": str(args.output) if args.output else None,
+                "train.steps": args.steps,
+                "train.shards": str(args.shards) if args.shards else None,
+            },
+        )
+        if cfg.train is None:
+            raise ConfigError(f"{args.config} has no 'train' section")
+        launcher = bool(args.nproc) and "RANK" not in os.environ
+        world = args.nproc if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+        check_before_start(cfg.train, cfg.context, cfg.output, world)
+        if launcher:
+            return launch_training(args.nproc, torchrun_args(args), cfg.output)
+        from longctx import jobs
+
+        if args.export is not None:
+            folder = jobs.export(cfg, args.export)
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(f"exported step {args.export} to {folder}")
+            return 0
+        result = jobs.train(cfg, restart=args.restart)
     if int(os.environ.get("RANK", "0")) == 0:
         first, last = result.losses[0] if result.losses else None, result.losses[-1] if result.losses else None
         print(
@@ -62,7 +84,14 @@ def run(args: argparse.Namespace) -> int:
 def torchrun_args(args: argparse.Namespace) -> list[str]:
     """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``."""
     argv = ["train", "--config", str(args.config)]
-    for flag, value in (("--output", args.output), ("--steps", args.steps), ("--shards", args.shards)):
+    for flag, value in (
+        ("--output", args.output),
+        ("--steps", args.steps),
+        ("--shards", args.shards),
+        ("--export", args.export),
+    ):
         if value is not None:
             argv += [flag, str(value)]
+    if args.restart:
+        argv.append("--restart")
     return argv

@@ -3,18 +3,25 @@
 A writer writes under a temporary name beside the target (``<name>.tmp``, so it lies on the same
 file system and the rename is atomic) and renames it onto the target when it is complete. Whatever
 goes wrong in between, an exception or an interrupt, the temporary file or folder is removed, so a
-reader never sees half a file and a failed writer leaves nothing behind.
+reader never sees half a file and a failed writer leaves nothing behind. A full or read-only disk
+is reported as an :class:`~longctx.core.errors.OutputError` naming the file, not a traceback.
+
+:func:`new_numbered_folder` does the same for results that must never replace earlier ones (one
+evaluation after another): each gets the next free number.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from longctx.core.preflight import disk_fault
 
 if TYPE_CHECKING:  # pyarrow is imported by write_table only
     import pyarrow as pa
@@ -51,15 +58,24 @@ def atomic_path(path: Path, *, fsync: bool = False) -> Iterator[Path]:
 
     When the block ends normally the temporary is renamed onto ``path`` (an existing folder there is
     replaced); when it raises, the temporary is removed. A leftover of an earlier, killed writer is
-    removed first. ``fsync`` flushes a file to disk before the rename.
+    removed first. ``fsync`` flushes a file to disk before the rename. A fault of the disk or folder
+    (full, read-only, not a folder) is raised as an :class:`~longctx.core.errors.OutputError` naming
+    ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_path(path)
-    discard(tmp)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        discard(tmp)
         yield tmp
         commit(tmp, path, fsync=fsync)
+    except OSError as err:
+        discard(tmp)
+        about_target = err.filename is None or str(err.filename) in (str(tmp), str(path))
+        fault = disk_fault(err, path if about_target else None)
+        if fault is None:
+            raise
+        raise fault from err
     except BaseException:
         discard(tmp)
         raise
@@ -101,3 +117,56 @@ def write_figure(path: Path, figure: Any, *, dpi: int = 100) -> None:
             figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
     finally:
         plt.close(figure)
+
+
+def _remove_abandoned(parent: Path) -> None:
+    """Remove ``<N>.tmp`` folders under ``parent`` that no live writer holds (killed writers')."""
+    for tmp in parent.glob("*" + TEMP_SUFFIX):
+        if not (tmp.name.removesuffix(TEMP_SUFFIX).isdigit() and tmp.is_dir()):
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a running writer's
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def new_numbered_folder(parent: Path, width: int = 3) -> Iterator[tuple[Path, Path]]:
+    """A new folder ``parent/<N>`` (``001``, ``002``, ...: one more than the highest number there),
+    never replacing an existing one; yields ``(temporary, final)``.
+
+    The caller fills ``temporary`` (``<N>.tmp``); when the block ends it is renamed to ``final``, and
+    when it raises it is removed. The number is taken under a lock on ``parent`` and the temporary
+    stays locked by its writer until it is done, so concurrent writers get different numbers and a
+    later writer removes only the temporaries of killed ones.
+    """
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    parent_fd = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(parent_fd, fcntl.LOCK_EX)
+        _remove_abandoned(parent)
+        names = [p.name.removesuffix(TEMP_SUFFIX) for p in parent.iterdir()]
+        final = parent / f"{max((int(n) for n in names if n.isdigit()), default=0) + 1:0{width}d}"
+        tmp = temporary_path(final)
+        tmp.mkdir()
+        fd = os.open(tmp, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        os.close(parent_fd)
+    try:
+        yield tmp, final
+        os.rename(tmp, final)  # numbers only grow, so nothing is at `final`
+    except BaseException:
+        discard(tmp)
+        raise
+    finally:
+        os.close(fd)

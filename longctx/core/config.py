@@ -131,6 +131,13 @@ class ExecutorConfig(StrictModel):
     workers: int = Field(default=-1, description="tasks run at once on the local executor; -1 = all")
     slurm: SlurmConfig | None = None
 
+    @field_validator("workers")
+    @classmethod
+    def _workers_positive_or_all(cls, value: int) -> int:
+        if value != -1 and value < 1:
+            raise ValueError("must be at least 1, or -1 to run every task at once")
+        return value
+
     @model_validator(mode="after")
     def _slurm_needs_settings(self) -> "ExecutorConfig":
         if self.kind == "slurm" and self.slurm is None:

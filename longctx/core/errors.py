@@ -9,3 +9,8 @@ class LongctxError(Exception):
 
 class ConfigError(LongctxError, ValueError):
     """A configuration file is malformed, names an unknown key, has a wrong type or a missing path."""
+
+
+class OutputError(LongctxError, OSError):
+    """An output folder or file cannot be written: it is not a folder, the file system is read-only,
+    the disk is full. Also an ``OSError``, so that code catching those still does."""

@@ -5,12 +5,14 @@ A job is a list of stages, each a datatrove pipeline with its number of tasks. T
 are chained with datatrove's own ``depends=``: running the last one runs (or, on Slurm, submits) the
 others first, in order, and a stage starts only once every task of the one before has completed.
 Completed tasks are recorded under ``work/logs/<n>_<stage>/completions`` and skipped when the job runs
-again, which is what makes a killed job resumable.
+again, which is what makes a killed job resumable. No process outlives the job: locally, every process
+the executor starts dies with the command, even when it is killed (:mod:`longctx.core.lifetime`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +24,9 @@ from datatrove.executor.base import PipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 
 from longctx.core.config import ExecutorConfig
-from longctx.core.errors import ConfigError
+from longctx.core.errors import LongctxError
+from longctx.core.lifetime import children_die_with_this_process, die_with_parent, parent_alive, sigterm_exits
+from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
 
 Stage = tuple[str, list[PipelineStep], int]
@@ -56,12 +60,18 @@ class StageReport:
         try:
             with quiet, task_progress(label, completions, self.tasks):
                 yield
-        except ConfigError:
-            raise  # a user error with its own message (e.g. a coverage refusal)
-        except Exception:
+        except LongctxError:
+            raise  # a user error with its own message (e.g. a coverage refusal, a full disk)
+        except Exception as err:
+            fault = disk_fault(err) if isinstance(err, OSError) else None
+            if fault is not None:  # e.g. the disk filled up under datatrove's own logs
+                raise fault from None
             if not self.verbose:
                 log = self.console_log
-                print(f"{self.job} stage '{self.name}' failed; last lines of {log}:\n{tail(log)}", file=sys.stderr)
+                print(
+                    f"{self.job} stage '{self.name}' failed; last lines of {log}:\n{tail(log)}",
+                    file=sys.stderr,
+                )
             raise
 
 
@@ -83,7 +93,31 @@ class _Reported:
 
 
 class ReportedLocalExecutor(_Reported, LocalPipelineExecutor):
-    """datatrove's local executor with a console report."""
+    """datatrove's local executor with a console report, whose processes die with this one.
+
+    The manager server it forks dies with this process (see :mod:`longctx.core.lifetime`); each pool
+    worker arms the same when it picks up a task (its parent is the forkserver, which exits when this
+    process does).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.driver_pid = os.getpid()
+
+    def run(self) -> Any:
+        with children_die_with_this_process():
+            return super().run()
+
+    def _launch_run_for_rank(
+        self, rank: int, ranks_q: Any, completed: Any = None, completed_lock: Any = None
+    ) -> Any:
+        if os.getpid() == self.driver_pid:  # workers: 1 runs the tasks here
+            return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)
+        die_with_parent()
+        if not parent_alive(self.driver_pid):
+            os._exit(1)
+        with sigterm_exits():
+            return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)
 
 
 class ReportedRayExecutor(_Reported, RayPipelineExecutor):
@@ -141,7 +175,9 @@ def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, v
     The stages' executors are chained with ``depends=`` and the last one is run. Locally (and on
     Ray) each stage prints a line when it starts and one per finished task, and datatrove's logs go
     to ``work/logs/console.log`` (to the console instead with ``verbose``); a failure names the stage
-    and shows the end of that log. On Slurm the chain is submitted at once as dependent job arrays.
+    and shows the end of that log, except for user errors (:class:`LongctxError`, a full or read-only
+    disk among them), which say what is wrong themselves. On Slurm the chain is submitted at once as
+    dependent job arrays.
     """
     console_log = work / "logs" / "console.log"
     last: PipelineExecutor | None = None

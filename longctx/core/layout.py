@@ -6,8 +6,8 @@
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       shards/seq<N>/           packed windows of N tokens and their manifest.json
-      train/                   checkpoints/, metrics.jsonl, final/ (the trained model), and
-                               tensorboard/ and wandb/ when those trackers are on
+      train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
+                               and tensorboard/ and wandb/ when those trackers are on
       eval/<NNN>/              one folder per evaluation, numbered in order
       work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
@@ -123,6 +123,10 @@ class RunLayout:
     def final_model(self) -> Path:
         """The trained model, as a Hugging Face checkpoint folder."""
         return self.train / "final"
+
+    def export(self, step: int) -> Path:
+        """A checkpoint exported as a Hugging Face folder (``longctx train --export STEP``)."""
+        return self.train / "export" / f"step_{step:07d}"
 
     @property
     def eval(self) -> Path:

@@ -6,7 +6,9 @@ explicit block-diagonal causal mask built from the document lengths alone, on th
 inputs upcast). Two ways of running the ring are checked: ``ring_attention`` at P = 1 (the whole window on
 one device), and a virtual P = 4 zigzag ring, which computes every (rank, source) block pair of a 4-rank
 ring with the ring's own block primitives and merges them as ``ring.py`` does, so that the off-diagonal
-blocks of context parallelism (non-causal varlen sequences) run on the device's kernels too.
+blocks of context parallelism (non-causal varlen sequences) run on the device's kernels too. On one
+layout, ``ring_attention`` also gets q, k and v as strided views (head_dim stride 2), which fused kernels
+must not read as contiguous.
 
 Speed: TFLOP/s of useful work (``longctx.trainer.flops``: ``4 q x pairs`` forward, 3x that forward plus
 backward, pairs counted with the causal and document masks) of ``ring_attention`` at P = 1, against
@@ -55,6 +57,8 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 reference's largest magnitude."""
 
 VIRTUAL_WORLD = 4
+STRIDED_LAYOUT = "many_short"
+"""The layout also run with q, k and v as views of head_dim stride 2 (``ring_single_rank(strided=True)``)."""
 Emit = Callable[[dict], None]
 
 
@@ -139,15 +143,30 @@ def reference_attention(
 
 
 # The ring, two ways ----------------------------------------------------------------------------------------
+def strided_leaf(x: Tensor) -> tuple[Tensor, Tensor]:
+    """A leaf buffer twice as wide as ``x`` along head_dim and the view ``buffer[..., ::2]`` holding ``x``
+    (a head_dim stride of 2, which fused kernels must not read as contiguous)."""
+    buffer = torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype, device=x.device)
+    buffer[..., ::2] = x
+    buffer.requires_grad_()
+    return buffer, buffer[..., ::2]
+
+
 def ring_single_rank(
-    inputs: Sequence[Tensor], segments: Tensor, device: torch.device, backend: str
+    inputs: Sequence[Tensor], segments: Tensor, device: torch.device, backend: str, *, strided: bool = False
 ) -> tuple[list[Tensor], Counter]:
-    """``ring_attention`` at P = 1 over the whole window: output, q/k/v gradients, kernel call counts."""
+    """``ring_attention`` at P = 1 over the whole window: output, q/k/v gradients, kernel call counts.
+
+    ``strided`` hands q, k and v in as views with a head_dim stride of 2 (see ``strided_leaf``)."""
     q, k, v, dout = (x.to(device, copy=True) for x in inputs)
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    if strided:
+        (q_buf, q), (k_buf, k), (v_buf, v) = (strided_leaf(x) for x in (q, k, v))
+    else:
+        q_buf, k_buf, v_buf = q, k, v = tuple(x.requires_grad_() for x in (q, k, v))
     plan = build_ring_plan(torch.arange(q.shape[0], device=device), segments.to(device))
     out = ring_attention(q, k, v, plan, backend=backend)
     out.backward(dout)
+    grads = [buf.grad[..., ::2] if strided else buf.grad for buf in (q_buf, k_buf, v_buf)]
     kernels = select_kernels(device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
     used = Counter(
         kernel.name
@@ -155,7 +174,7 @@ def ring_single_rank(
         if block is not None
         for kernel, _ in kernel_calls(kernels, block)
     )
-    return [out.detach(), q.grad, k.grad, v.grad], used
+    return [out.detach(), *grads], used
 
 
 def ring_virtual_zigzag(
@@ -295,10 +314,14 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
                         }
                     )
                     continue
-                for mode in ("P=1", f"zigzag P={VIRTUAL_WORLD}"):
+                modes = ["P=1", f"zigzag P={VIRTUAL_WORLD}"] + (
+                    ["P=1 strided"] if layout == STRIDED_LAYOUT else []
+                )
+                for mode in modes:
                     t0 = time.perf_counter()
-                    if mode == "P=1":
-                        actual, used = ring_single_rank(inputs, segments, device, backend)
+                    if mode.startswith("P=1"):
+                        strided = mode.endswith("strided")
+                        actual, used = ring_single_rank(inputs, segments, device, backend, strided=strided)
                     else:
                         actual, used = ring_virtual_zigzag(inputs, segments, device, kernels)
                     synchronize(device)
@@ -450,7 +473,13 @@ def run_speed(settings, deadline: Deadline, emit: Emit) -> dict:
     ceiling = matmul_tflops(device, settings.matmul_size, dtype)
     rows, last_cost, last_tokens = [], None, None
     for tokens in settings.speed_tokens:
-        if last_cost is not None and not deadline.allows(last_cost * (tokens / last_tokens) ** 2):
+        # The last length's time, scaled by the work per call (quadratic) and the number of calls.
+        if last_cost is not None and not deadline.allows(
+            last_cost
+            * (tokens / last_tokens) ** 2
+            * sum(settings.speed_reps(tokens))
+            / sum(settings.speed_reps(last_tokens))
+        ):
             reason = "section time cap (estimated from the last size)"
             emit({"tokens": tokens, "status": "skipped", "reason": reason})
             continue

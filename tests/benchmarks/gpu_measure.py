@@ -112,12 +112,14 @@ def reset_peak(device: torch.device) -> None:
 
 
 def peak_gib(device: torch.device) -> dict[str, float] | None:
-    """Peak allocated and reserved device memory since the last ``reset_peak``, GiB; None on CPU."""
+    """Peak allocated and reserved device memory since the last ``reset_peak``, and what is allocated
+    now (between steps: weights, gradients and optimizer states), GiB; None on CPU."""
     if device.type != "cuda":
         return None
     return {
         "peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
         "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+        "allocated_between_steps_gib": torch.cuda.memory_allocated(device) / 2**30,
     }
 
 

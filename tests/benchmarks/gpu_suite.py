@@ -28,12 +28,10 @@ the installed longctx is not this checkout's. Goals (speed, memory estimate) are
 
 On this workplace's lent H200 (nothing can be installed there: the packages it lacks travel as wheels,
 built here with ``make gpu-wheels``, which also builds this checkout's own wheel; run it in the checkout
-the device tool sends, after the last code change), the whole call is, as one line::
+the device tool sends, after the last code change), the whole call is ``run`` with
+``carry=[".whl"]``, ``timeout_s=600`` and this command (one line)::
 
-    run(carry=[".whl"], timeout_s=600, command="python3 -m pip install -q --no-index --no-deps
-      --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-      || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 tests/benchmarks/gpu_suite.py
-      --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log")
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
 
 The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up); then copy
 ``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is

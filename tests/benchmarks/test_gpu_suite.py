@@ -48,9 +48,8 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
         ("exactness", "speed", "training", "longest"), "passed"
     )
     exact = sections["exactness"]["summary"]
-    assert (
-        exact["checked"] == 2 * 4 * 3 * 2
-    )  # dtypes x layouts x kernels (auto, cpu_flash, math) x ring modes
+    # dtypes x kernels (auto, cpu_flash, math) x (layouts x ring modes + one strided layout)
+    assert exact["checked"] == 2 * 3 * (4 * 2 + 1)
     assert all(c["passed"] for c in sections["exactness"]["cases"])
     assert {tuple(sorted(c["kernels_used"])) for c in sections["exactness"]["cases"]} == {
         ("cpu_flash",),
@@ -194,3 +193,19 @@ def test_wheel_check_finds_missing_duplicate_and_foreign_wheels(tmp_path: Path) 
     assert "two versions of pydantic" in problems
     assert "email-validator" in problems
     assert "native-1.0-cp311" in problems
+
+
+def test_strided_mode_catches_kernels_that_read_head_dim_as_contiguous(monkeypatch) -> None:
+    lengths = LAYOUTS["many_short"]
+    inputs = [x.to(torch.float32) for x in window_inputs(4, 8, 2)]
+    expected = gpu_attention.reference_attention(*inputs, lengths, HEAD_DIM**-0.5)
+    segments, cpu = gpu_attention.segments_of(lengths), torch.device("cpu")
+    right, _ = gpu_attention.ring_single_rank(inputs, segments, cpu, "cpu_flash", strided=True)
+    assert gpu_attention.compare(right, expected, torch.float32)["passed"]
+    # Without the contiguity guard where tensors enter the kernels, the strided check must fail.
+    from longctx.trainer.attention import kernels, ring
+
+    monkeypatch.setattr(kernels, "unit_stride", lambda x: x)
+    monkeypatch.setattr(ring, "unit_stride", lambda x: x)
+    wrong, _ = gpu_attention.ring_single_rank(inputs, segments, cpu, "cpu_flash", strided=True)
+    assert not gpu_attention.compare(wrong, expected, torch.float32)["passed"]

@@ -1,4 +1,5 @@
-"""`longctx demo`, the README's first quickstart command, end to end on the embedded corpus."""
+"""`longctx demo`, the README's first quickstart command, end to end on the embedded corpus, run
+from a folder outside the repository with the config that ships in the package."""
 
 from __future__ import annotations
 
@@ -11,34 +12,58 @@ from pathlib import Path
 
 import pytest
 
+from longctx.config import load_config
+from longctx.demo import packaged_config
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+def test_the_demo_config_ships_in_the_package_and_the_repository_links_to_it(tmp_path: Path) -> None:
+    """One copy: ``configs/demo.yaml`` is the packaged file, ``--print-config`` prints it, and it
+    loads from any folder."""
+    with packaged_config() as path:
+        assert path.is_file() and path.parent.parent.name == "longctx"
+        assert (REPO / "configs" / "demo.yaml").resolve() == path.resolve()
+        text = path.read_text(encoding="utf-8")
+        cfg = load_config(path)
+    assert cfg.train is not None and cfg.eval is not None and str(cfg.output) == "runs/demo"
+    done = subprocess.run([sys.executable, "-m", "longctx.cli", "demo", "--print-config"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == text
+
+
 @pytest.mark.slow
-def test_demo_runs_end_to_end_and_reuses_finished_stages(tmp_path: Path) -> None:
+def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    cmd = [sys.executable, "-m", "longctx.cli", "demo", "--config", "configs/demo.yaml", "--output", str(tmp_path / "demo")]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    cmd = [sys.executable, "-m", "longctx.cli", "demo"]  # the packaged config; output runs/demo under cwd
     start = time.monotonic()
-    first = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    first = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     elapsed = time.monotonic() - start
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert elapsed < 300, f"the demo took {elapsed:.0f} s"
+    timings = next((line for line in first.stdout.splitlines() if line.startswith("timings:")), "")
+    assert elapsed < 300, f"the demo took {elapsed:.0f} s ({timings}; load {os.getloadavg()[0]:.1f})"
     out = first.stdout
     for expected in ("documents (kept / filtered with reasons / duplicates)", "windows of 1024", "windows of 2048",
-                     "all invariants hold", "training loss", "needle retrieval accuracy", "where things are"):
+                     "all invariants hold", "training loss", "evaluate (base vs trained)",
+                     "needle retrieval accuracy: base", "where things are"):
         assert expected in out, expected
-    root = tmp_path / "demo"
+    root = cwd / "runs" / "demo"
     for path in ("ledger.parquet", "stats.png", "shards/seq1024/manifest.json", "shards/seq2048/manifest.json",
                  "documents/synthetic", "train/final/config.json", "train/metrics.jsonl",
-                 "eval/loss_by_position.png", "eval/needle.png"):
+                 "eval/001/loss_by_position.png", "eval/001/needle.png", "eval/001/summary.json"):
         assert (root / path).exists(), path
-    scored = json.loads((root / "eval" / "loss_by_position.json").read_text())
+    scored = json.loads((root / "eval" / "001" / "loss_by_position.json").read_text())
     assert scored["held_out_rows"] == 8 == len(scored["rows"])
+    assert [m["label"] for m in scored["models"]] == ["base", "trained"]
     losses_line = next(line for line in out.splitlines() if line.startswith("training loss"))
     first_loss, last_loss = (float(x) for x in losses_line.split()[2:5:2])
     assert last_loss < first_loss
 
-    second = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    second = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "done in an earlier run" in second.stdout
     assert "reusing its checkpoint" in second.stdout
+    assert "reusing runs/demo/eval/001" in second.stdout
+    assert sorted(p.name for p in (root / "eval").iterdir()) == ["001"]

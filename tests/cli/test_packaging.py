@@ -117,9 +117,12 @@ def test_wheel_installs_only_longctx(tmp_path: Path) -> None:
         names = archive.namelist()
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert {n.split("/")[0] for n in names} == {"longctx", wheel.name.split("-py")[0] + ".dist-info"}
-    assert {"longctx/packer/FORMAT.md", "longctx/trainer/attention/ring.py", "longctx/core/atomic.py"} <= set(
-        names
-    )
+    assert {
+        "longctx/packer/FORMAT.md",
+        "longctx/trainer/attention/ring.py",
+        "longctx/core/atomic.py",
+        "longctx/configs/demo.yaml",
+    } <= set(names)
     assert "longctx = longctx.cli:main" in entry_points
 
     target = tmp_path / "site"
@@ -131,13 +134,18 @@ def test_wheel_installs_only_longctx(tmp_path: Path) -> None:
         "import longctx.core.errors, longctx.packer, longctx.pipeline, longctx.trainer\n"
         "parts = [m.__file__ for m in (longctx.packer, longctx.pipeline, longctx.trainer)]\n"
         "generic = [n for n in ('pipeline', 'packer', 'trainer') if importlib.util.find_spec(n)]\n"
-        "print(json.dumps({'parts': parts, 'generic': generic}))\n"
+        "import importlib.resources\n"
+        "demo = importlib.resources.files('longctx') / 'configs' / 'demo.yaml'\n"  # what `longctx demo` reads
+        "print(json.dumps({'parts': parts, 'generic': generic, 'demo': str(demo), 'demo_text': demo.read_text()}))\n"
     )
     # -S: no site-packages, so the checkout's editable install is out of the picture (the parts'
     # package modules import nothing beyond the standard library)
     elsewhere = json.loads(_python(probe, cwd=tmp_path, env=env, flags=("-S",)))
     assert all(path.startswith(str(target / "longctx")) for path in elsewhere["parts"])
     assert elsewhere["generic"] == []
+    # the demo's config comes with the package, equal to the repository's configs/demo.yaml
+    assert elsewhere["demo"].startswith(str(target / "longctx"))
+    assert elsewhere["demo_text"] == (REPO / "configs" / "demo.yaml").read_text()
     # from the repository root, whose longctx/ folder holds the roof only, the parts still come from
     # the installed package
     at_root = json.loads(_python(probe, cwd=REPO, env=env, flags=("-S",)))

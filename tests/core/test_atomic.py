@@ -81,3 +81,37 @@ def test_figures_take_their_format_from_the_suffix(tmp_path: Path) -> None:
     write_figure(tmp_path / "plot.svg", fig)
     assert b"<svg" in (tmp_path / "plot.svg").read_bytes()[:500]
     assert not plt.get_fignums()  # closed
+
+
+def test_numbered_folders_never_replace_earlier_ones(tmp_path: Path) -> None:
+    """Each folder gets the next number; a failed writer leaves nothing; a killed writer's
+    temporary (unlocked) is removed by the next one, a live writer's is not."""
+    import fcntl
+    import os
+
+    from longctx.core.atomic import new_numbered_folder
+
+    parent = tmp_path / "eval"
+    finals = []
+    for i in range(2):
+        with new_numbered_folder(parent) as (tmp, final):
+            (tmp / "result.txt").write_text(str(i))
+            assert not final.exists()
+        finals.append(final)
+    assert [f.name for f in finals] == ["001", "002"]
+    assert [(f / "result.txt").read_text() for f in finals] == ["0", "1"]
+    with pytest.raises(RuntimeError), new_numbered_folder(parent) as (tmp, final):
+        raise RuntimeError("killed")
+    assert sorted(p.name for p in parent.iterdir()) == ["001", "002"]
+
+    (parent / "003.tmp").mkdir()  # a killed writer's: nobody holds its lock
+    held = parent / "004.tmp"
+    held.mkdir()
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a running writer's (open file descriptions lock independently)
+    try:
+        with new_numbered_folder(parent) as (tmp, final):
+            pass
+        assert final.name == "005" and held.is_dir() and not (parent / "003.tmp").exists()
+    finally:
+        os.close(fd)

@@ -133,8 +133,8 @@ def test_collate_gives_varlen_boundaries_of_the_flattened_batch(packed_run: Pack
 def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun, tmp_path: Path) -> None:
     with pytest.raises(ShardError, match="encoded with tokenizer"):
         PackedDataset(packed_run.folder(SEQ_LEN), tokenizer="f" * 64)
-    with pytest.raises(ShardError, match="format version 1, this reader expects 2"):
-        PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, format_version=2)
+    with pytest.raises(ShardError, match="format version 2, this reader expects 3"):
+        PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, format_version=3)
     with pytest.raises(ShardError, match=r"no manifest\.json"):
         PackedDataset(tmp_path, tokenizer=None)
     with pytest.raises(ValueError, match=r"tokenizer\.json path or a sha256"):
@@ -142,9 +142,9 @@ def test_mismatched_tokenizer_or_format_version_is_refused(packed_run: PackedRun
     newer = tmp_path / "newer"
     shutil.copytree(packed_run.folder(SEQ_LEN), newer)
     manifest = json.loads((newer / "manifest.json").read_text())
-    manifest["header"]["format_version"] = 2
+    manifest["header"]["format_version"] = 3
     (newer / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ShardError, match="written in format version 2; this version of longctx reads 1"):
+    with pytest.raises(ShardError, match="written in format version 3; this version of longctx reads 2"):
         PackedDataset(newer, tokenizer=packed_run.tokenizer_path)
 
 

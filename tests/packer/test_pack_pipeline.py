@@ -18,6 +18,7 @@ from longctx.cli import main
 from longctx.config import RootConfig, load_config
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
+from longctx.core.run_record import config_hash
 from longctx.packer.catalog import read_catalog
 from longctx.packer.format import ShardError
 from longctx.packer.manifest import CoverageError
@@ -101,7 +102,8 @@ def test_a_rerun_gives_byte_identical_output_and_a_resume_changes_nothing(
 def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> None:
     tokenizer, texts = make_run(tmp_path)
     mix = {"books": 0.5, "papers": 0.3, "anchor": 0.2}
-    manifests = jobs.pack(make_config(tmp_path, mix=mix, seed=7, seq_lens=[512], strategy="bfd"))
+    cfg = make_config(tmp_path, mix=mix, seed=7, seq_lens=[512], strategy="bfd", mix_max_dropped=0.4)
+    manifests = jobs.pack(cfg)
     manifest = manifests[512]
     for name, target in mix.items():
         assert manifest.sources[name].target_fraction == target
@@ -197,8 +199,8 @@ def test_config_errors_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mix fractions must sum to 1"):
         make_config(tmp_path, mix={"books": 0.5, "papers": 0.2, "anchor": 0.2})
     jobs.pack(make_config(tmp_path, seq_lens=[256]))
-    with pytest.raises(ConfigError, match="different config_sha256"):
-        jobs.pack(make_config(tmp_path, seq_lens=[512]))
+    with pytest.raises(ConfigError, match=r"made from other data \(different pack\.seed\)"):
+        jobs.pack(make_config(tmp_path, seq_lens=[256], seed=1))
 
 
 def test_missing_inputs_are_config_errors(tmp_path: Path) -> None:
@@ -213,10 +215,11 @@ def test_missing_inputs_are_config_errors(tmp_path: Path) -> None:
 def test_manifest_is_plain_json_with_the_format_fields(packed_run: PackedRun) -> None:
     data = json.loads((packed_run.folder(256) / "manifest.json").read_text())
     header = data["header"]
-    assert header["format"] == "longctx-packed-windows" and header["format_version"] == 1
+    assert header["format"] == "longctx-packed-windows" and header["format_version"] == 2
     assert {"sha256", "vocab_size", "eos_id", "bos_id", "pad_id"} <= set(header["tokenizer"])
     assert (header["seq_len"], header["original_context"], header["target_context"]) == (256, ORIGINAL, 1024)
-    assert data["config"]["pack"]["seq_lens"] == SEQ_LENS
+    assert data["config"]["pack"]["seq_len"] == 256 and "seq_lens" not in data["config"]["pack"]
+    assert header["config_sha256"] == config_hash(data["config"])
     assert all({"file", "rows", "bytes", "xxh3_128"} == set(s) for s in data["shards"])
     assert 0 < data["long_fraction"] < 1 and data["efficiency"] > 0.9
     assert (
@@ -229,11 +232,11 @@ def test_cli_prints_summary_and_mix_reached(tmp_path: Path, capsys: pytest.Captu
     config = tmp_path / "run.yaml"
     config.write_text(
         f"output: {tmp_path}\ncontext: {{original: 128, target: 256}}\n"
-        "pack: {mix: {books: 0.6, papers: 0.2, anchor: 0.2}, executor: {tasks: 1}}\n"
+        "pack: {mix: {books: 0.6, papers: 0.2, anchor: 0.2}, mix_max_dropped: 0.3, executor: {tasks: 1}}\n"
     )
     assert main(["pack", "--config", str(config)]) == 0
     out = capsys.readouterr().out
-    assert "planned mix (from curated token counts):" in out and "mix reached:" in out
+    assert "mix (pack.mix, seed 0): " in out and "mix reached:" in out
     assert "books            target 0.600, share 0." in out
     assert (
         f"{tmp_path / 'shards' / 'seq256'}\n" in out and "efficiency" in out

@@ -1,6 +1,6 @@
-"""Evaluation against independent references: transformers' greedy generation and loss computed by
-transformers per document, bucketed in the test; needle scoring; plots and JSON from a Hugging Face
-checkpoint."""
+"""Evaluation against independent references: transformers' greedy generation (our decoding uses a
+key/value cache) and loss computed by transformers per document, bucketed in the test; needle
+scoring; plots and JSON from a Hugging Face checkpoint."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from longctx.pipeline.bpe import train_bpe
 from longctx.trainer import hf_io
 from longctx.trainer.evaluate import (
     answer_settled,
-    greedy_generate,
     loss_by_position,
     needle_grid,
     plot_loss_by_position,
     plot_needle_heatmap,
     score_answer,
 )
+from longctx.trainer.generate import KVCache, cached_attention, greedy_generate
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -29,27 +29,53 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 VOCAB = 300
 
 
-@pytest.fixture(scope="module")
-def hf_checkpoint(tmp_path_factory) -> Path:
+def save_tiny_llama(path: Path, **config) -> Path:
     """A tiny random Llama saved by transformers (safetensors)."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         rope_theta=10000.0, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config)
-    path = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    model.save_pretrained(path, safe_serialization=True)
+    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False)
+    LlamaForCausalLM(LlamaConfig(**{**settings, **config})).save_pretrained(path, safe_serialization=True)
     return path
 
 
-def test_greedy_generation_matches_transformers(hf_checkpoint: Path) -> None:
-    ours = hf_io.load_model(hf_checkpoint)
-    theirs = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
-    prompt = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1))
-    expected = theirs.generate(prompt[None], max_new_tokens=10, do_sample=False, min_new_tokens=10,
-                               pad_token_id=0, eos_token_id=None)[0, 40:].tolist()
-    got = greedy_generate(ours, prompt.tolist(), 10, torch.device("cpu"))
-    assert got == expected
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama")
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("rope", [None, YARN], ids=["default", "yarn"])
+def test_greedy_generation_with_kv_cache_matches_transformers(rope, tmp_path: Path) -> None:
+    """Several prompts, 12 new tokens each (no early stop): the tokens transformers' own cached
+    greedy generation produces."""
+    path = save_tiny_llama(tmp_path / "m", **({"rope_parameters": rope} if rope else {}))
+    ours = hf_io.load_model(path)
+    theirs = LlamaForCausalLM.from_pretrained(path).eval()
+    gen = torch.Generator().manual_seed(1)
+    for n in (1, 7, 40, 150):
+        prompt = torch.randint(0, VOCAB, (n,), generator=gen)
+        expected = theirs.generate(prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12,
+                                   pad_token_id=0, eos_token_id=None)[0, n:].tolist()
+        assert greedy_generate(ours, prompt.tolist(), 12, torch.device("cpu")) == expected, n
+
+
+def test_kv_cache_logits_equal_a_full_forward(hf_checkpoint: Path) -> None:
+    """Prefill 30 tokens, then 1 and then 3 tokens against the cache: the hidden states equal one
+    forward pass over all 34 tokens (float64, to 1e-10)."""
+    model = hf_io.load_model(hf_checkpoint, dtype=torch.float64).eval()
+    ids = torch.randint(0, VOCAB, (34,), generator=torch.Generator().manual_seed(4))
+    pos = torch.arange(34)
+    with torch.no_grad():
+        full = model(ids, pos, pos, torch.zeros_like(pos))
+        with cached_attention(model, 34) as cache:
+            parts = [model(ids[a:b], pos[a:b], pos[a:b], torch.zeros_like(pos[a:b])) for a, b in ((0, 30), (30, 31), (31, 34))]
+            assert isinstance(cache, KVCache)
+            with pytest.raises(ValueError, match="exceeds the cache capacity 34"):
+                model(ids[:1], torch.tensor([34]), torch.tensor([34]), torch.zeros(1, dtype=torch.long))
+    torch.testing.assert_close(torch.cat(parts), full, rtol=1e-10, atol=1e-10)
+    assert model.attention is not cache  # the model's own attention is back
 
 
 def test_loss_by_position_matches_per_document_reference(hf_checkpoint: Path) -> None:
@@ -109,12 +135,18 @@ def test_needle_grid_runs_on_a_hugging_face_checkpoint(hf_checkpoint: Path, tmp_
     tokenizer = train_bpe(haystack + ["Answer: 0123456789 key value"], VOCAB, tmp_path / "tok.json")
     model = hf_io.load_model(hf_checkpoint)
     results = needle_grid(model, tokenizer, haystack, [384, 512], [0.0, 1.0], ["single_needle"], 0,
-                          torch.device("cpu"), max_new_tokens=4)
-    assert len(results) == 4
-    assert {(r.context_tokens, r.depth) for r in results} == {(384, 0.0), (384, 1.0), (512, 0.0), (512, 1.0)}
+                          torch.device("cpu"), max_new_tokens=4, samples=2)
+    assert len(results) == 8
+    assert {(r.context_tokens, r.depth, r.sample) for r in results} == {
+        (n, d, s) for n in (384, 512) for d in (0.0, 1.0) for s in (0, 1)}
+    # each sample hides its own needle; the same seed gives the same needles again
+    assert len({r.answer for r in results if r.context_tokens == 384 and r.depth == 0.0}) == 2
+    again = needle_grid(model, tokenizer, haystack, [384], [0.0], ["single_needle"], 0, torch.device("cpu"),
+                        max_new_tokens=4, samples=2)
+    assert [r.answer for r in again] == [r.answer for r in results if r.context_tokens == 384 and r.depth == 0.0]
     assert all(r.correct == score_answer(r.generated, r.answer) for r in results)
-    plot_needle_heatmap(results, tmp_path / "needle.png")
-    plot_loss_by_position([{"start": 0, "end": 1, "tokens": 1, "mean_loss": 2.0},
-                           {"start": 1, "end": 2, "tokens": 1, "mean_loss": 1.0}], 1, tmp_path / "loss.png")
+    plot_needle_heatmap({"a": results, "b": results[:4]}, tmp_path / "needle.png")
+    table = [{"start": 0, "end": 1, "tokens": 1, "mean_loss": 2.0}, {"start": 1, "end": 2, "tokens": 1, "mean_loss": 1.0}]
+    plot_loss_by_position({"a": table, "b": table}, 1, tmp_path / "loss.png")
     assert (tmp_path / "needle.png").stat().st_size > 5000 and (tmp_path / "loss.png").stat().st_size > 5000
     json.dumps([r.__dict__ for r in results])

@@ -185,7 +185,7 @@ def test_sharded_checkpoints_both_ways(tmp_path: Path) -> None:
     row = packed_row(TINY["vocab_size"], seed=2)
     assert_documents_match(ours_packed_logits(ours, row), hf_document_logits(hf_model, row))
 
-    hf_io.save_model(ours, tmp_path / "ours", max_shard_bytes=20_000)
+    hf_io.save_model(ours, tmp_path / "ours", max_shard_size=20_000)
     index = json.loads((tmp_path / "ours" / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
@@ -411,13 +411,18 @@ def test_default_ring_attention_matches_the_reference(tiny_model: Transformer) -
         torch.testing.assert_close(ring(**row), tiny_model(**row), atol=1e-5, rtol=1e-5)
 
 
-def test_activation_checkpointing_and_chunked_loss_keep_gradients(tiny_model: Transformer) -> None:
+@pytest.mark.parametrize("mode", [True, "full", "selective"])
+def test_activation_checkpointing_and_chunked_loss_keep_gradients(tiny_model: Transformer, mode: str | bool) -> None:
     row = packed_row(128, seed=9)
     labels = torch.roll(row["input_ids"], -1, dims=1)
     labels[0, [4, 15, -1]] = -100  # document ends predict nothing
-    checkpointed = Transformer(
-        tiny_model.config, attention=reference_attention, activation_checkpointing=True
-    )
+    calls = []
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(torch.is_grad_enabled())
+        return reference_attention(*args, **kwargs)
+
+    checkpointed = Transformer(tiny_model.config, attention=counted, activation_checkpointing=mode)
     checkpointed.load_state_dict(tiny_model.state_dict())
 
     hidden = tiny_model(**row)
@@ -428,6 +433,9 @@ def test_activation_checkpointing_and_chunked_loss_keep_gradients(tiny_model: Tr
     torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
     for (name, a), (_, b) in zip(tiny_model.named_parameters(), checkpointed.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5, msg=name)
+    # full recomputes every layer's attention in backward; selective keeps it
+    layers = tiny_model.config.num_hidden_layers
+    assert len(calls) == (layers if mode == "selective" else 2 * layers)
 
 
 def test_init_weights_and_tied_output() -> None:

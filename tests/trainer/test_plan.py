@@ -147,6 +147,53 @@ def test_rank_memory(toy: plan.ModelShape) -> None:
     assert recomputed.activations == 2 * 256 * 2 * 64 + 256 * 2_320
 
 
+def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
+    """FSDP2 over 4 ranks, selective checkpointing: every part counted by hand for the toy shape."""
+    params = 105_280
+    block = 64 * 192 + 3 * 64 * 176 + 2 * 64  # h(2q + 2k) + 3hi + 2h
+    memory = plan.rank_memory(toy, 1024, 4, state_shards=4, activation_checkpointing="selective")
+    assert memory.model_states == 16 * params / 4
+    # two blocks and the output projection, gathered in bf16 with bf16 gradients and fp32 reduce buffers
+    assert memory.gathered_params == (2 * block + 100 * 64) * (2 + 2 + 4)
+    # per token per layer: input 2h + rotated q, k, v and attention output 2(2q + 2k) + fp32 lse 4a,
+    # plus one layer's full activations (2_320 bytes per token) while it is recomputed
+    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (2 * 64 + 2 * 32) + 4 * 4) + 256 * 2_320
+    # all 256 tokens of the rank fit one chunk: fp32 logits and gradient plus the bf16 product
+    assert memory.logits == 256 * 100 * (4 + 4 + 2)
+    assert memory.total == pytest.approx(
+        memory.model_states + memory.gathered_params + memory.activations + memory.logits + memory.ring_buffers
+    )
+    unsharded = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
+    assert unsharded.gathered_params == 0 and unsharded.activations == 2 * 2 * 256 * 2_320  # fp32 doubles them
+
+
+def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelShape) -> None:
+    from longctx.trainer.memory import check_fits, usable_bytes
+
+    memory = plan.rank_memory(toy, 1024, 4, state_shards=4)
+    assert usable_bytes(80e9) == 0.9 * 80e9 - 2 * GiB
+    check_fits(memory, 80e9, where="an 80 GB GPU", settings="toy")
+    with pytest.raises(ConfigError, match=r"does not fit a tiny GPU: about .* per rank \(model states .*activations"):
+        check_fits(memory, memory.total, where="a tiny GPU", settings="toy")  # the headroom is missing
+
+
+@pytest.mark.parametrize(("text", "value"), [("80GB", 80e9), ("80GiB", 80 * GiB), ("141gb", 141e9), ("1024", 1024)])
+def test_parse_bytes(text: str, value: float) -> None:
+    assert plan.parse_bytes(text) == value
+
+
+def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFixture) -> None:
+    """The shipped real-run example: sharded over its 8 ranks it fits, as one replica per rank it does not."""
+    config = str(Path(__file__).parents[2] / "configs" / "llama3_8b_64k.yaml")
+    argv = ["plan", "--config", config, "--model", "llama-3-8b", "--gpus", "8", "--gpu-memory", "80GB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sharded over 8 ranks, activation checkpointing selective" in out
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("fits ")] == ["yes"]
+    assert main([*argv, "--state-shards", "1"]) == 0
+    assert [line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("fits ")] == ["NO"]
+
+
 def test_wall_clock_for_a_toy_budget(toy: plan.ModelShape) -> None:
     # 6 x (2 layers x (64 * 192 + 3 * 64 * 176) + 64 * 100) + 3 x 2 layers x 16384 causal attention
     per_token = 6 * 98_560 + 3 * 2 * 16_384

@@ -108,13 +108,15 @@ def run_ring(
     *,
     device: str = "cpu",
     skip_empty_blocks: bool = True,
+    tile_blocks: bool = True,
 ) -> tuple[list[torch.Tensor] | None, RingStats]:
     """Ring attention forward+backward on this rank's zigzag tokens; rank 0 gets the window's results."""
     world = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     rows = zigzag_rows(SEQ_LEN, world, rank)
     plan = build_ring_plan(
-        rows.to(device), segments[rows].to(device), group=group, skip_empty_blocks=skip_empty_blocks
+        rows.to(device), segments[rows].to(device), group=group, skip_empty_blocks=skip_empty_blocks,
+        tile_blocks=tile_blocks,
     )
     q, k, v, grad = (x[rows].to(device, dtype) for x in inputs)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -205,12 +207,15 @@ def _check_fixed_layouts(rank: int, world: int, device: str) -> None:
     # The unskipped ring computes every pair, mostly of fully masked rows, and must agree too.
     lengths = LAYOUTS["many_short"]
     inputs = rounded(window_inputs(7, 8, 2), torch.float32)
-    results, stats = run_ring(
-        group, segment_ids(lengths), torch.float32, inputs, device=device, skip_empty_blocks=False
-    )
-    assert stats.compute_fraction == 1.0 and stats.kv_sends == stats.kv_sends_dense
-    if rank == 0:
-        assert max(relative_errors(results, reference(inputs, lengths))) <= TOLERANCE[torch.float32]
+    # So must the baselines of the benchmark: every pair sent (still tiled), and every pair computed whole.
+    for tile_blocks in (True, False):
+        results, stats = run_ring(
+            group, segment_ids(lengths), torch.float32, inputs, device=device, skip_empty_blocks=False,
+            tile_blocks=tile_blocks,
+        )
+        assert stats.compute_fraction == 1.0 and stats.kv_sends == stats.kv_sends_dense
+        if rank == 0:
+            assert max(relative_errors(results, reference(inputs, lengths))) <= TOLERANCE[torch.float32]
 
 
 def _measure_error_by_ring_size(rank: int, world: int, errors_out: str) -> None:

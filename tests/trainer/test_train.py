@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -184,7 +185,7 @@ def test_overfitting_a_tiny_batch_drives_the_loss_down(shards_root: Path, tmp_pa
     manifests = jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
     assert 2 <= manifests[SEQ_LEN].rows <= 4
     cfg = train_config(root, root, steps=60, optim={"lr": 1e-2, "warmup_steps": 2, "min_lr_ratio": 1.0},
-                       checkpoint={"every": 100, "keep": 1}, grad_accum=2,
+                       checkpoint={"every": 100, "keep": 1}, global_batch_rows=2,
                        model={"tiny": {"hidden_size": 64, "intermediate_size": 128}})
     cfg["train"]["shards"] = str(root / "shards" / f"seq{SEQ_LEN}")
     result = jobs.train(parse_config(cfg), progress=False)
@@ -197,10 +198,7 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
     cfg = train_config(shards_root, tmp_path / "run", checkpoint={"every": 3, "keep": 3})
     straight = jobs.train(parse_config(cfg), progress=False)
     checkpoints = tmp_path / "run" / "train" / "checkpoints"
-    import shutil
-
     shutil.rmtree(checkpoints / "step_0000006")
-    (checkpoints / "latest").write_text("step_0000003\n")
     resumed = jobs.train(parse_config(cfg), progress=False)
     assert resumed.resumed_from == 3 and len(resumed.losses) == 3
     for a, b in zip(straight.losses[3:], resumed.losses):
@@ -213,8 +211,8 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
 
 def test_resume_into_a_changed_run_is_refused(shards_root: Path, tmp_path: Path) -> None:
     jobs.train(parse_config(train_config(shards_root, tmp_path / "run", steps=3)), progress=False)
-    changed = train_config(shards_root, tmp_path / "run", steps=6, grad_accum=2)
-    with pytest.raises(ConfigError, match="cannot resume .*grad_accum"):
+    changed = train_config(shards_root, tmp_path / "run", steps=6, global_batch_rows=2)
+    with pytest.raises(ConfigError, match="cannot resume .*global_batch_rows"):
         jobs.train(parse_config(changed), progress=False)
 
 
@@ -295,7 +293,7 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(shards_roo
 @pytest.mark.slow
 def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(shards_root: Path, tmp_path: Path) -> None:
     """World 2 with cp=1 (data parallel): rank r takes rows r, r+2, ...; one process with
-    grad_accum=2 takes the same two rows per step. The global-token loss makes them equal."""
+    global_batch_rows=2 takes the same two rows per step. The global-token loss makes them equal."""
     cfg = train_config(shards_root, tmp_path / "dp2", cp=1, steps=4)
     path = tmp_path / "dp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -304,7 +302,7 @@ def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(shards_
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     dp2 = [json.loads(line)["loss"] for line in (tmp_path / "dp2" / "train" / "metrics.jsonl").read_text().splitlines()]
-    single = jobs.train(parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, grad_accum=2)),
+    single = jobs.train(parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, global_batch_rows=2)),
                    progress=False).losses
     assert len(dp2) == 4
     for a, b in zip(dp2, single):

@@ -182,6 +182,7 @@ def build_ring_plan(
     kv_segment: Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     skip_empty_blocks: bool = True,
+    tile_blocks: bool = True,
 ) -> RingPlan:
     """Plan ring attention for this rank's tokens of a packed window.
 
@@ -189,8 +190,10 @@ def build_ring_plan(
     (1-D, in the order of the rows of ``q``); ``kv_index``/``kv_segment`` describe the local key/value
     tokens and default to the query ones (self-attention). Every rank must hold the same number of
     tokens (the zigzag layout does). ``group`` is the context-parallel process group; ``None`` or a
-    group of size 1 plans a local call. ``skip_empty_blocks=False`` computes and sends every block pair
-    (a baseline for benchmarks and debugging). Collective: every rank of ``group`` must call it.
+    group of size 1 plans a local call. Two independent savings, each can be turned off for baselines
+    (benchmarks, debugging): ``skip_empty_blocks=False`` sends and computes every block pair, even one
+    where no query sees any key; ``tile_blocks=False`` computes each computed block whole (no trimming
+    to the rectangle of allowed entries, no tiles), so dense-mask kernels also compute its masked part. Collective: every rank of ``group`` must call it.
     """
     kv_index = q_index if kv_index is None else kv_index
     kv_segment = q_segment if kv_segment is None else kv_segment
@@ -220,7 +223,7 @@ def build_ring_plan(
     else:
         need, scores = [[True] * world_size for _ in range(world_size)], world_size**2 * n_q * n_kv
     blocks = [
-        block_mask(q_idx[rank], q_seg[rank], kv_idx[s], kv_seg[s], trim=skip_empty_blocks)
+        block_mask(q_idx[rank], q_seg[rank], kv_idx[s], kv_seg[s], trim=tile_blocks)
         if need[rank][s]
         else None
         for s in range(world_size)

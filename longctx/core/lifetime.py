@@ -1,0 +1,125 @@
+"""Child processes die with the process that started them, even when it is killed with SIGKILL.
+
+datatrove's local executor runs a job's tasks in a ``multiprocess`` pool (workers forked by a
+forkserver) and keeps a ``multiprocess.Manager`` server process beside it. When the driver (the
+``longctx`` command) dies without cleaning up (SIGKILL, the OOM killer, a closed terminal), nothing
+stops those processes: a manager server waits forever and a worker finishes its task, for minutes.
+So every process started on the driver's behalf asks the kernel to kill it when its parent dies
+(Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a thread that watches ``os.getppid()``):
+
+* processes the driver forks while :func:`children_die_with_this_process` is active (the manager
+  server) do it in an ``os.register_at_fork`` hook;
+* pool workers (children of the forkserver, which exits by itself when the driver's end of its
+  pipe closes) call :func:`die_with_parent` when they pick up a task, so the chain
+  driver -> forkserver -> worker unwinds completely.
+
+Work a killed task leaves half done (a shard's temporary file) is removed when the job runs again.
+While a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
+raises ``SystemExit``, so that its atomic writers remove their temporary files before it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_WATCH_INTERVAL = 0.5  # seconds between parent checks where prctl is not available
+
+_active = 0  # nesting depth of children_die_with_this_process()
+_forking_pid: int | None = None
+
+
+def _set_parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send ``sig`` when the parent dies; False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_INTERVAL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="longctx-parent-watch", daemon=True).start()
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Make this process die as soon as its parent does (idempotent).
+
+    ``parent`` is the pid the parent had when this process was started; when the parent is already
+    gone (this process was re-parented before it got here) the process exits at once.
+    """
+    parent = os.getppid() if parent is None else parent
+    if not _set_parent_death_signal(signal.SIGKILL):
+        _watch_parent(parent)
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def sigterm_exits(grace: float = 2.0) -> Iterator[None]:
+    """Meanwhile, SIGTERM raises ``SystemExit`` in this process (whose main thread must run this), so
+    that ``finally`` blocks and atomic writers remove their temporary files when a pool terminates
+    its workers; should the exit get stuck (an exception raised inside a finalizer is ignored), the
+    process ends anyway ``grace`` seconds later."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        timer = threading.Timer(grace, os._exit, (128 + signum,))
+        timer.daemon = True
+        timer.start()
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _before_fork() -> None:
+    global _forking_pid
+    _forking_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    if _active and _forking_pid is not None:
+        die_with_parent(_forking_pid)
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def children_die_with_this_process() -> Iterator[None]:
+    """Meanwhile, every process this one forks dies when this one does."""
+    global _active
+    _active += 1
+    try:
+        yield
+    finally:
+        _active -= 1
+
+
+def parent_alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,192 @@
+"""Packed batches in the form Hugging Face ``transformers`` (and TRL) models take, and shard
+headers read back through ``datasets``.
+
+A packed row holds several documents. A transformers model keeps them apart only when it is told
+where they end, and how it must be told depends on its attention implementation:
+
+- **flash attention** (``flash_attention_2``/``_3`` and hub kernels): the varlen kwargs
+  ``cu_seq_lens_q/k`` and ``max_length_q/k`` with restarted ``position_ids``; the batch is flattened to
+  one row of ``batch x seq_len`` tokens (the layout of ``DataCollatorWithFlattening``);
+- **sdpa and eager**: a 4-D block-diagonal causal mask ``[batch, 1, seq_len, seq_len]``, additive:
+  0 where a token may attend, the dtype's minimum elsewhere (the convention both accept; a bool mask
+  is silently wrong on eager). It costs ``seq_len**2`` elements per row, so use it for short
+  windows (tests, CPU); long windows want flash attention;
+- **flex attention**: a ``BlockMask`` of the same document-causal pattern.
+
+transformers' own detection of packing from ``position_ids`` is not relied on: it is switched off by
+any 2-D mask and by the KV cache that ``use_cache=True`` (the Llama default) creates, and then
+documents see each other silently. ``use_cache=False`` is passed as well.
+
+Labels follow transformers' convention: **unshifted** (``labels[i]`` is token ``i`` itself, or -100),
+the model shifts them inside its loss. A token is a label exactly when the shard's ``loss_mask`` says
+it is a target, so a segment's first token, padding, and (therefore) every token that would be
+predicted across a document boundary are -100, and the model's mean loss over a batch equals the
+token-weighted mean of each document's own loss.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from longctx.packer.dataset import IGNORE_INDEX, collate_packed, tokens_to_sample
+from longctx.packer.format import ShardError, ShardMetadata
+from longctx.packer.rowcheck import RowTokens
+
+FLASH = ("flash_attention_2", "flash_attention_3")
+DENSE_MASK = ("sdpa", "eager")
+
+
+def _is_flash(implementation: str) -> bool:
+    return implementation in FLASH or "flash" in implementation.split("/")[-1]
+
+
+def unshifted_labels(batch: Mapping[str, Any]) -> torch.Tensor:
+    """transformers' labels from a :func:`~longctx.packer.collate_packed` batch: the batch's
+    (shifted) ``labels`` moved one position right, -100 at position 0."""
+    shifted = batch["labels"]
+    labels = torch.full_like(shifted, IGNORE_INDEX)
+    labels[:, 1:] = shifted[:, :-1]
+    return labels
+
+
+def document_ids(batch: Mapping[str, Any]) -> torch.Tensor:
+    """``[batch, seq_len]`` ids of the segment each token belongs to (unique over the batch)."""
+    rows, seq_len = batch["input_ids"].shape
+    cu = batch["cu_seqlens"].to(torch.int64)
+    starts = torch.zeros(rows * seq_len, dtype=torch.int64)
+    starts[cu[:-1]] = 1
+    return (torch.cumsum(starts, 0) - 1).view(rows, seq_len)
+
+
+def causal_document_mask(batch: Mapping[str, Any], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Additive ``[batch, 1, seq_len, seq_len]`` mask: 0 where query ``i`` may see key ``j`` (same
+    segment, ``j <= i``), ``torch.finfo(dtype).min`` elsewhere."""
+    doc = document_ids(batch)
+    seq_len = doc.shape[1]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    keep = causal & (doc[:, :, None] == doc[:, None, :])
+    mask = torch.zeros(keep.shape, dtype=dtype)
+    return mask.masked_fill_(~keep, torch.finfo(dtype).min)[:, None]
+
+
+def _flex_block_mask(batch: Mapping[str, Any]) -> Any:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = document_ids(batch)
+    rows, seq_len = doc.shape
+
+    def document_causal(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (doc[b, q] == doc[b, kv]) & (kv <= q)
+
+    return create_block_mask(document_causal, rows, None, seq_len, seq_len, device=str(doc.device))
+
+
+def to_transformers(
+    batch: Mapping[str, Any], attn_implementation: str, *, mask_dtype: torch.dtype = torch.float32
+) -> dict[str, Any]:
+    """The keyword arguments of a transformers causal LM's ``forward`` for a packed batch (from
+    :func:`~longctx.packer.collate_packed`), such that no document attends to another on
+    ``attn_implementation`` (the model's ``config._attn_implementation``), with labels in
+    transformers' unshifted convention. ``mask_dtype`` (sdpa/eager): the model's dtype.
+    """
+    labels = unshifted_labels(batch)
+    # input_ids first: Trainer/accelerate take the batch size from the first value
+    if _is_flash(attn_implementation):
+        cu = batch["cu_seqlens"].to(torch.int32)
+        max_length = int(batch["max_seqlen"])
+        return {
+            "input_ids": batch["input_ids"].reshape(1, -1),
+            "position_ids": batch["position_ids"].reshape(1, -1),
+            "labels": labels.reshape(1, -1),
+            "cu_seq_lens_q": cu,
+            "cu_seq_lens_k": cu,
+            "max_length_q": max_length,
+            "max_length_k": max_length,
+            "use_cache": False,
+        }
+    out = {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "labels": labels}
+    if attn_implementation in DENSE_MASK:
+        return out | {"attention_mask": causal_document_mask(batch, mask_dtype), "use_cache": False}
+    if attn_implementation == "flex_attention":
+        return out | {"attention_mask": _flex_block_mask(batch), "use_cache": False}
+    raise ValueError(
+        f"attn_implementation {attn_implementation!r}: longctx knows how to keep documents apart on "
+        f"{', '.join((*FLASH, *DENSE_MASK, 'flex_attention'))} (and hub flash kernels)"
+    )
+
+
+def _sample(item: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """A :class:`~longctx.packer.PackedDataset` item as is, or a raw shard row (e.g. from
+    ``datasets.Dataset.from_file``: lists of ``input_ids``, ``position_ids``, ``loss_mask``,
+    ``cu_seqlens``) turned into one."""
+    if "labels" in item:
+        missing = {"cu_seqlens", "loss_mask", "position_ids"} - set(item)
+        if missing:
+            raise ValueError(
+                f"packed samples lost {', '.join(sorted(missing))} before the collator (transformers.Trainer and TRL "
+                "drop columns the model's forward does not name): set TrainingArguments(remove_unused_columns=False)"
+            )
+        return dict(item)
+    cu = np.asarray(item["cu_seqlens"], dtype=np.int32)
+    row = RowTokens(
+        input_ids=np.asarray(item["input_ids"], dtype=np.int32),
+        position_ids=np.asarray(item["position_ids"], dtype=np.int32),
+        loss_mask=np.asarray(item["loss_mask"], dtype=np.uint8),
+        cu_seqlens=cu,
+        padded=False,
+    )
+    return tokens_to_sample(row)
+
+
+class PackedCollator:
+    """A data collator for ``transformers.Trainer`` and TRL's trainers over packed windows.
+
+    Takes a list of :class:`~longctx.packer.PackedDataset` items (or raw shard rows from
+    ``datasets``) and returns :func:`to_transformers` of their :func:`~longctx.packer.collate_packed`
+    batch for the model's attention implementation::
+
+        args = TrainingArguments(..., max_steps=N, remove_unused_columns=False)
+        trainer = Trainer(model=model, args=args, train_dataset=PackedDataset(...),
+                          data_collator=PackedCollator(model.config._attn_implementation, mask_dtype=model.dtype))
+
+    ``remove_unused_columns=False`` keeps the columns the collator needs (``cu_seqlens``, ``loss_mask``),
+    which the trainers otherwise drop because the model's ``forward`` does not name them.
+    """
+
+    def __init__(self, attn_implementation: str, *, mask_dtype: torch.dtype = torch.float32) -> None:
+        self.attn_implementation = attn_implementation
+        self.mask_dtype = mask_dtype
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        batch = collate_packed([_sample(f) for f in features])
+        return to_transformers(batch, self.attn_implementation, mask_dtype=self.mask_dtype)
+
+
+def read_header(dataset: Any) -> ShardMetadata:
+    """The shard header (tokenizer fingerprint and vocabulary, ``seq_len``, contexts, format
+    version...) of shards loaded with ``datasets`` (``Dataset.from_file`` or
+    ``load_dataset("arrow", ...)``), a ``datasets.Features``, or a pyarrow schema.
+
+    ``datasets`` drops the shard's own schema metadata but keeps its features, where the header is
+    stored as the ``id`` of the ``input_ids`` values (``packer/FORMAT.md``).
+    """
+    features = getattr(dataset, "features", dataset)
+    raw: str | bytes | None = None
+    if hasattr(features, "metadata") and hasattr(features, "field"):  # a pyarrow schema
+        raw = (features.metadata or {}).get(b"longctx")
+    else:
+        try:
+            raw = features["input_ids"].feature.id
+        except (KeyError, TypeError, AttributeError):
+            raw = None
+    if not raw:
+        raise ShardError("no longctx shard header in these features: not longctx shards, or written before format version 2")
+    try:
+        return ShardMetadata.model_validate(json.loads(raw))
+    except ValueError as err:
+        raise ShardError(f"malformed longctx shard header: {err}") from None

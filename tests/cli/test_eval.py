@@ -1,0 +1,139 @@
+"""`longctx eval` compares models on the same windows and needles and never overwrites a result.
+
+The run trains from a Hugging Face checkpoint saved by transformers, so ``base`` (the model training
+starts from) has an independent twin: the same checkpoint named by its folder must score exactly
+the same. The trained model must beat the base on the held-out windows. The command is the
+README's, run as written except for the config.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from longctx import jobs
+from longctx.cli import main
+from longctx.config import parse_config
+from tests.packer.test_pack_helpers import make_config as make_pack_config
+from tests.packer.test_pack_helpers import make_run
+from tests.readme import code_blocks
+
+transformers = pytest.importorskip("transformers")
+
+SEQ_LEN = 256
+SECTION = "Comparing models: `longctx eval`"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(run folder, config file, base checkpoint): shards of 256 tokens, 3 steps from a tiny Llama."""
+    root = tmp_path_factory.mktemp("eval_run")
+    make_run(root)
+    jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
+    base = root / "base-llama"
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=SEQ_LEN)
+    transformers.LlamaForCausalLM(config).save_pretrained(base, safe_serialization=True)
+    (readme_eval,) = (yaml.safe_load(b)["eval"] for b in code_blocks(SECTION, "yaml"))
+    settings: dict[str, Any] = {
+        "output": str(root),
+        "context": {"original": 128, "target": SEQ_LEN},
+        "tokenizer": {"path": str(root / "tokenizer.json")},
+        "train": {
+            "model": {"hf_path": str(base)},
+            "steps": 3,
+            "holdout_rows": 4,
+            "optim": {"lr": 1e-2, "warmup_steps": 1},
+            "coverage": {"required_position": 200},
+            "checkpoint": {"every": 3, "keep": 1},
+        },
+        # the README's eval section, on this run's short windows and few steps
+        "eval": {**readme_eval, "rows": 4,
+                 "needle": {**readme_eval["needle"], "lengths": [256, 384], "depths": [0.0, 1.0], "max_new_tokens": 4}},
+    }
+    path = root / "run.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    jobs.train(parse_config(settings), progress=False)
+    return root, path, base
+
+
+def readme_command(config: Path) -> list[str]:
+    """The README's ``longctx eval`` command with its config replaced."""
+    (line,) = [line for b in code_blocks(SECTION, "bash") for line in b.splitlines() if line.startswith("longctx eval")]
+    argv = shlex.split(line)[1:]
+    argv[argv.index("--config") + 1] = str(config)
+    return argv
+
+
+@pytest.mark.slow
+def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys) -> None:
+    root, config, base = trained_run
+    argv = readme_command(config) + ["--model", str(base)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    folder = root / "eval" / "001"
+    assert f"written to {folder}" in out
+    losses = json.loads((folder / "loss_by_position.json").read_text())
+    needles = json.loads((folder / "needle.json").read_text())
+    order = ["base", "trained", "base-llama"]
+    assert [m["label"] for m in losses["models"]] == order == [m["label"] for m in needles["models"]]
+    losses["models"] = {m["label"]: m for m in losses["models"]}
+    needles["models"] = {m["label"]: m for m in needles["models"]}
+    assert losses["held_out_rows"] == 4 == len(losses["rows"])
+
+    # base is the checkpoint training started from: the same numbers as that folder evaluated directly
+    by_model = {label: m["buckets"] for label, m in losses["models"].items()}
+    for ours, twin in zip(by_model["base"], by_model["base-llama"]):
+        assert ours["tokens"] == twin["tokens"]
+        assert ours["mean_loss"] == pytest.approx(twin["mean_loss"], rel=1e-6)
+    assert needles["models"]["base"]["results"] == needles["models"]["base-llama"]["results"]
+
+    def mean(buckets: list[dict]) -> float:
+        return sum(b["mean_loss"] * b["tokens"] for b in buckets if b["tokens"]) / sum(b["tokens"] for b in buckets)
+
+    assert mean(by_model["trained"]) < mean(by_model["base"])
+
+    # several samples per cell, the same needles for every model
+    results = needles["models"]["trained"]["results"]
+    assert len(results) == 2 * 2 * 3 == needles["models"]["trained"]["examples"]
+    assert [r["answer"] for r in results] == [r["answer"] for r in needles["models"]["base"]["results"]]
+    for label in ("base", "trained"):
+        scored = needles["models"][label]["results"]
+        assert needles["models"][label]["accuracy"] == sum(r["correct"] for r in scored) / 12
+        assert needles["models"][label]["by_length"] == [
+            {"context_tokens": n, "accuracy": sum(r["correct"] for r in scored if r["context_tokens"] == n) / 6}
+            for n in (256, 384)
+        ]
+    for plot in ("loss_by_position.png", "needle.png"):
+        assert (folder / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (folder / "loss_by_position.txt").read_text().splitlines()
+    assert table[0].split()[2:] == ["base", "trained", "base-llama"]
+
+    # a second evaluation gets its own folder; the first is untouched
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert main(["eval", "--config", str(config), "--model", "trained"]) == 0
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    second = json.loads((root / "eval" / "002" / "summary.json").read_text())
+    assert [m["label"] for m in second["models"]] == ["trained"]
+    assert second["needle_accuracy"] == [{"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}]
+
+
+def test_bad_models_are_refused_before_any_work(trained_run, tmp_path: Path, capsys) -> None:
+    root, config, _ = trained_run
+    before = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+    assert main(["eval", "--config", str(config), "--model", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "eval.models" in err and "missing" in err and len(err.strip().splitlines()) == 2
+    assert main(["eval", "--config", str(config), "--model", "trained", "--model", "trained"]) == 2
+    assert "listed twice" in capsys.readouterr().err
+    assert main(["eval", "--config", str(config), "--output", str(tmp_path / "empty"), "--model", "trained"]) == 2
+    assert "no trained model at" in capsys.readouterr().err
+    after = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+    assert after == before and not (tmp_path / "empty").exists()

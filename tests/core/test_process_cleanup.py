@@ -1,0 +1,127 @@
+"""No process outlives a command: `longctx curate` killed with SIGKILL (the command alone, as the
+OOM killer or ``kill -9 <pid>`` would, not its process group) takes its datatrove workers and the
+executor's manager process with it, and the killed run still resumes to the same output.
+
+(`longctx pack` is checked the same way in tests/packer/test_pack_resume.py.) The reference for
+"no process" is the kernel's process table: every process the command started carries a marker in
+its environment (tests/core/processes.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from longctx import jobs
+from longctx.config import load_config
+from longctx.pipeline.bpe import train_bpe
+from tests.core.processes import (
+    HAS_PROC,
+    describe,
+    kill_survivors,
+    longctx_command,
+    marked_env,
+    marked_processes,
+    start_marked,
+    survivors_after,
+    wait_for,
+)
+
+GRACE_SECONDS = 5.0
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+
+
+def _book(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(words // 12))
+
+
+def _curate_config(tmp_path: Path, output: Path) -> Path:
+    books = tmp_path / "input" / "books"
+    if not books.is_dir():
+        books.mkdir(parents=True)
+        for i in range(8):
+            (books / f"book{i:02d}.txt").write_text(_book(i, 3000))
+        train_bpe([_book(99, 3000)], 300, tmp_path / "tokenizer.json")
+    config = {
+        "output": str(output),
+        "context": {"original": 64, "target": 256},
+        "tokenizer": {"path": str(tmp_path / "tokenizer.json")},
+        "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 4, "workers": 2}},
+    }
+    path = tmp_path / f"{output.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _documents(output: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(output)): p.read_bytes() for p in sorted((output / "documents").rglob("*.parquet"))
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
+def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    jobs.curate(load_config(_curate_config(tmp_path, reference)))
+    killed = tmp_path / "killed"
+    config = _curate_config(tmp_path, killed)
+    completions = killed / "work" / "curate" / "logs" / "1_read" / "completions"
+    process, mark = start_marked(longctx_command("curate", "--config", str(config)))
+    wait_for(
+        lambda: completions.is_dir() and any(completions.iterdir()), process, 180, "a read task completed"
+    )
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    survivors = survivors_after(mark, GRACE_SECONDS)
+    report = describe(survivors)
+    kill_survivors(survivors)
+    assert not survivors, f"processes outlived the killed `longctx curate` by {GRACE_SECONDS} s:\n{report}"
+
+    result = subprocess.run(
+        longctx_command("curate", "--config", str(config)), check=False, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _documents(killed) == _documents(reference)
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")
+@pytest.mark.parametrize("armed", [True, False], ids=["inside", "outside-reference"])
+def test_forked_child_dies_with_its_parent(tmp_path: Path, armed: bool) -> None:
+    """The mechanism alone: a process forked inside :func:`children_die_with_this_process` by a
+    parent that is then SIGKILLed does not outlive it; one forked outside it does (the reference,
+    showing that the check can fail)."""
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import contextlib, os, sys, time\n"
+        "from longctx.core.lifetime import children_die_with_this_process\n"
+        "with children_die_with_this_process() if sys.argv[1] == 'armed' else contextlib.nullcontext():\n"
+        "    pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env, mark = marked_env()
+    parent = subprocess.Popen(
+        [sys.executable, str(script), "armed" if armed else "plain"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    parent.stdout.close()
+    survivors = survivors_after(mark, GRACE_SECONDS) if armed else marked_processes(mark)
+    kill_survivors(survivors)
+    assert survivors == ([] if armed else [child])

@@ -1,0 +1,129 @@
+"""Adding a window length to a finished run packs only the new length and leaves the others
+untouched: same bytes, same files (not rewritten). The reference for the new output is a fresh run
+that packs that length alone: an output's bytes depend on the run's data and its own settings,
+never on which other lengths exist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from longctx import jobs
+from longctx.cli import main
+from longctx.core.errors import ConfigError
+from longctx.packer.config import DATA_FIELDS, NOT_IN_OUTPUT, WINDOW_FIELDS, PackConfig
+from longctx.packer.validate import validate_folder
+from tests.core.disks import tree
+from tests.packer.test_pack_helpers import make_config, make_run
+
+
+def files_of(folder: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file with its bytes, inode and modification time: equal only if never rewritten."""
+    return {p.name: (p.read_bytes(), p.stat().st_ino, p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def bytes_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def curated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("curated")
+    make_run(root)
+    return root
+
+
+def copy_of(curated: Path, where: Path) -> Path:
+    shutil.copytree(curated, where)
+    return where
+
+
+def test_adding_a_length_packs_only_it_and_keeps_the_others(
+    curated: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    before = files_of(root / "shards" / "seq256")
+
+    manifests = jobs.pack(make_config(root, seq_lens=[256, 1024]))
+    assert f"{root / 'shards' / 'seq256'}: already packed, kept as it is" in capsys.readouterr().out
+    assert files_of(root / "shards" / "seq256") == before
+    assert set(manifests) == {256, 1024} and validate_folder(root / "shards" / "seq1024") == []
+
+    alone = copy_of(curated, tmp_path / "alone")
+    jobs.pack(make_config(alone, seq_lens=[1024]))
+    assert bytes_of(root / "shards" / "seq1024") == bytes_of(alone / "shards" / "seq1024")
+    together = copy_of(curated, tmp_path / "together")
+    jobs.pack(make_config(together, seq_lens=[256, 1024]))
+    for n in (256, 1024):
+        assert bytes_of(root / "shards" / f"seq{n}") == bytes_of(together / "shards" / f"seq{n}")
+
+    record = json.loads((root / "work" / "pack" / "run.json").read_text())
+    assert set(record["outputs"]) == {"256", "1024"}
+    again = files_of(root / "shards" / "seq1024")
+    jobs.pack(make_config(root, seq_lens=[1024, 256]))  # nothing left to do: nothing rewritten
+    assert files_of(root / "shards" / "seq1024") == again and files_of(root / "shards" / "seq256") == before
+
+
+def test_a_new_length_may_need_other_packing_settings(curated: Path, tmp_path: Path) -> None:
+    """A longer window needs a larger pool: allowed for the new length, the finished one is kept."""
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256], pool_tokens=4096, shard_tokens=2048))
+    before = files_of(root / "shards" / "seq256")
+    manifests = jobs.pack(make_config(root, seq_lens=[256, 8192], pool_tokens=16384, shard_tokens=8192))
+    assert files_of(root / "shards" / "seq256") == before
+    assert manifests[256].config["pack"]["pool_tokens"] == 4096
+    assert manifests[8192].config["pack"]["pool_tokens"] == 16384
+    assert manifests[8192].header.config_sha256 != manifests[256].header.config_sha256
+
+
+def test_other_data_is_refused_and_changes_nothing(curated: Path, tmp_path: Path) -> None:
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    before = tree(root / "shards"), tree(root / "work")
+    with pytest.raises(ConfigError, match=r"made from other data \(different pack\.eos_token\)"):
+        jobs.pack(make_config(root, seq_lens=[256, 1024], eos_token="<|pad|>"))
+    with pytest.raises(ConfigError, match=r"made from other data \(different context\)"):
+        cfg = make_config(root, seq_lens=[256, 1024])
+        jobs.pack(cfg.model_copy(update={"context": cfg.context.model_copy(update={"original": 64})}))
+    (root / "documents" / "books" / "extra.parquet").write_bytes(
+        (root / "documents" / "books" / "00000.parquet").read_bytes()
+    )
+    with pytest.raises(ConfigError, match=r"\(different documents\)"):
+        jobs.pack(make_config(root, seq_lens=[256, 1024]))
+    (root / "documents" / "books" / "extra.parquet").unlink()
+    assert (tree(root / "shards"), tree(root / "work")) == before  # a refused run changes nothing
+
+
+def test_an_unfinished_length_resumes_only_with_its_own_settings(curated: Path, tmp_path: Path) -> None:
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256, 1024]))
+    (root / "shards" / "seq1024" / "manifest.json").unlink()  # as a run killed before its last stage
+    with pytest.raises(
+        ConfigError, match=r"seq1024 is half packed with other settings \(different pack\.shard_tokens\)"
+    ):
+        jobs.pack(make_config(root, seq_lens=[256, 1024], shard_tokens=8192))
+    finished = jobs.pack(make_config(root, seq_lens=[256, 1024]))
+    assert validate_folder(root / "shards" / "seq1024") == [] and finished[1024].rows > 0
+
+
+def test_a_folder_the_run_did_not_write_is_refused(curated: Path, tmp_path: Path) -> None:
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    (root / "shards" / "seq1024").mkdir()
+    (root / "shards" / "seq1024" / "stray.arrow").write_bytes(b"x")
+    config = root.parent / "run.yaml"
+    config.write_text(
+        f"output: {root}\ncontext: {{original: 128, target: 1024}}\n"
+        "pack: {seq_lens: [256, 1024], shard_tokens: 4096, pool_tokens: 8192, executor: {tasks: 2, workers: 1}}\n"
+    )
+    assert main(["pack", "--config", str(config)]) == 2
+
+
+def test_every_pack_setting_is_classified() -> None:
+    """A new setting must say whether it changes every output, one output, or none."""
+    assert DATA_FIELDS | WINDOW_FIELDS | NOT_IN_OUTPUT == set(PackConfig.model_fields)
+    assert not (DATA_FIELDS & WINDOW_FIELDS or DATA_FIELDS & NOT_IN_OUTPUT or WINDOW_FIELDS & NOT_IN_OUTPUT)

@@ -1,0 +1,47 @@
+"""Fixtures shared by the trainer's tests: packed windows and a random Llama saved by transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from longctx import jobs
+from tests.packer.test_pack_helpers import make_config as make_pack_config
+from tests.packer.test_pack_helpers import make_run
+
+WINDOW = 256
+
+
+@pytest.fixture(scope="session")
+def packed(tmp_path_factory) -> Path:
+    """A run folder with a tokenizer, curated documents and 256-token windows (original context 128)."""
+    root = tmp_path_factory.mktemp("packed")
+    make_run(root)
+    jobs.pack(make_pack_config(root, seq_lens=[WINDOW]))
+    return root
+
+
+def save_random_llama(folder: Path, vocab_size: int, *, tie: bool = False, dtype: torch.dtype = torch.float32) -> Path:
+    """A small random ``LlamaForCausalLM`` saved by transformers (``save_pretrained``) into ``folder``."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        tie_word_embeddings=tie,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).to(dtype).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def base_llama(packed: Path) -> Path:
+    """The random Llama training starts from, with the shards' vocabulary (320)."""
+    return save_random_llama(packed.parent / "base_llama", 320)

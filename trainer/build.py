@@ -1,0 +1,53 @@
+"""Building the training model: on the meta device, sharded, then filled shard by shard.
+
+The model is created on the meta device (no memory), sharded with FSDP2 when the job has more than
+one rank (``longctx.trainer.sharding``), materialized with ``to_empty`` (only this rank's shards are
+allocated, on its device) and then filled: from a Hugging Face checkpoint by reading this rank's
+slices of the safetensors files (``hf_io.load_weights``), or, for the tiny random model, from the
+seeded initialization, one parameter at a time. No rank ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+
+from longctx.trainer.hf_io import local_region
+from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
+from longctx.trainer.parallel import ParallelState
+from longctx.trainer.sharding import shard_model
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    model: Transformer
+    loss_multiplier: float
+    """What each rank's loss is multiplied by so that gradients are exact sums (``sharding``)."""
+
+
+@torch.no_grad()
+def fill_random(model: Transformer, seed: int, std: float = 0.02) -> None:
+    """The weights :meth:`Transformer.init_weights` gives with a generator seeded by ``seed``, written
+    into this rank's part of each parameter (each full tensor is drawn, one at a time)."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        value = initial_value(name, param.shape, std, generator)
+        local = param.to_local() if hasattr(param, "to_local") else param
+        if local.numel():
+            local.copy_(value[local_region(param)])
+
+
+def build_model(config: ModelConfig, state: ParallelState, *, activation_checkpointing: str, bf16: bool) -> BuiltModel:
+    """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
+    uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint."""
+    with torch.device("meta"):
+        model = Transformer(
+            config,
+            attention=RingAttention(group=state.cp_group),
+            activation_checkpointing=activation_checkpointing,
+        )
+    multiplier = shard_model(model, state, bf16=bf16) if state.sharded else 1.0
+    model.to_empty(device=state.device)
+    if list(model.buffers()):  # to_empty leaves buffers uninitialized; this model computes RoPE per call
+        raise RuntimeError("the model has buffers, which to_empty leaves uninitialized: recompute them here")
+    return BuiltModel(model, multiplier)

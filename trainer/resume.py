@@ -1,0 +1,66 @@
+"""What a run started in an existing output folder does with what it finds there.
+
+- **Checkpoints**: it resumes from the newest intact one (``checkpoint.find_resume_checkpoint``:
+  damaged newer ones are reported and skipped); with checkpoints present but none intact it refuses
+  unless ``restart`` is given; ``restart`` with an intact checkpoint present is refused too, since the
+  new run's checkpoint rotation would later delete it.
+- **Settings**: a checkpoint is only resumed by a run that reads the same data in the same order and
+  trains the same model (:func:`check_settings`); the world size and the mesh may change.
+- **Metrics** (``metrics.jsonl``, one line per logged step): resuming from step ``k`` keeps every
+  line of steps up to ``k`` byte for byte; the lines of steps after ``k``, written by the earlier run
+  after its last checkpoint and about to be trained again, move to ``metrics.superseded.jsonl``
+  (appended, never lost). Starting over with ``restart`` renames the earlier ``metrics.jsonl`` to
+  ``metrics.before-restart-<n>.jsonl``. Nothing else ever rewrites the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from longctx.core.atomic import write_text
+from longctx.core.errors import ConfigError
+
+SUPERSEDED = "metrics.superseded.jsonl"
+
+
+def check_settings(folder: Path, saved: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Refuse to resume checkpoint ``folder`` when a setting that fixes the data order or the model changed."""
+    changed = sorted(k for k, v in expected.items() if saved.get(k) != v)
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {expected[k]!r}" for k in changed)
+        hint = ""
+        if "global_batch_rows" in changed:
+            hint = (
+                " (train.global_batch_rows defaults to the data-parallel size; set it to the checkpoint's "
+                "value to resume at another world size)"
+            )
+        raise ConfigError(f"cannot resume from {folder}: the run changed ({details}){hint}; use a new output folder")
+
+
+def _kept(line: str, resume_step: int) -> bool:
+    """Whether a metrics line survives a resume from ``resume_step`` (a torn last line does not)."""
+    try:
+        return int(json.loads(line).get("step", 0)) <= resume_step
+    except (ValueError, AttributeError, TypeError):
+        return False
+
+
+def prepare_metrics(path: Path, resume_step: int, restart: bool) -> None:
+    """Make ``path`` hold exactly the records of steps up to ``resume_step`` (see the module docstring)."""
+    if not path.exists():
+        return
+    if restart:
+        number = 1
+        while (aside := path.with_name(f"metrics.before-restart-{number}.jsonl")).exists():
+            number += 1
+        path.rename(aside)
+        return
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if line.strip()]
+    later = [line for line in lines if not _kept(line, resume_step)]
+    if not later:
+        return
+    with open(path.with_name(SUPERSEDED), "a", encoding="utf-8") as handle:
+        handle.writelines(line if line.endswith("\n") else line + "\n" for line in later)
+    write_text(path, "".join(line for line in lines if _kept(line, resume_step)))
