@@ -24,9 +24,19 @@ DATA_FIELDS = frozenset({"mix", "mix_total_tokens", "seed", "eos_token", "bos_to
 """Fields of :class:`PackConfig` that decide the tokens of every output of a run."""
 WINDOW_FIELDS = frozenset({"strategy", "shard_tokens", "pool_tokens"})
 """Fields (besides ``executor.tasks``) that decide how one output is packed."""
-NOT_IN_OUTPUT = frozenset({"seq_lens", "executor", "batch_size", "allow_short_positions", "mix_max_dropped"})
+NOT_IN_OUTPUT = frozenset(
+    {
+        "seq_lens",
+        "executor",
+        "batch_size",
+        "allow_short_positions",
+        "mix_max_dropped",
+        "output",
+        "storage_options",
+    }
+)
 """Fields that do not change an output's bytes: which outputs to make, where tasks run, how many
-documents one tokenizer call takes, whether a run is refused."""
+documents one tokenizer call takes, whether a run is refused, where the shards are published."""
 
 
 class PackConfig(StrictModel):
@@ -38,6 +48,11 @@ class PackConfig(StrictModel):
     documents or downsampled by dropping them, chosen by ``seed``; a mix that would drop more than
     ``mix_max_dropped`` of a source's tokens is refused. Without ``mix`` every document is used
     exactly once.
+
+    ``output`` publishes the finished shards to another place, typically object storage
+    (``s3://bucket/run/shards``): each ``<output>/shards/seq<N>/`` folder of the run is packed locally
+    as usual, then uploaded to ``<pack.output>/seq<N>/`` with its manifest last (so a reader never
+    sees part of it). ``storage_options`` are fsspec's options for it (credentials, endpoint).
     """
 
     seq_lens: list[int] = Field(
@@ -85,6 +100,17 @@ class PackConfig(StrictModel):
         default=64, gt=0, description="documents per tokenizer call (encoded in parallel)"
     )
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
+    output: str | None = Field(
+        default=None,
+        description="also publish the shards here, as <output>/seq<N>/: an fsspec URL (s3://bucket/path) "
+        "or a folder; default: only <run output>/shards",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,  # may hold credentials: never recorded
+        repr=False,
+        description="fsspec options for pack.output (credentials, endpoint_url...)",
+    )
 
     @field_validator("seq_lens")
     @classmethod

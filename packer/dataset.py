@@ -18,7 +18,7 @@ DataLoader worker processes while the position stays exact.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,10 @@ class PackedDataset(IterableDataset):
     in a training order, and :meth:`heldout_rows` lists them. They are windows the model never
     trained on; when ``pack.mix`` repeats documents, copies of their documents may still appear in
     training windows.
+
+    **Remote shards.** ``folder`` may be an fsspec URL (``s3://bucket/run/shards/seq65536``): the
+    shards are copied into ``cache`` (default ``~/.cache/longctx``, or ``$LONGCTX_CACHE``) and checked
+    against the manifest first, then read from there; ``storage_options`` go to fsspec.
     """
 
     def __init__(
@@ -120,6 +124,8 @@ class PackedDataset(IterableDataset):
         holdout_rows: int = 0,
         vocab_size: int | None = None,
         format_version: int = FORMAT_VERSION,
+        cache: str | os.PathLike | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
@@ -129,7 +135,14 @@ class PackedDataset(IterableDataset):
                 f"global_batch_rows={global_rows} must be a positive multiple of the data-parallel size "
                 f"{dp_world_size} (each DP rank takes global_batch_rows / DP rows per optimizer step)"
             )
-        self.shards = ShardSet(folder, tokenizer=tokenizer, format_version=format_version, vocab_size=vocab_size)
+        self.shards = ShardSet(
+            folder,
+            tokenizer=tokenizer,
+            format_version=format_version,
+            vocab_size=vocab_size,
+            cache=cache,
+            storage_options=storage_options,
+        )
         if holdout_rows < 0 or len(self.shards) - holdout_rows < global_rows:
             raise ConfigError(
                 f"{folder} has {len(self.shards)} rows: holding out {holdout_rows} leaves fewer than one "

@@ -12,6 +12,7 @@ without one. The datatrove step that writes manifests is :class:`longctx.packer.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from longctx.core import remote
 from longctx.core.atomic import write_json
 from longctx.core.buckets import HISTOGRAM_BUCKETS, num_buckets
 from longctx.core.errors import ConfigError
+from longctx.core.remote import is_remote
 from longctx.packer.format import FrozenModel, ShardError, ShardFile, ShardHeader, check_version
 from longctx.packer.stats import OutputStats
 
@@ -172,17 +175,42 @@ def write_manifest(folder: Path, manifest: Manifest) -> Path:
     return path
 
 
-def load_manifest(folder: Path) -> Manifest:
-    """Read ``folder/manifest.json``; :class:`ShardError` when it is missing or malformed."""
-    path = folder / MANIFEST_NAME
-    if not path.is_file():
-        raise ShardError(
-            f"{folder}: no {MANIFEST_NAME}; the pack run that writes it has not finished "
-            "(or refused this output)"
-        )
+def parse_manifest(data: bytes, origin: str) -> Manifest:
+    """A manifest from the bytes of ``origin`` (a path or URL); :class:`ShardError` when malformed."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        check_version(data.get("header") if isinstance(data, dict) else None, str(path))
-        return Manifest.model_validate(data)
+        parsed = json.loads(data.decode("utf-8"))
+        check_version(parsed.get("header") if isinstance(parsed, dict) else None, origin)
+        return Manifest.model_validate(parsed)
     except (json.JSONDecodeError, ValidationError, UnicodeDecodeError) as err:
-        raise ShardError(f"{path}: malformed manifest: {err}") from None
+        raise ShardError(f"{origin}: malformed manifest: {err}") from None
+
+
+def read_manifest_bytes(
+    folder: str | os.PathLike, storage_options: Mapping[str, Any] | None = None
+) -> tuple[bytes, str]:
+    """The bytes of ``folder/manifest.json`` and its path or URL; ``folder`` may be an fsspec URL.
+    :class:`ShardError` when there is none."""
+    if is_remote(folder):
+        url = remote.join(os.fspath(folder), MANIFEST_NAME)
+        fs, path = remote.filesystem(url, storage_options)
+        with remote.remote_errors(url, "reading"):
+            fs.invalidate_cache(path)  # another process may have published it since this one listed
+            found = fs.exists(path)
+        if found:
+            return remote.read_bytes(url, storage_options), url
+        missing = url
+    else:
+        path = Path(folder) / MANIFEST_NAME
+        if path.is_file():
+            return path.read_bytes(), str(path)
+        missing = str(path)
+    raise ShardError(
+        f"{os.fspath(folder)}: no {MANIFEST_NAME} ({missing}); the pack run that writes it has not finished "
+        "(or refused this output)"
+    )
+
+
+def load_manifest(folder: str | os.PathLike, storage_options: Mapping[str, Any] | None = None) -> Manifest:
+    """Read ``folder/manifest.json`` (``folder`` may be an fsspec URL); :class:`ShardError` when it is
+    missing or malformed."""
+    return parse_manifest(*read_manifest_bytes(folder, storage_options))

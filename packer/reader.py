@@ -12,15 +12,19 @@ storage backend has to replace.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from longctx.core.remote import is_remote
 from longctx.core.tokenizer import tokenizer_fingerprint
 from longctx.packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
 from longctx.packer.manifest import Manifest, load_manifest
+from longctx.packer.remote import fetch_shards
 from longctx.packer.rowcheck import RowTokens, check_row
 
 
@@ -113,6 +117,11 @@ class ShardSet:
     ``vocab_size`` (e.g. the model's embedding rows) bounds the token ids :meth:`tokens` accepts,
     besides the tokenizer's vocabulary from the header.
 
+    ``folder`` may be an fsspec URL (``s3://bucket/run/shards/seq65536``): the folder is then copied
+    into ``cache`` first (default: the user's cache, ``~/.cache/longctx``; see
+    :func:`longctx.packer.remote.fetch_shards`), reusing the cached shards that are still intact;
+    ``storage_options`` are fsspec's (credentials, endpoint). :attr:`source` keeps the URL.
+
     A ShardSet can be pickled (e.g. to a DataLoader worker started with ``spawn``): the memory maps
     are not sent, the worker maps the files again, and shards already hashed are not hashed again.
     """
@@ -124,7 +133,12 @@ class ShardSet:
         tokenizer: str | os.PathLike | None = None,
         format_version: int = FORMAT_VERSION,
         vocab_size: int | None = None,
+        cache: str | os.PathLike | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        self.source = os.fspath(folder)
+        if is_remote(folder):
+            folder = fetch_shards(os.fspath(folder), cache, storage_options)
         self.folder = Path(folder)
         self.manifest: Manifest = load_manifest(self.folder)
         header = self.manifest.header

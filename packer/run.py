@@ -8,6 +8,8 @@
 2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~longctx.packer.stage.PackDocuments` over each
    task's share of the curated files, writing every length still to pack in one pass.
 3. ``manifest`` (1 task): :class:`~longctx.packer.stage.WriteManifests`.
+4. With ``pack.output``, each finished output is published there (``longctx.packer.remote``); a job
+   submitted to Slurm publishes when ``longctx pack`` is run again after it finished.
 
 Completed tasks are recorded under ``<output>/work/pack/<lengths>/logs`` (one folder per set of
 lengths packed together) and skipped when the job runs again.
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 from datatrove.pipeline.base import PipelineStep
 
+from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, run_stages
@@ -33,6 +36,7 @@ from longctx.packer.config import PackConfig
 from longctx.packer.format import ShardHeader, TokenizerInfo
 from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
 from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
+from longctx.packer.remote import publish_shards
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
@@ -197,6 +201,11 @@ def run_pack(
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
     plan = make_plan(pack, context, layout)
+    if pack.output is not None:
+        local = not remote.is_remote(pack.output)
+        if local and Path(pack.output.removeprefix("file://")).resolve() == layout.shards.resolve():
+            raise ConfigError(f"pack.output {pack.output} is this run's own shards folder; leave it unset")
+        remote.check_destination(pack.output, pack.storage_options)
     seq_lens = [h.seq_len for h in plan.headers]
     outputs = plan_outputs(layout, plan.data, {n: pack.window_fields() for n in seq_lens})
     todo = plan.only(outputs.to_pack)
@@ -210,4 +219,18 @@ def run_pack(
         stages = build_stages(pack, layout, todo)
         if not run_stages(pack.executor, stages, pass_folder(layout, outputs.to_pack), "pack", verbose):
             return None
-    return {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
+    manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
+    if pack.output is not None:
+        publish(layout, seq_lens, pack.output, pack.storage_options)
+    return manifests
+
+
+def publish(layout: RunLayout, seq_lens: list[int], output: str, storage_options: dict[str, Any]) -> None:
+    """Upload each finished ``shards/seq<N>`` folder to ``<output>/seq<N>`` (manifest last; folders
+    already there whole are not sent again)."""
+    for n in seq_lens:
+        folder = layout.shard_folder(n)
+        url = remote.join(output, folder.name)
+        sent = publish_shards(folder, url, storage_options)
+        done = f"published {len(sent)} files" if sent else "already published, unchanged"
+        print(f"{url}: {done}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -84,11 +85,17 @@ class ExportConfig(StrictModel):
     ``longctx train --export STEP``.
 
     ``dtype: auto`` stores the weights in the dtype of the base checkpoint's tensors (bf16 for
-    Llama-3) and in float32 for the tiny random model.
+    Llama-3) and in float32 for the tiny random model. ``output`` (an fsspec URL such as
+    ``s3://bucket/run``, or a folder) also publishes each folder there once written, as
+    ``<output>/final`` and ``<output>/export/step_<N>``, with ``config.json`` last (credentials:
+    ``train.storage_options``).
     """
 
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     max_shard_size: str = Field(default="5GB", description="largest safetensors file, e.g. 5GB or 500MB")
+    output: str | None = Field(
+        default=None, description="also publish the exported folders here (an fsspec URL or a folder)"
+    )
 
 
 def _require_extra(module: str, extra: str) -> None:
@@ -146,7 +153,21 @@ class LogConfig(StrictModel):
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
-    shards: Path | None = Field(default=None, description="a shard folder; default <output>/shards/seq<target>")
+    shards: str | None = Field(
+        default=None,
+        description="a shard folder or an fsspec URL of one (s3://bucket/run/shards/seq65536); "
+        "default <output>/shards/seq<target>",
+    )
+    cache: Path | None = Field(
+        default=None,
+        description="where shards given by URL are copied and checked before training; default <output>/cache",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,  # may hold credentials: never written to checkpoints or trackers
+        repr=False,
+        description="fsspec options (credentials, endpoint_url...) for a train.shards or train.export.output URL",
+    )
     model: ModelSection = Field(default_factory=ModelSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     coverage: CoverageConfig = Field(default_factory=CoverageConfig)
@@ -188,6 +209,11 @@ class TrainConfig(StrictModel):
         if isinstance(value, bool):
             return "full" if value else "none"
         return value
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _path_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     grad_accum: Any = Field(default=None, exclude=True, repr=False, description="replaced by global_batch_rows")
 

@@ -14,6 +14,7 @@ the position it saves is counted in global rows, so it resumes at any ``dp`` div
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class StepRows:
 
     def __init__(
         self,
-        folder: Path,
+        folder: str | Path,
         *,
         tokenizer: Path | None,
         seed: int,
@@ -50,7 +51,11 @@ class StepRows:
         global_batch_rows: int,
         dp_rank: int,
         dp_size: int,
+        cache: Path | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """``folder`` may be an fsspec URL: its shards are then copied and checked into ``cache``
+        first (see :class:`~longctx.packer.dataset.PackedDataset`)."""
         self.global_batch_rows = global_batch_rows
         self.accumulation = accumulation_steps(global_batch_rows, dp_size)
         self.dp_rank = dp_rank
@@ -64,10 +69,19 @@ class StepRows:
                 dp_world_size=dp_size,
                 holdout_rows=holdout_rows,
                 global_batch_rows=global_batch_rows,
+                cache=cache,
+                storage_options=storage_options,
             )
             self._rows = None
         else:
-            self.dataset = PackedDataset(folder, tokenizer=tokenizer, seed=seed, holdout_rows=holdout_rows)
+            self.dataset = PackedDataset(
+                folder,
+                tokenizer=tokenizer,
+                seed=seed,
+                holdout_rows=holdout_rows,
+                cache=cache,
+                storage_options=storage_options,
+            )
             if len(self.dataset) < global_batch_rows:
                 raise ConfigError(
                     f"{folder} has {len(self.dataset)} training rows, fewer than train.global_batch_rows = "

@@ -124,7 +124,14 @@ def run_eval(
     holdout = train.holdout_rows if train and shards == trained_on else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
     seed = train.seed if train and holdout else eval.seed
-    dataset = PackedDataset(shards, tokenizer=tok_path, seed=seed, holdout_rows=holdout)
+    dataset = PackedDataset(
+        shards,
+        tokenizer=tok_path,
+        seed=seed,
+        holdout_rows=holdout,
+        cache=(train.cache if train else None) or layout.cache,
+        storage_options=train.storage_options if train else None,
+    )
     held_out = dataset.heldout_rows()[: eval.rows]
     if len(held_out) < eval.rows:
         print(

@@ -24,7 +24,7 @@ def check_before_start(train: TrainConfig, context: ContextConfig, output: Path,
             f"of {cp} processes (longctx train --nproc, or torchrun --nproc-per-node)"
         )
     shards = train.shards or RunLayout(output).shard_folder(context.target)
-    seq_len = load_manifest(Path(shards)).header.seq_len
+    seq_len = load_manifest(shards, train.storage_options).header.seq_len
     if seq_len % (2 * cp):
         raise ConfigError(
             f"train.cp = {cp}: the shards' seq_len {seq_len} ({shards}) is not divisible by 2 x train.cp = "

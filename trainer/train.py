@@ -41,6 +41,7 @@ from longctx.trainer.checkpoint import (
 from longctx.trainer.config import TrainConfig
 from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
 from longctx.trainer.data import StepRows
+from longctx.core import remote
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import load_config as load_hf_config
@@ -81,8 +82,8 @@ def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[st
     }
 
 
-def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> Path:
-    """``train.shards``, else the packer's output for the ``target`` context."""
+def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> str | Path:
+    """``train.shards`` (a folder or an fsspec URL), else the packer's output for the ``target`` context."""
     return train.shards or layout.shard_folder(target)
 
 
@@ -240,6 +241,8 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
         global_batch_rows=tcfg.global_batch_rows or state.dp_size,
         dp_rank=state.dp_rank,
         dp_size=state.dp_size,
+        cache=tcfg.cache or layout.cache,
+        storage_options=tcfg.storage_options,
     )
     manifest = rows.dataset.shards.manifest
     seq_len, original = rows.seq_len, job.context.original
@@ -386,7 +389,9 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
 
 
 def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -> Path:
-    return export_model(
+    """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
+    to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
+    written = export_model(
         model,
         folder,
         state,
@@ -395,6 +400,12 @@ def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -
         base=job.train.model.hf_path,
         max_shard_size=job.train.export.max_shard_size,
     )
+    url = job.train.export.output
+    if url is not None and state.is_main:
+        target = remote.join(url, folder.relative_to(job.layout.train).as_posix())
+        remote.publish_folder(folder, target, last="config.json", storage_options=job.train.storage_options)
+        print(f"published {folder} to {target}", flush=True)
+    return written
 
 
 def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:

@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Arrow shards with a manifest to <output>/shards/seq<N>/ (format: packer/FORMAT.md). Refuses "
             "outputs in which no token reaches position context.original unless "
             "pack.allow_short_positions is set. "
-            "Killed runs resume where they stopped when run again, and produce the same bytes."
+            "Killed runs resume where they stopped when run again, and produce the same bytes. With "
+            "pack.output (or --publish) each finished folder is also uploaded to <pack.output>/seq<N>/, its "
+            "manifest last, e.g. to s3:// (needs s3fs: pip install 'longctx[s3]')."
         ),
     )
     parser.add_argument(
@@ -25,6 +27,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+    )
+    parser.add_argument(
+        "--publish",
+        metavar="URL",
+        help="also upload the finished shards to URL/seq<N>/, e.g. s3://bucket/run/shards "
+        "(overrides pack.output)",
     )
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides pack.executor.tasks)")
     parser.add_argument(
@@ -45,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         args.config,
         {
             "output": str(args.output) if args.output else None,
+            "pack.output": args.publish,
             "pack.executor.tasks": args.tasks,
             "pack.executor.workers": args.workers,
         },

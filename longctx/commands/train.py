@@ -23,7 +23,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
-    parser.add_argument("--shards", type=Path, help="shard folder (overrides train.shards)")
+    parser.add_argument(
+        "--shards",
+        help="shard folder, or an fsspec URL of one such as s3://bucket/run/shards/seq65536 "
+        "(overrides train.shards)",
+    )
     parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
     parser.add_argument(
         "--restart",
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "output": str(args.output) if args.output else None,
                 "train.steps": args.steps,
-                "train.shards": str(args.shards) if args.shards else None,
+                "train.shards": args.shards,
             },
         )
         if cfg.train is None:

@@ -9,6 +9,7 @@
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
                                and tensorboard/ and wandb/ when those trackers are on
       eval/<NNN>/              one folder per evaluation, numbered in order
+      cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
       work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
 Every path of an output folder is built here, and nowhere else.
@@ -127,6 +128,11 @@ class RunLayout:
     def export(self, step: int) -> Path:
         """A checkpoint exported as a Hugging Face folder (``longctx train --export STEP``)."""
         return self.train / "export" / f"step_{step:07d}"
+
+    @property
+    def cache(self) -> Path:
+        """Local copies of remote shard folders (``longctx.core.remote.cache_folder`` under it)."""
+        return self.root / "cache"
 
     @property
     def eval(self) -> Path:

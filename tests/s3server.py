@@ -1,0 +1,72 @@
+"""A real S3-compatible server for the tests: moto's threaded server on 127.0.0.1 (a free port).
+
+Use the ``s3`` fixture (import it into a test module, or a conftest): it yields an :class:`S3`
+with the endpoint, the ``storage_options`` that point fsspec at it, and an s3fs file system for the
+test's own checks. The environment is set so that clients need nothing else (test credentials, the
+region, no instance metadata), and variables that would send them elsewhere are removed. Tests that
+need it skip with the reason when the test extra (``moto[server]``, ``s3fs``) is not installed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+CLEARED = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+ENVIRONMENT = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@dataclass(frozen=True)
+class S3:
+    """A running server: ``endpoint`` (``http://127.0.0.1:PORT``) and what clients need to reach it."""
+
+    endpoint: str
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec/s3fs keyword arguments for this server (what a config's ``storage_options`` holds)."""
+        return {"client_kwargs": {"endpoint_url": self.endpoint}}
+
+    def fs(self) -> Any:
+        """A fresh s3fs file system on this server (no instance or listing cache shared with the code
+        under test)."""
+        import s3fs
+
+        return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **self.storage_options)
+
+    def bucket(self, prefix: str = "bkt") -> str:
+        """Create a new, empty bucket and return its name."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.fs().mkdir(name)
+        return name
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    """A moto S3 server on loopback for the whole session, with the environment pointing at it."""
+    pytest.importorskip("s3fs", reason="needs the test extra (s3fs): pip install -e '.[test]'")
+    server_module = pytest.importorskip("moto.server", reason="needs the test extra (moto[server])")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access-log line per request otherwise
+    patch = pytest.MonkeyPatch()
+    for name in CLEARED:
+        patch.delenv(name, raising=False)
+    for name, value in ENVIRONMENT.items():
+        patch.setenv(name, value)
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield S3(f"http://{host}:{port}")
+    finally:
+        server.stop()
+        patch.undo()
