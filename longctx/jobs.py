@@ -25,12 +25,28 @@ if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fa
 
 
 def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`."""
+    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`. The special tokens
+    the run's ``pack`` section asks for are checked before curation starts."""
+    from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
 
+    pack = cfg.pack or PackConfig()
+    specials = {"eos": pack.eos_token, "bos": pack.bos_token, "pad": pack.pad_token}
     return run_curation(
-        cfg.curate, context=cfg.context, tokenizer=cfg.tokenizer, output=cfg.output, verbose=verbose
+        cfg.curate, context=cfg.context, tokenizer=cfg.tokenizer, output=cfg.output, specials=specials,
+        verbose=verbose,
     )
+
+
+def _configured_tokenizer(cfg: RootConfig) -> Path | None:
+    """The local ``tokenizer.json`` of ``tokenizer.path`` (a file, folder or hub id), for jobs that
+    fall back to it when the run folder holds no tokenizer; resolved only when needed."""
+    from longctx.core.layout import RunLayout
+    from longctx.core.tokenizer import resolve_tokenizer
+
+    if cfg.tokenizer.path is None or RunLayout(cfg.output).tokenizer.exists():
+        return None
+    return resolve_tokenizer(cfg.tokenizer.path).tokenizer
 
 
 def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
@@ -53,7 +69,7 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
         cfg.train,
         context=cfg.context,
         output=cfg.output,
-        tokenizer=cfg.tokenizer.path,
+        tokenizer=_configured_tokenizer(cfg),
         progress=progress,
         restart=restart,
     )
@@ -66,7 +82,7 @@ def export(cfg: RootConfig, step: int) -> Path:
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
     return export_checkpoint(
-        cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=cfg.tokenizer.path
+        cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=_configured_tokenizer(cfg)
     )
 
 
@@ -77,7 +93,7 @@ def evaluate(cfg: RootConfig) -> dict[str, Any]:
     if cfg.eval is None:
         raise ConfigError("the config has no 'eval' section")
     return run_eval(
-        cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=cfg.tokenizer.path
+        cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=_configured_tokenizer(cfg)
     )
 
 

@@ -78,8 +78,17 @@ class PackConfig(StrictModel):
         "a mix that drops more is refused",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
-    eos_token: str = Field(default=EOS_TOKEN, description="appended to every document")
-    bos_token: str | None = Field(default=None, description="prepended to every document when set")
+    eos_token: str | None = Field(
+        default=None,
+        description="appended to every document; default: the tokenizer's own end-of-document token "
+        "(eos_token of the tokenizer_config.json beside it, else its post-processor's, else a conventional "
+        "end-of-text special token)",
+    )
+    bos_token: str | None = Field(
+        default=None,
+        description="prepended to every document when set; default: the tokenizer's own, when its "
+        "tokenizer_config.json says add_bos_token (or its post-processor prepends one)",
+    )
     pad_token: str | None = Field(
         default=None, description="fills unused window tokens; default: the EOS token"
     )

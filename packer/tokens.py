@@ -16,37 +16,25 @@ import numpy as np
 from datatrove.data import Document
 from tokenizers import Tokenizer
 
-from longctx.core.errors import ConfigError
-from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.core.tokenizer import document_specials, load_tokenizer, tokenizer_fingerprint
 from longctx.packer.config import PackConfig
 from longctx.packer.format import TokenizerInfo
 from longctx.pipeline.documents import FILE_TOKENIZER
 
 
-def _token_id(tokenizer: Tokenizer, token: str, key: str, path: Path) -> int:
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        specials = sorted(t.content for t in tokenizer.get_added_tokens_decoder().values())
-        raise ConfigError(
-            f"pack.{key}: {token!r} is not in the vocabulary of {path}; "
-            f"its special tokens are: {', '.join(specials) or '(none)'}"
-        )
-    return token_id
-
-
 def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
-    """Fingerprint, vocabulary size and special token ids of ``path`` under ``cfg``; a
-    :class:`ConfigError` naming the setting when a configured special token is not in the vocabulary."""
+    """Fingerprint, vocabulary size and special token ids of ``path`` under ``cfg``: the configured
+    special tokens, else those the tokenizer declares (:func:`~longctx.core.tokenizer.document_specials`);
+    padding is the EOS token unless ``pack.pad_token`` is set. A :class:`ConfigError` naming the
+    setting when a token is not in the vocabulary."""
     tokenizer = load_tokenizer(path)
-    eos_id = _token_id(tokenizer, cfg.eos_token, "eos_token", path)
+    specials = document_specials(path, eos=cfg.eos_token, bos=cfg.bos_token, pad=cfg.pad_token)
     return TokenizerInfo(
         sha256=tokenizer_fingerprint(path),
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
-        eos_id=eos_id,
-        bos_id=_token_id(tokenizer, cfg.bos_token, "bos_token", path) if cfg.bos_token is not None else None,
-        pad_id=_token_id(tokenizer, cfg.pad_token, "pad_token", path)
-        if cfg.pad_token is not None
-        else eos_id,
+        eos_id=specials.eos_id,
+        bos_id=specials.bos_id,
+        pad_id=specials.pad_id if cfg.pad_token is not None else specials.eos_id,
     )
 
 

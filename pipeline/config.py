@@ -1,18 +1,47 @@
 """The ``curate`` section of a run's YAML config: sources, length bounds, deduplication, executor and
 synthetic tasks. Built on the strict base of ``longctx.core.config``; the roof (``longctx.config``)
 puts it into the run config beside the other parts' sections.
+
+Input locations are local paths or fsspec URLs (``s3://bucket/books``, ``gs://...``, ``hf://...``),
+read through datatrove's data folders; a local path must exist when the config is loaded, a URL is
+checked when the run starts. ``storage_options`` (credentials, endpoints) are passed to fsspec and
+are never part of a run's recorded identity.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from longctx.core.config import ExecutorConfig, StrictModel, must_exist
+from longctx.core.config import ExecutorConfig, StrictModel
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
+DocumentKeepRule = Literal["longest", "not_vendored"]
+FileKeepRule = Literal["not_vendored", "longest", "shallowest"]
+
+
+def _folder_name(value: str) -> str:
+    """A source name, which names a folder of curated documents: no path separators, not hidden."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", value) or value.startswith("."):
+        raise ValueError(
+            f"{value!r} cannot name a folder: use letters, digits, '_', '-' and '.', not starting with '.'"
+        )
+    return value
+
+
+def _location(value: Any) -> Any:
+    """A local path (which must exist) or an fsspec URL, as a string."""
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str) and "://" not in value and not Path(value).exists():
+        raise ValueError(f"path does not exist: {value}")
+    return value
 
 
 class SourceConfig(StrictModel):
@@ -25,9 +54,10 @@ class SourceConfig(StrictModel):
     "anchor" source.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(description="names the source's folder of curated documents")
     kind: SourceKind
-    path: Path
+    path: str = Field(description="a local path or an fsspec URL (s3://, gs://, hf://...)")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for a URL")
     min_tokens: int | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, gt=0)
     text_key: str = "text"
@@ -36,7 +66,8 @@ class SourceConfig(StrictModel):
     strip_gutenberg: bool = True
     limit: int = -1
 
-    _exists = field_validator("path")(must_exist)
+    _location = field_validator("path", mode="before")(_location)
+    _name = field_validator("name")(_folder_name)
 
     @model_validator(mode="after")
     def _bounds(self) -> "SourceConfig":
@@ -61,9 +92,57 @@ class MinHashConfig(StrictModel):
         return (1.0 / self.num_buckets) ** (1.0 / self.hashes_per_bucket)
 
 
+class FileMinHashConfig(MinHashConfig):
+    """MinHash for code files: more, shorter bands than for documents, so that pairs down to a
+    Jaccard similarity of about 0.3 become candidates; candidates are then checked against the
+    full signatures (:class:`FileDedupConfig`)."""
+
+    num_buckets: int = Field(default=40, gt=0)
+    hashes_per_bucket: int = Field(default=3, gt=0)
+
+
+class FileDedupConfig(StrictModel):
+    """File-level deduplication of code across repositories, before each repository is concatenated.
+
+    Two files of different repositories are duplicates when their normalized text is the same
+    (``exact_duplicate``), or when the MinHash estimate of their word n-gram sets has a Jaccard
+    similarity of at least ``jaccard`` or holds at least ``containment`` of the smaller file's
+    n-grams (``near_duplicate``: an older vendored copy is mostly contained in its upstream). Of the
+    copies, the one ranked first by ``keep`` stays; the others are dropped from their repository's
+    document and listed in its ``duplicate_files``.
+    """
+
+    enabled: bool = True
+    keep: list[FileKeepRule] = Field(
+        default_factory=lambda: ["not_vendored", "longest", "shallowest"],
+        description="order of preference among copies of a file; ties end with the repository id and path",
+    )
+    jaccard: float = Field(default=0.7, gt=0.0, le=1.0)
+    containment: float = Field(default=0.8, gt=0.0, le=1.0)
+    min_words: int = Field(default=50, ge=1, description="shorter files are only compared exactly")
+    minhash: FileMinHashConfig = Field(default_factory=FileMinHashConfig)
+
+
 class DedupConfig(StrictModel):
+    """Document-level exact and near deduplication (and file-level, for code).
+
+    ``keep`` orders the copies in a cluster of duplicates; the first is kept: ``longest`` (the most
+    complete document: the longest text after cleaning), ``not_vendored`` (the one whose path has
+    fewer vendored or forked folders: ``vendor/``, ``third_party/``, ``forks/``, ``*-fork``...).
+    Remaining ties go to the smallest id.
+    """
+
     exact: bool = True
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
+    keep: list[DocumentKeepRule] = Field(default_factory=lambda: ["longest", "not_vendored"])
+    files: FileDedupConfig = Field(default_factory=FileDedupConfig)
+
+    @field_validator("keep")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"keep rules must be distinct, got {value}")
+        return value
 
 
 class SyntheticConfig(StrictModel):
@@ -71,7 +150,7 @@ class SyntheticConfig(StrictModel):
     documents as haystack and written as one more curated source, which the packer mixes like any
     other (long-context recipes give retrieval tasks about 20% of the mix)."""
 
-    source: str = Field(default="synthetic", pattern=r"^[A-Za-z0-9_.-]+$")
+    source: str = Field(default="synthetic")
     n_examples: int = Field(default=64, ge=0, description="examples per task kind")
     context_tokens: list[int] = Field(
         default_factory=list, description="prompt lengths in tokens; empty: context.target minus 64"
@@ -82,19 +161,27 @@ class SyntheticConfig(StrictModel):
     depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
     seed: int = 0
 
+    _name = field_validator("source")(_folder_name)
+
 
 class CurateConfig(StrictModel):
     """Curation: read sources, filter by token length, remove exact and near duplicates."""
 
-    input: Path | None = Field(
-        default=None, description="a folder with books/, papers/ and code/ subfolders, each read as its source"
+    input: str | None = Field(
+        default=None,
+        description="a folder (local path or fsspec URL) with books/, papers/ and code/ subfolders, each read as its source",
     )
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for input")
     sources: list[SourceConfig] = Field(default_factory=list)
     min_fraction_of_target: float = Field(default=0.5, ge=0.0)
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")
     max_book_bytes: int = Field(default=64 * 2**20, gt=0, description="book files above this are refused as too_large")
+    vendored_code: Literal["dedup", "skip"] = Field(
+        default="dedup",
+        description="vendored folders of repositories (vendor/, third_party/...): read and deduplicated per file, or skipped",
+    )
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig | None = None
 
-    _exists = field_validator("input")(must_exist)
+    _location = field_validator("input", mode="before")(_location)

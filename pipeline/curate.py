@@ -2,14 +2,25 @@
 
 Stages (each a datatrove executor; completed tasks are skipped when the job runs again):
 
-1. ``read`` (N tasks): readers, input tally, unreadable and length filters, intermediate
-   documents, dedup index and MinHash signatures.
+0. with code sources and ``curate.dedup.files`` enabled, file-level deduplication of code
+   (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (one task per MinHash
+   band) and ``file_resolve`` (1 task) decide which files repositories lose as copies of another's.
+1. ``read`` (N tasks): readers, input tally, skipped/copied/unreadable and length filters,
+   intermediate documents, dedup index and MinHash signatures.
 2. ``buckets`` (one task per MinHash bucket): datatrove's LSH candidate pairs.
-3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which.
+3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
+   copy chosen by the keep policy.
 4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
-5. ``finalize`` (1 task): merged ledger checked against the inputs, stats and figure.
+5. ``finalize`` (1 task): merged ledger checked against the inputs and the files under every folder
+   source, stats and figure.
 6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
    built over the kept documents, written as one more source for the packer to mix.
+
+Before any of it, and before anything is written, the run is checked: the output folder (not a
+file, writable), every source (it exists, locally or in object storage), the tokenizer (a file, a
+folder or a hub id) and the special tokens pack will frame documents with, and the run's identity
+(every setting that changes the output's bytes) against the one recorded in the output folder. A
+refused run changes nothing.
 """
 
 from __future__ import annotations
@@ -26,41 +37,69 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 
-from longctx.core.atomic import atomic_path, write_json, write_table
+from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
-from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.core.tokenizer import (
+    BOS_TOKEN,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    TokenizerFiles,
+    document_specials,
+    load_tokenizer,
+    resolve_tokenizer,
+    tokenizer_fingerprint,
+)
 from longctx.pipeline.config import CurateConfig, SourceConfig
 from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
-from longctx.pipeline.ledger import InputTally, LedgerWriter, merge_ledger
+from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
+from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
+from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
+FOLDER_KINDS = frozenset(INPUT_SUBFOLDERS)
+
+
+def join_location(location: str, sub: str) -> str:
+    """``sub`` inside ``location`` (a local path or a URL)."""
+    return location.rstrip("/") + "/" + sub if is_url(location) else str(Path(location) / sub)
 
 
 def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfig]:
     """The sources of a run: ``curate.input``'s ``books/``, ``papers/``, ``code/`` subfolders, then
-    ``curate.sources``; the embedded default corpus when neither is given."""
+    ``curate.sources``; the embedded default corpus (written later, once the run is checked) when
+    neither is given. Every folder is checked to exist, locally or remotely; nothing is written."""
     sources: list[SourceConfig] = []
     if curate.input is not None:
-        found = [sub for sub in INPUT_SUBFOLDERS if (curate.input / sub).is_dir()]
+        folder = open_folder(curate.input, curate.storage_options)
+        if not folder.isdir(""):
+            raise ConfigError(f"curate.input: {curate.input} does not exist or is not a folder")
+        found = [sub for sub in INPUT_SUBFOLDERS if folder.isdir(sub)]
         if not found:
             raise ConfigError(
                 f"curate.input: {curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
             )
-        sources += [SourceConfig(name=sub, kind=sub, path=curate.input / sub) for sub in found]
+        sources += [
+            SourceConfig(name=sub, kind=sub, path=join_location(curate.input, sub), storage_options=curate.storage_options)
+            for sub in found
+        ]
+    for number, source in enumerate(curate.sources):
+        if is_url(source.path) and not open_folder(source.path, source.storage_options).exists(""):
+            raise ConfigError(f"curate.sources.{number}.path: {source.path} does not exist")
     sources += curate.sources
     if not sources:
-        from longctx.pipeline.default_corpus import build_default_corpus
+        from longctx.pipeline.default_corpus import default_corpus_sources
 
-        sources = build_default_corpus(layout.default_corpus)
+        sources = default_corpus_sources(layout.default_corpus)
     names = [s.name for s in sources]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -68,26 +107,40 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
     return sources
 
 
-def make_reader(source: SourceConfig, curate: CurateConfig) -> PipelineStep:
-    """The datatrove reader step for one source."""
+def source_location(source: SourceConfig) -> str | tuple[str, dict]:
+    """What datatrove's readers take as a data folder: the path, with its fsspec options if any."""
+    return (source.path, dict(source.storage_options)) if source.storage_options else source.path
+
+
+def make_reader(source: SourceConfig, curate: CurateConfig, file_decisions: Path | None = None) -> PipelineStep:
+    """The datatrove reader step for one source; code readers consult ``file_decisions`` (the
+    output of file-level deduplication) when given."""
+    location = source_location(source)
     if source.kind == "books":
         from longctx.pipeline.readers.books import BookFolderReader
 
         return BookFolderReader(
-            source.path, source.name, source.strip_gutenberg, max_bytes=curate.max_book_bytes, limit=source.limit
+            location, source.name, source.strip_gutenberg, max_bytes=curate.max_book_bytes, limit=source.limit
         )
     if source.kind == "papers":
         from longctx.pipeline.readers.papers import PaperReader
 
-        return PaperReader(source.path, source=source.name, limit=source.limit)
+        return PaperReader(location, source=source.name, limit=source.limit)
     if source.kind == "code":
         from longctx.pipeline.readers.code import CodeRepoReader
 
-        return CodeRepoReader(source.path, source=source.name, max_file_bytes=curate.max_file_bytes, limit=source.limit)
+        return CodeRepoReader(
+            location,
+            source=source.name,
+            max_file_bytes=curate.max_file_bytes,
+            limit=source.limit,
+            vendored="read" if curate.vendored_code == "dedup" else "skip",
+            file_decisions=file_decisions,
+        )
     from longctx.pipeline.readers.tabular import make_tabular_reader
 
     return make_tabular_reader(
-        source.kind, source.path, source.name, source.text_key, source.id_key, source.glob, source.limit
+        source.kind, location, source.name, source.text_key, source.id_key, source.glob, source.limit
     )
 
 
@@ -102,16 +155,61 @@ def length_bounds(
     }
 
 
+def find_tokenizer(tokenizer: TokenizerConfig) -> TokenizerFiles | None:
+    """The files of ``tokenizer.path`` (loaded once to refuse a malformed file early), or None when
+    curation is to train one."""
+    if tokenizer.path is None:
+        return None
+    files = resolve_tokenizer(tokenizer.path)
+    try:
+        load_tokenizer(files.tokenizer)
+    except (FileNotFoundError, ValueError) as err:
+        raise ConfigError(f"tokenizer.path: {err}") from None
+    return files
+
+
+def check_specials(files: TokenizerFiles | None, specials: dict[str, Any]) -> dict[str, Any]:
+    """Check, before any work, that the special tokens pack will frame documents with exist in the
+    tokenizer (``specials``: pack's ``eos``/``bos``/``pad`` settings, None where the tokenizer's
+    own declaration is to be used). Returns the resolved tokens, which are part of the run's
+    identity. A trained tokenizer will have :data:`EOS_TOKEN`, :data:`BOS_TOKEN` and :data:`PAD_TOKEN`."""
+    if files is None:
+        ours = (EOS_TOKEN, BOS_TOKEN, PAD_TOKEN)
+        for name, token in specials.items():
+            if isinstance(token, str) and token not in ours:
+                raise ConfigError(
+                    f"pack.{name}_token: {token!r} is not a special token of the tokenizer curation trains "
+                    f"(it has {', '.join(ours)}); set tokenizer.path to bring yours"
+                )
+        return {"eos": specials.get("eos") or EOS_TOKEN, "bos": specials.get("bos"), "pad": specials.get("pad")}
+    found = document_specials(files.tokenizer, **specials)
+    return {"eos": found.eos, "bos": found.bos, "pad": found.pad}
+
+
+def tokenizer_identity(tokenizer: TokenizerConfig, files: TokenizerFiles | None) -> dict[str, Any]:
+    """What decides the run's tokenizer: the bytes of the given files, or the training settings."""
+    if files is None:
+        return {"train_vocab_size": tokenizer.train_vocab_size, "train_sample_bytes": tokenizer.train_sample_bytes}
+    return {
+        "sha256": tokenizer_fingerprint(files.tokenizer),
+        "config_sha256": tokenizer_fingerprint(files.config) if files.config else None,
+    }
+
+
 def prepare_tokenizer(
-    tokenizer: TokenizerConfig, curate: CurateConfig, layout: RunLayout, sources: list[SourceConfig]
+    tokenizer: TokenizerConfig, files: TokenizerFiles | None, curate: CurateConfig, layout: RunLayout,
+    sources: list[SourceConfig],
 ) -> Path:
-    """Put the run's tokenizer at ``<output>/tokenizer.json``: a copy of ``tokenizer.path``, or a
-    byte-level BPE trained on a sample of every source (kept across reruns)."""
-    if tokenizer.path is not None:
-        load_tokenizer(tokenizer.path)  # fail early on a malformed file
-        if not layout.tokenizer.exists() or layout.tokenizer.read_bytes() != tokenizer.path.read_bytes():
-            with atomic_path(layout.tokenizer) as tmp:
-                shutil.copyfile(tokenizer.path, tmp)
+    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
+    beside it, when it has one): a copy of the given files, or a byte-level BPE trained on a sample
+    of every source (kept across reruns). Called only once the run's identity is checked."""
+    if files is not None:
+        for source, target in ((files.tokenizer, layout.tokenizer), (files.config, layout.tokenizer_config)):
+            if source is None:
+                discard(target)
+            elif not target.exists() or target.read_bytes() != source.read_bytes():
+                with atomic_path(target) as tmp:
+                    shutil.copyfile(source, tmp)
         return layout.tokenizer
     if not layout.tokenizer.exists():
         from longctx.pipeline.bpe import train_bpe
@@ -140,40 +238,105 @@ def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int
 
 
 class FinalizeCuration(PipelineStep):
-    """Single task: merged ledger (checked against the inputs), ``stats.json`` and ``stats.png``."""
+    """Single task: the merged ledger, checked against the inputs and against the files under every
+    folder source (``folder_sources``: name -> data folder), ``stats.json`` and ``stats.png``."""
 
     type = "🧾 - LEDGER"
     name = "🏁 Finalize"
 
-    def __init__(self, layout: RunLayout, run_info: dict[str, Any]) -> None:
+    def __init__(
+        self, layout: RunLayout, run_info: dict[str, Any], folder_sources: dict[str, Any],
+        file_decisions: Path | None = None,
+    ) -> None:
         super().__init__()
         self.layout = layout
         self.run_info = run_info
+        self.folder_sources = folder_sources
+        self.file_decisions = file_decisions
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
+        listed = {name: count_files(list_tree(open_folder(*location))) for name, location in self.folder_sources.items()}
+        check_file_counts(ledger, listed)
         write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
+        if self.file_decisions is not None:
+            summary["file_dedup"] = summarize_file_decisions(self.file_decisions, ledger)
         write_json(self.layout.stats, summary)
         plot_summary(summary, self.layout.plot)
         if data:
             yield from data
 
 
-def run_fingerprint(
-    curate: CurateConfig, target: int, sources: list[SourceConfig], tokenizer_path: Path
-) -> dict[str, Any]:
-    """What determines the output: resolved sources, bounds, dedup settings, tokenizer, task count."""
+def summarize_file_decisions(decisions_file: Path, ledger) -> dict[str, Any]:
+    """Files removed by file-level deduplication, by kind and by repository, and the repositories
+    that became copies of another."""
+    import pyarrow.parquet as pq
+
+    decisions = pq.read_table(decisions_file).to_pylist()
+    by_repo: dict[str, int] = {}
+    for row in decisions:
+        by_repo[row["repo"]] = by_repo.get(row["repo"], 0) + 1
+    reasons = ledger.column("reason").to_pylist()
     return {
-        "sources": [json.loads(s.model_dump_json()) for s in sources],
+        "files_removed": len(decisions),
+        "exact": sum(1 for r in decisions if r["kind"] == "exact_duplicate"),
+        "near": sum(1 for r in decisions if r["kind"] == "near_duplicate"),
+        "by_repository": dict(sorted(by_repo.items())),
+        "repository_copies": reasons.count("repository_copy"),
+    }
+
+
+def run_fingerprint(
+    curate: CurateConfig, target: int, sources: list[SourceConfig], tokenizer: dict[str, Any],
+    specials: dict[str, Any],
+) -> dict[str, Any]:
+    """What determines the output's bytes: resolved sources (without their storage options, which
+    hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
+    and file-level deduplication), reader limits, the tokenizer (its bytes, or its training
+    settings), the special tokens, and the task count."""
+    return {
+        "sources": [json.loads(s.model_dump_json(exclude={"storage_options"})) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
         "dedup": json.loads(curate.dedup.model_dump_json()),
         "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,
         "max_file_bytes": curate.max_file_bytes,
         "max_book_bytes": curate.max_book_bytes,
+        "vendored_code": curate.vendored_code,
         "tasks": curate.executor.tasks,
-        "tokenizer_sha256": tokenizer_fingerprint(tokenizer_path),
+        "tokenizer": tokenizer,
+        "specials": specials,
     }
+
+
+def file_dedup_stages(
+    curate: CurateConfig, work: Path, sources: list[SourceConfig]
+) -> tuple[list[Stage], Path | None]:
+    """The file-level deduplication stages for the code sources, and the decisions file the code
+    readers consult (none without code sources or with ``dedup.files`` disabled)."""
+    from longctx.pipeline.filededup import (
+        FileDuplicateResolver,
+        FileSignatureIndex,
+        RepositoryFiles,
+        minhash_config,
+    )
+
+    cfg = curate.dedup.files
+    code = [s for s in sources if s.kind == "code"]
+    if not cfg.enabled or not code:
+        return [], None
+    folder = work / "filededup"
+    decisions = folder / "decisions.parquet"
+    readers = [make_reader(s, curate) for s in code]
+    config = minhash_config(cfg)
+    stages: list[Stage] = [
+        ("files", [RepositoryFiles(readers), FileSignatureIndex(folder / "sigs", folder / "index", cfg)],
+         curate.executor.tasks),
+        ("file_buckets", [MinhashDedupBuckets(str(folder / "sigs"), str(folder / "buckets"), config=config)],
+         cfg.minhash.num_buckets),
+        ("file_resolve", [FileDuplicateResolver(folder / "index", folder / "buckets", decisions, cfg)], 1),
+    ]
+    return stages, decisions
 
 
 def build_stages(
@@ -193,9 +356,12 @@ def build_stages(
     minhash = MinhashConfig(
         n_grams=mh.n_grams, num_buckets=mh.num_buckets, hashes_per_bucket=mh.hashes_per_bucket, seed=mh.seed
     )
-    read: list[PipelineStep] = [make_reader(s, curate) for s in sources]
+    stages, file_decisions = file_dedup_stages(curate, work, sources)
+    read: list[PipelineStep] = [make_reader(s, curate, file_decisions) for s in sources]
     read += [
         InputTally(work / "inputs"),
+        SkippedInputFilter(exclusion_writer=LedgerWriter(work / "ledger" / "skipped", "skipped")),
+        RepositoryCopyFilter(exclusion_writer=LedgerWriter(work / "ledger" / "copies", "duplicate")),
         ReadableFilter(exclusion_writer=LedgerWriter(work / "ledger" / "unreadable", "filtered")),
         TokenLengthFilter(
             tokenizer_path,
@@ -209,13 +375,14 @@ def build_stages(
     if mh.enabled:
         read.append(MinhashSignature(work / "dedup" / "sigs", config=minhash))
     tasks = curate.executor.tasks
-    stages: list[Stage] = [("read", read, tasks)]
+    stages.append(("read", read, tasks))
     if mh.enabled:
         buckets = MinhashDedupBuckets(str(work / "dedup" / "sigs"), str(work / "dedup" / "buckets"), config=minhash)
         stages.append(("buckets", [buckets], mh.num_buckets))
     dups_folder = work / "dedup" / "buckets" if mh.enabled else None
     resolver = DuplicateResolver(
-        work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact
+        work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact,
+        inputs_folder=work / "inputs", keep=curate.dedup.keep,
     )
     stages.append(("resolve", [resolver], 1))
     write: list[PipelineStep] = [
@@ -228,7 +395,10 @@ def build_stages(
         LedgerWriter(work / "ledger" / "kept", "kept"),
     ]
     stages.append(("write", write, tasks))
-    stages.append(("finalize", [FinalizeCuration(layout, run_info)], 1))
+    folder_sources = {
+        s.name: (s.path, dict(s.storage_options) or None) for s in sources if s.kind in FOLDER_KINDS
+    }
+    stages.append(("finalize", [FinalizeCuration(layout, run_info, folder_sources, file_decisions)], 1))
     if curate.synthetic is not None:
         from longctx.pipeline.synthetic.stage import synthetic_pipeline, synthetic_tasks
 
@@ -243,27 +413,48 @@ def run_curation(
     context: ContextConfig,
     tokenizer: TokenizerConfig,
     output: Path,
+    specials: dict[str, Any] | None = None,
     verbose: bool = False,
 ) -> dict[str, Any] | None:
     """Run (or resume) curation into the run folder ``output``.
 
-    Returns the summary written to ``stats.json`` once the stages have run (local and Ray executors);
-    None when they were submitted to Slurm.
+    ``specials`` are the special-token settings the next job (pack) will frame documents with
+    (``eos``, ``bos``, ``pad``; None or missing: what the tokenizer declares); they are checked
+    before any work. Returns the summary written to ``stats.json`` once the stages have run (local
+    and Ray executors); None when they were submitted to Slurm.
     """
+    output = Path(output)
     layout = RunLayout(output, "curate")
+    check_output_folder(output)
     sources = resolve_sources(curate, layout)
-    with contextlib.nullcontext() if verbose else stderr_to_file(layout.console_log):
-        tokenizer_path = prepare_tokenizer(tokenizer, curate, layout, sources)
-    fingerprint = run_fingerprint(curate, context.target, sources, tokenizer_path)
-    check_same_run(layout, fingerprint, layout.root, fresh=False)
-    run_info = {
-        "config_hash": config_hash(fingerprint)[:16],
-        "tokenizer_sha256": fingerprint["tokenizer_sha256"],
-        "context": {"original": context.original, "target": context.target},
-        "bounds": fingerprint["bounds"],
-        "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
-    }
-    stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
-    if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
-        return None
+    files = find_tokenizer(tokenizer)
+    resolved_specials = check_specials(files, dict(specials or {}))
+    fingerprint = run_fingerprint(
+        curate, context.target, sources, tokenizer_identity(tokenizer, files), resolved_specials
+    )
+    try:
+        check_same_run(layout, fingerprint, layout.root, fresh=False)
+        if curate.input is None and not curate.sources:
+            from longctx.pipeline.default_corpus import build_default_corpus
+
+            build_default_corpus(layout.default_corpus)
+        with contextlib.nullcontext() if verbose else stderr_to_file(layout.console_log):
+            tokenizer_path = prepare_tokenizer(tokenizer, files, curate, layout, sources)
+        run_info = {
+            "config_hash": config_hash(fingerprint)[:16],
+            "tokenizer_sha256": tokenizer_fingerprint(tokenizer_path),
+            "specials": resolved_specials,
+            "context": {"original": context.original, "target": context.target},
+            "bounds": fingerprint["bounds"],
+            "keep": list(curate.dedup.keep),
+            "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
+        }
+        stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
+        if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
+            return None
+    except OSError as err:
+        fault = disk_fault(err, None if err.filename else output)
+        if fault is None:
+            raise
+        raise fault from None
     return json.loads(layout.stats.read_text(encoding="utf-8"))

@@ -1,16 +1,19 @@
 """Exact and near-duplicate removal.
 
 Near duplicates are found by datatrove's MinHash stages 1 and 2 (signatures, then LSH buckets that
-emit candidate pairs). Exact duplicates are found by hashing normalized text. (Both per-document
-hashes come from :mod:`longctx.pipeline.signatures`.) Both kinds of pair are joined in one union-find by :class:`DuplicateResolver` (a single task), which keeps the
-document with the smallest id in each cluster and records, for every other member, the id it
-duplicates. datatrove's own cluster and filter stages (MinHash stages 3 and 4) say only *that* a
-document is a duplicate, not *of what*, which the ledger needs; hence this resolver.
+emit candidate pairs). Exact duplicates are found by hashing normalized text (both per-document
+hashes come from :mod:`longctx.pipeline.signatures`). Both kinds of pair are joined in one
+union-find by :class:`DuplicateResolver` (a single task), which keeps one document of each cluster,
+chosen by the run's keep policy (:mod:`longctx.pipeline.keep`: by default the longest, then the one
+not inside a vendored or forked path, then the smallest id), and records, for every other member,
+the id it duplicates. datatrove's own cluster and filter stages (MinHash stages 3 and 4) say only
+*that* a document is a duplicate, not *of what*, which the ledger needs; hence this resolver.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,6 +26,7 @@ from datatrove.pipeline.writers.disk_base import DiskWriter
 from datatrove.utils.binaryio import read_tuples_from_file
 
 from longctx.core.atomic import write_table
+from longctx.pipeline.keep import document_rank
 from longctx.pipeline.signatures import exact_hash
 
 INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
@@ -65,18 +69,24 @@ def _find(parent: dict[str, str], node: str) -> str:
 
 def _union(parent: dict[str, str], a: str, b: str) -> None:
     root_a, root_b = _find(parent, a), _find(parent, b)
-    if root_a != root_b:  # the smaller id becomes the root: the kept document is the smallest id
-        keep, drop = sorted((root_a, root_b))
-        parent[drop] = keep
+    if root_a != root_b:
+        parent[max(root_a, root_b)] = min(root_a, root_b)
 
 
-def resolve_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, int]], use_exact: bool) -> pa.Table:
+def resolve_duplicates(
+    index: pa.Table,
+    pairs: list[tuple[int, int, int, int]],
+    use_exact: bool,
+    facts: pa.Table | None = None,
+    keep: Sequence[str] = (),
+) -> pa.Table:
     """Cluster documents connected by an exact-hash match or a MinHash candidate pair.
 
     ``index`` has columns ``rank``, ``idx``, ``id``, ``text_hash``; ``pairs`` are MinHash pairs
-    ``(rank1, idx1, rank2, idx2)``. Returns one row per non-kept member: its id, the id of the
-    cluster's kept document (the smallest id), and ``exact_duplicate`` when its normalized text
-    equals the kept one's, else ``near_duplicate``.
+    ``(rank1, idx1, rank2, idx2)``; ``facts`` (columns ``id``, ``path``, ``chars``) feed the ``keep``
+    rules (:func:`~longctx.pipeline.keep.document_rank`; without facts or rules the smallest id is
+    kept). Returns one row per non-kept member: its id, the id of the cluster's kept document, and
+    ``exact_duplicate`` when its normalized text equals the kept one's, else ``near_duplicate``.
     """
     ids = index.column("id").to_pylist()
     hashes = index.column("text_hash").to_pylist()
@@ -95,29 +105,54 @@ def resolve_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, int]], 
         if a is None or b is None:
             raise RuntimeError(f"MinHash pair ({r1},{i1})-({r2},{i2}) names a document missing from the dedup index")
         _union(parent, a, b)
-    rows = {"id": [], "duplicate_of": [], "kind": []}
-    for doc_id in sorted(ids):
-        root = _find(parent, doc_id)
-        if root != doc_id:
-            rows["id"].append(doc_id)
-            rows["duplicate_of"].append(root)
-            rows["kind"].append("exact_duplicate" if hash_of[doc_id] == hash_of[root] else "near_duplicate")
-    return pa.table(rows, schema=DECISIONS_SCHEMA)
+    known = {}
+    if facts is not None:
+        known = {i: (p, c) for i, p, c in zip(*(facts.column(k).to_pylist() for k in ("id", "path", "chars")))}
+
+    def rank(doc_id: str) -> tuple:
+        path, chars = known.get(doc_id, ("", 0))
+        return document_rank(keep, doc_id=doc_id, path=path, chars=chars)
+
+    clusters: dict[str, list[str]] = {}
+    for doc_id in ids:
+        clusters.setdefault(_find(parent, doc_id), []).append(doc_id)
+    rows: dict[str, list[str]] = {"id": [], "duplicate_of": [], "kind": []}
+    for members in clusters.values():
+        if len(members) < 2:
+            continue
+        kept = min(members, key=rank)
+        for doc_id in members:
+            if doc_id != kept:
+                rows["id"].append(doc_id)
+                rows["duplicate_of"].append(kept)
+                rows["kind"].append("exact_duplicate" if hash_of[doc_id] == hash_of[kept] else "near_duplicate")
+    return pa.table(rows, schema=DECISIONS_SCHEMA).sort_by("id")
 
 
 class DuplicateResolver(PipelineStep):
-    """Single task: read the dedup index of every rank and MinHash stage 2's ``.dups`` files,
-    and write ``decisions.parquet`` (see :func:`resolve_duplicates`)."""
+    """Single task: read the dedup index of every rank, MinHash stage 2's ``.dups`` files and the
+    input tally (paths and lengths for the keep policy), and write ``decisions.parquet`` (see
+    :func:`resolve_duplicates`)."""
 
     type = "🫂 - DEDUP"
     name = "🔗 Resolve duplicates"
 
-    def __init__(self, index_folder: str | os.PathLike, dups_folder: str | os.PathLike | None, output_file: str | os.PathLike, use_exact: bool) -> None:
+    def __init__(
+        self,
+        index_folder: str | os.PathLike,
+        dups_folder: str | os.PathLike | None,
+        output_file: str | os.PathLike,
+        use_exact: bool,
+        inputs_folder: str | os.PathLike | None = None,
+        keep: Sequence[str] = (),
+    ) -> None:
         super().__init__()
         self.index_folder = Path(index_folder)
         self.dups_folder = Path(dups_folder) if dups_folder else None
         self.output_file = Path(output_file)
         self.use_exact = use_exact
+        self.inputs_folder = Path(inputs_folder) if inputs_folder else None
+        self.keep = tuple(keep)
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if world_size != 1:
@@ -134,7 +169,12 @@ class DuplicateResolver(PipelineStep):
             for name in dups.list_files(glob_pattern="*.dups"):
                 with dups.open(name, "rb") as f:
                     pairs.extend(read_tuples_from_file(f, "4I", lines_to_buffer=-1))
-        decisions = resolve_duplicates(index, pairs, self.use_exact)
+        facts = None
+        if self.inputs_folder is not None:
+            from longctx.pipeline.ledger import INPUTS_SCHEMA, read_parquet_folder
+
+            facts = read_parquet_folder(self.inputs_folder, INPUTS_SCHEMA)
+        decisions = resolve_duplicates(index, pairs, self.use_exact, facts, self.keep)
         self.stat_update("duplicates", value=len(decisions))
         write_table(self.output_file, decisions)
         if data:

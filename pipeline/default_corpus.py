@@ -68,17 +68,25 @@ def _write_corpus(folder: Path) -> None:
     (folder / ".complete").write_text("ok\n")
 
 
-def build_default_corpus(dest: str | os.PathLike) -> list[SourceConfig]:
-    """Materialize the default corpus under ``dest`` (once; a complete copy is reused) and
-    return its sources: ``books``, ``code`` and a short ``anchor`` source with its own bounds."""
+def default_corpus_sources(dest: str | os.PathLike) -> list[SourceConfig]:
+    """The sources of the default corpus under ``dest`` (``books``, ``code`` and a short ``anchor``
+    source with its own bounds), before it is written: a run checks its identity first."""
     dest = Path(dest)
-    done = dest / ".complete"
-    if not done.exists():
+    low, high = ANCHOR_BOUNDS
+    # Built without validation: the folders exist only once build_default_corpus has run.
+    return [
+        SourceConfig.model_construct(**fields)
+        for fields in (
+            {"name": "books", "kind": "books", "path": str(dest / "books")},
+            {"name": "code", "kind": "code", "path": str(dest / "code")},
+            {"name": "anchor", "kind": "jsonl", "path": str(dest / "anchor"), "min_tokens": low, "max_tokens": high},
+        )
+    ]
+
+
+def build_default_corpus(dest: str | os.PathLike) -> None:
+    """Materialize the default corpus under ``dest`` (once; a complete copy is reused)."""
+    dest = Path(dest)
+    if not (dest / ".complete").exists():
         with atomic_path(dest) as tmp:
             _write_corpus(tmp)
-    low, high = ANCHOR_BOUNDS
-    return [
-        SourceConfig(name="books", kind="books", path=dest / "books"),
-        SourceConfig(name="code", kind="code", path=dest / "code"),
-        SourceConfig(name="anchor", kind="jsonl", path=dest / "anchor", min_tokens=low, max_tokens=high),
-    ]

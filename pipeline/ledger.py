@@ -1,8 +1,22 @@
-"""The ledger: one row per input document saying what became of it.
+"""The ledger: one row per input unit saying what became of it.
+
+An input *unit* is what a reader turns into one document: a book file, a paper file or folder, a
+repository folder, a row of a JSONL/Parquet source, or an entry the reader does not read (a link, a
+hidden file or folder, a file of another kind), which is ``skipped`` with a reason. Every file under
+a folder source belongs to exactly one unit, and the row's ``files`` column says how many files it
+accounts for (1 for a file; every file below a folder; 0 for a row of a tabular source). Inside a
+repository, the document's metadata says what became of each file: ``files`` (kept),
+``skipped_files`` (with a reason; a skipped folder counts the files below it) and
+``duplicate_files`` (removed by file-level deduplication), which add up to the row's ``files``.
+
+Outcomes: ``kept``; ``filtered`` (read, then refused: unreadable, too short...); ``duplicate`` (of
+``duplicate_of``); ``skipped`` (never read). ``note`` records what a reader changed or declined to
+change (Gutenberg boilerplate that could not be stripped safely, files removed as duplicates).
 
 Every place that removes a document writes its ledger rows through a :class:`LedgerWriter`
 (datatrove's exclusion-writer hook), and the last stage writes a row for every kept document.
-:func:`merge_ledger` joins the parts and proves that every input has exactly one row.
+:func:`merge_ledger` joins the parts and proves that every input has exactly one row, and
+:func:`check_file_counts` that the rows account for every file under each folder source.
 """
 
 from __future__ import annotations
@@ -23,15 +37,25 @@ LEDGER_SCHEMA = pa.schema(
         ("id", pa.string()),
         ("source", pa.string()),
         ("path", pa.string()),
-        ("outcome", pa.string()),  # kept | filtered | duplicate
-        ("reason", pa.string()),  # why filtered or which kind of duplicate; "" when kept
-        ("duplicate_of", pa.string()),  # id of the kept document this one duplicates; "" otherwise
+        ("outcome", pa.string()),  # kept | filtered | duplicate | skipped
+        ("reason", pa.string()),  # why filtered or skipped, or which kind of duplicate; "" when kept
+        ("duplicate_of", pa.string()),  # id of the document this one duplicates; "" otherwise
         ("tokens", pa.int64()),  # -1 when never counted (unreadable inputs)
         ("chars", pa.int64()),
+        ("files", pa.int64()),  # input files this row accounts for
+        ("note", pa.string()),  # what the reader changed or declined to change; "" when nothing
     ]
 )
-OUTCOMES = ("kept", "filtered", "duplicate")
-INPUTS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string())])
+OUTCOMES = ("kept", "filtered", "duplicate", "skipped")
+INPUTS_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("path", pa.string()),
+        ("chars", pa.int64()),
+        ("files", pa.int64()),
+    ]
+)
 
 
 class LedgerWriter(ParquetWriter):
@@ -63,12 +87,31 @@ class LedgerWriter(ParquetWriter):
             "duplicate_of": str(meta.get("duplicate_of", "")),
             "tokens": int(meta.get("token_count", -1)),
             "chars": 0 if meta.get("skip_reason") else len(document.text),
+            "files": int(meta.get("input_files", 0)),
+            "note": ledger_note(meta),
         }
 
 
+def ledger_note(meta: dict) -> str:
+    """The ledger's ``note`` for a document: the reader's detail on a skip, Gutenberg markers that
+    were not used, files a repository lost to file-level deduplication."""
+    notes = []
+    if meta.get("skip_detail"):
+        notes.append(str(meta["skip_detail"]))
+    if meta.get("gutenberg_unsafe"):
+        notes.append(f"Gutenberg boilerplate kept: {meta['gutenberg_unsafe']}")
+    duplicates = meta.get("duplicate_files") or []
+    if duplicates:
+        origins = sorted({d["duplicate_of"] for d in duplicates})
+        shown = ", ".join(origins[:3]) + (f" and {len(origins) - 3} more" if len(origins) > 3 else "")
+        notes.append(f"{len(duplicates)} files removed as duplicates of files of {shown}")
+    return "; ".join(notes)
+
+
 class InputTally(PipelineStep):
-    """Records the id and source of every document the readers produced, before any filter,
-    so that the ledger can be checked against the inputs."""
+    """Records the id, source, path, length and file count of every document the readers produced,
+    before any filter, so that the ledger can be checked against the inputs (and the duplicate
+    resolver can rank copies by length and path)."""
 
     type = "🧾 - LEDGER"
     name = "🧮 Input tally"
@@ -78,16 +121,16 @@ class InputTally(PipelineStep):
         self.output_folder = Path(output_folder)
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        ids: list[str] = []
-        sources: list[str] = []
+        rows: dict[str, list] = {name: [] for name in INPUTS_SCHEMA.names}
         for doc in data:
-            ids.append(doc.id)
-            sources.append(str(doc.metadata.get("source", "")))
+            rows["id"].append(doc.id)
+            rows["source"].append(str(doc.metadata.get("source", "")))
+            rows["path"].append(str(doc.metadata.get("path", "")))
+            rows["chars"].append(len(doc.text))
+            rows["files"].append(int(doc.metadata.get("input_files", 0)))
             self.stat_update("inputs")
             yield doc
-        write_table(
-            self.output_folder / f"{rank:05d}.parquet", pa.table({"id": ids, "source": sources}, schema=INPUTS_SCHEMA)
-        )
+        write_table(self.output_folder / f"{rank:05d}.parquet", pa.table(rows, schema=INPUTS_SCHEMA))
 
 
 def read_parquet_folder(folder: Path, schema: pa.Schema) -> pa.Table:
@@ -130,3 +173,15 @@ def merge_ledger(parts_folder: Path, inputs_folder: Path) -> pa.Table:
     if problems:
         raise LedgerMismatch("ledger does not add up: " + "; ".join(problems))
     return ledger
+
+
+def check_file_counts(ledger: pa.Table, listed: dict[str, int]) -> None:
+    """Raise :class:`LedgerMismatch` unless, for every folder source in ``listed`` (source name ->
+    files found under its folder), the ledger's rows account for exactly that many files."""
+    counted: dict[str, int] = {}
+    for source, files in zip(ledger.column("source").to_pylist(), ledger.column("files").to_pylist()):
+        counted[source] = counted.get(source, 0) + files
+    wrong = [f"{s}: {counted.get(s, 0)} files in the ledger, {n} under its folder" for s, n in sorted(listed.items())
+             if counted.get(s, 0) != n]
+    if wrong:
+        raise LedgerMismatch("ledger does not account for every input file: " + "; ".join(wrong))

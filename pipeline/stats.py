@@ -13,20 +13,24 @@ import pyarrow as pa
 from longctx.core.atomic import write_figure
 from longctx.core.buckets import bucket_floor
 
+COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
+
 
 def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
     """Per-source counts by outcome and reason, kept tokens and a length histogram.
 
-    ``totals`` checks itself: inputs == kept + filtered + duplicate for every source.
+    ``totals`` checks itself: inputs == kept + filtered + duplicate + skipped for every source;
+    ``files`` counts the input files the rows account for.
     """
-    rows = ledger.select(["source", "outcome", "reason", "tokens"]).to_pylist()
+    rows = ledger.select(["source", "outcome", "reason", "tokens", "files"]).to_pylist()
     per_source: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"inputs": 0, "kept": 0, "filtered": 0, "duplicate": 0, "reasons": Counter(), "kept_tokens": 0,
-                 "length_histogram": Counter()}
+        lambda: {"inputs": 0, "files": 0, "kept": 0, "filtered": 0, "duplicate": 0, "skipped": 0, "reasons": Counter(),
+                 "kept_tokens": 0, "length_histogram": Counter()}
     )
     for row in rows:
         s = per_source[row["source"]]
         s["inputs"] += 1
+        s["files"] += row["files"]
         s[row["outcome"]] += 1
         if row["outcome"] == "kept":
             s["kept_tokens"] += row["tokens"]
@@ -37,11 +41,11 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
     for name in sorted(per_source):
         s = per_source[name]
         sources[name] = {
-            **{k: s[k] for k in ("inputs", "kept", "filtered", "duplicate", "kept_tokens")},
+            **{k: s[k] for k in COUNTS},
             "reasons": dict(sorted(s["reasons"].items())),
             "length_histogram": {str(k): v for k, v in sorted(s["length_histogram"].items())},
         }
-    totals = {k: sum(s[k] for s in sources.values()) for k in ("inputs", "kept", "filtered", "duplicate", "kept_tokens")}
+    totals = {k: sum(s[k] for s in sources.values()) for k in COUNTS}
     return {"sources": sources, "totals": totals}
 
 
@@ -55,7 +59,8 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     sources = list(summary["sources"])
     fig, (ax_out, ax_len) = plt.subplots(1, 2, figsize=(12, 4.5))
     bottom = [0] * len(sources)
-    for outcome, colour in (("kept", "tab:green"), ("filtered", "tab:orange"), ("duplicate", "tab:red")):
+    for outcome, colour in (("kept", "tab:green"), ("filtered", "tab:orange"), ("duplicate", "tab:red"),
+                            ("skipped", "tab:gray")):
         values = [summary["sources"][s][outcome] for s in sources]
         ax_out.bar(sources, values, bottom=bottom, label=outcome, color=colour)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -86,13 +91,26 @@ def _short(n: int) -> str:
 
 def format_summary(summary: dict[str, Any]) -> str:
     """A table for the console."""
-    header = f"{'source':<12} {'inputs':>7} {'kept':>6} {'filtered':>9} {'dup':>5} {'kept tokens':>13}  reasons"
+    header = (
+        f"{'source':<12} {'inputs':>7} {'files':>7} {'kept':>6} {'filtered':>9} {'dup':>5} {'skipped':>8} "
+        f"{'kept tokens':>13}  reasons"
+    )
     lines = [header, "-" * len(header)]
+
+    def line(name: str, s: dict[str, Any]) -> str:
+        return (
+            f"{name:<12} {s['inputs']:>7} {s['files']:>7} {s['kept']:>6} {s['filtered']:>9} {s['duplicate']:>5} "
+            f"{s['skipped']:>8} {s['kept_tokens']:>13,}"
+        )
+
     for name, s in summary["sources"].items():
         reasons = ", ".join(f"{r}={n}" for r, n in s["reasons"].items()) or "-"
+        lines.append(f"{line(name, s)}  {reasons}")
+    lines.append(line("total", summary["totals"]))
+    files = summary.get("file_dedup")
+    if files:
         lines.append(
-            f"{name:<12} {s['inputs']:>7} {s['kept']:>6} {s['filtered']:>9} {s['duplicate']:>5} {s['kept_tokens']:>13,}  {reasons}"
+            f"file-level dedup: {files['files_removed']} code files removed as copies of another repository's "
+            f"({files['exact']} exact, {files['near']} near); {files['repository_copies']} repositories were copies"
         )
-    t = summary["totals"]
-    lines.append(f"{'total':<12} {t['inputs']:>7} {t['kept']:>6} {t['filtered']:>9} {t['duplicate']:>5} {t['kept_tokens']:>13,}")
     return "\n".join(lines)

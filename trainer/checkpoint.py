@@ -26,6 +26,7 @@ import json
 import random
 import re
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +140,9 @@ def save_checkpoint(
             discard(tmp)
             (tmp / RNG_FOLDER).mkdir(parents=True)
         barrier(state)
-        dcp.save(_state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER)))
+        with warnings.catch_warnings():  # one process without a process group is what we mean: no warning
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized, assuming")
+            dcp.save(_state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER)))
         rng_name = f"{RNG_FOLDER}/rank_{state.rank:05d}.pt"
         torch.save(rng_state(), tmp / rng_name)
         own = [rng_name] + sorted(

@@ -8,7 +8,8 @@ reused by another process) is taken over with a message. A lock owned by another
 taken over (its process cannot be checked from here): the message says how to remove it.
 
 Under ``longctx train --nproc N`` the launcher holds the lock for the whole job and tells its ranks
-through :data:`HELD_ENV`; under a plain ``torchrun`` rank 0 holds it.
+through :data:`HELD_ENV`; otherwise rank 0 holds it (the initialized process group's rank, else
+torchrun's ``RANK``: ranks started by other means, e.g. ``torch.multiprocessing``, set no ``RANK``).
 """
 
 from __future__ import annotations
@@ -71,19 +72,27 @@ def _read(fd: int) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _rank() -> int:
+    """This process's rank: the initialized process group's (without importing torch), else ``RANK``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
 @contextlib.contextmanager
 def run_lock(folder: Path) -> Iterator[Path | None]:
     """Hold ``folder/.lock`` for the duration of the block (yields its path), or yield None when
     this process does not hold it itself: a rank other than 0, or a rank whose launcher holds it.
 
-    Raises :class:`RunLockedError` when a live run holds it. A folder this call creates is removed
-    again at the end when it is left empty (a refused run changes nothing).
+    Raises :class:`RunLockedError` when a live run holds it. The folders this call creates (``folder``
+    and any missing parent) are removed again at the end when left empty (a refused run changes nothing).
     """
     path = folder / LOCK_NAME
-    if os.environ.get(HELD_ENV) == str(path) or int(os.environ.get("RANK", "0")) != 0:
+    if os.environ.get(HELD_ENV) == str(path) or _rank() != 0:
         yield None
         return
-    created = not folder.exists()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
     fd = _acquire(path)
     try:
@@ -92,9 +101,11 @@ def run_lock(folder: Path) -> Iterator[Path | None]:
         with contextlib.suppress(OSError):
             path.unlink()
         os.close(fd)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty
+        for made in created:
+            try:
+                made.rmdir()  # only when empty
+            except OSError:
+                break
 
 
 def _acquire(path: Path) -> int:

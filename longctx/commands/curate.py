@@ -19,7 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
-    parser.add_argument("--input", type=Path, help="folder with books/, papers/, code/ subfolders (overrides curate.input)")
+    parser.add_argument(
+        "--input", help="folder (local path or fsspec URL such as s3://bucket/corpus) with books/, papers/, code/ "
+        "subfolders (overrides curate.input)",
+    )
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides curate.executor.tasks)")
     parser.add_argument("--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)")
@@ -36,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(
         args.config,
         {
-            "curate.input": str(args.input) if args.input else None,
+            "curate.input": args.input,
             "output": str(args.output) if args.output else None,
             "curate.executor.tasks": args.tasks,
             "curate.executor.workers": args.workers,

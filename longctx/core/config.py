@@ -97,19 +97,33 @@ class ContextConfig(StrictModel):
         return self
 
 
+def _tokenizer_location(value: Any) -> Any:
+    """A local tokenizer file or folder (which must exist), or a Hugging Face hub id."""
+    from longctx.core.tokenizer import looks_like_hub_id
+
+    if value is None:
+        return None
+    value = str(value)
+    if not Path(value).expanduser().exists() and not looks_like_hub_id(value):
+        raise ValueError(f"path does not exist: {value} (nor is it a Hugging Face hub id such as org/name)")
+    return value
+
+
 class TokenizerConfig(StrictModel):
     """Which tokenizer counts (and later packs) tokens.
 
-    ``path`` is a Hugging Face ``tokenizer.json`` (bring your model's). When it is null, curation
-    trains a small byte-level BPE on the input and saves it as ``<output>/tokenizer.json``: good for
-    the demo, not for a real model.
+    ``path`` is a Hugging Face ``tokenizer.json`` file, a folder holding one (and its
+    ``tokenizer_config.json``), or a hub id such as ``meta-llama/Meta-Llama-3-8B`` (``@revision``
+    optional), fetched through ``huggingface_hub``'s cache (``HF_HUB_OFFLINE=1`` is honoured): bring
+    your model's. When it is null, curation trains a small byte-level BPE on the input and saves it as
+    ``<output>/tokenizer.json``: good for the demo, not for a real model.
     """
 
-    path: Path | None = None
+    path: str | None = None
     train_vocab_size: int = Field(default=4096, ge=260)
     train_sample_bytes: int = Field(default=20_000_000, gt=0, description="text sampled for BPE training")
 
-    _exists = field_validator("path")(must_exist)
+    _location = field_validator("path", mode="before")(_tokenizer_location)
 
 
 class SlurmConfig(StrictModel):

@@ -63,7 +63,9 @@ class StageReport:
         except LongctxError:
             raise  # a user error with its own message (e.g. a coverage refusal, a full disk)
         except Exception as err:
-            fault = disk_fault(err) if isinstance(err, OSError) else None
+            # an error that names no file (datatrove's writers) is placed at the stage's folder
+            where = None if getattr(err, "filename", None) else self.logging_dir
+            fault = disk_fault(err, where) if isinstance(err, OSError) else None
             if fault is not None:  # e.g. the disk filled up under datatrove's own logs
                 raise fault from None
             if not self.verbose:

@@ -3,6 +3,7 @@
     <output>/
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
+      tokenizer_config.json    its special tokens, when it declares them (read by pack)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       shards/seq<N>/           packed windows of N tokens and their manifest.json
@@ -67,6 +68,11 @@ class RunLayout:
     @property
     def tokenizer(self) -> Path:
         return self.root / "tokenizer.json"
+
+    @property
+    def tokenizer_config(self) -> Path:
+        """The ``tokenizer_config.json`` beside the run's tokenizer (its special tokens)."""
+        return self.root / "tokenizer_config.json"
 
     @property
     def documents(self) -> Path:

@@ -6,6 +6,13 @@ boilerplate is identical across thousands of books, so left in it teaches the mo
 and makes unrelated books look like near-duplicates. Many copies in the wild were already
 trimmed by whoever published them; those must come back unchanged, so every rule here is
 anchored on an explicit marker line and the text is left alone when no marker is found.
+
+Stripping never removes more than the boilerplate. Markers count only on lines of their own
+(a marker "line" longer than :data:`MAX_MARKER_LINE_CHARS`, as in a book stored on one line, is
+not a line of boilerplate), the header may not reach past :data:`MAX_HEADER_CHARS` and the footer
+may not be longer than :data:`MAX_FOOTER_CHARS`. When a marker is there but cannot be used safely,
+or stripping would leave nothing, the text comes back unchanged and ``info["unsafe"]`` says why,
+so that the reader records it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ FOOTER_CLUSTER_CHARS = 1_000
 MAX_CREDIT_LINES = 6
 # The "(See notice at gutenberg.txt)" closing note is looked for only this close to the end.
 MAX_TRAILER_CHARS = 1_000
+# A marker or title-block line longer than this is running text, not a line of boilerplate.
+MAX_MARKER_LINE_CHARS = 1_000
+# The footer (end markers and licence; the full licence is about 20 KB) is never longer than this.
+MAX_FOOTER_CHARS = 100_000
 
 _HEADER_MARKER_RE = re.compile(
     r"^[ \t]*\*+[ \t]*START[ \t]+OF[ \t]+(?:THIS|THE)[ \t]+PROJECT[ \t]+GUTENBERG\b.*$"
@@ -65,6 +76,20 @@ _WRAPPED_MARKER_END_RE = re.compile(r"\n[^\n]{0,120}\*\*\*[ \t]*(?=\n|\Z)")
 _LEADING_BLANK_LINES_RE = re.compile(r"\A(?:[ \t]*\n)+")
 
 
+class UnsafeMarkers(Exception):
+    """A boilerplate marker is present but cannot be used without risking the book's text."""
+
+
+def _line_end(text: str, start: int) -> int:
+    """End of the line starting at ``start``; :class:`UnsafeMarkers` when it is not a short line."""
+    newline = text.find("\n", start, start + MAX_MARKER_LINE_CHARS + 1)
+    if newline < 0:
+        if len(text) - start > MAX_MARKER_LINE_CHARS:
+            raise UnsafeMarkers(f"a marker line is longer than {MAX_MARKER_LINE_CHARS} characters")
+        return len(text)
+    return newline
+
+
 def _header_end(text: str) -> int:
     """Offset just past the header marker block, or 0 when the text has no header marker.
 
@@ -76,8 +101,7 @@ def _header_end(text: str) -> int:
     for match in _HEADER_MARKER_RE.finditer(text, 0, MAX_HEADER_CHARS):
         if end and match.start() - end > FOOTER_CLUSTER_CHARS:
             break
-        newline = text.find("\n", match.end())
-        end = len(text) if newline < 0 else newline  # a line cut by MAX_HEADER_CHARS goes whole
+        end = _line_end(text, match.start())
         if not text[match.start():end].rstrip().endswith("*"):
             wrapped = _WRAPPED_MARKER_END_RE.match(text, end)
             end = wrapped.end() if wrapped else end
@@ -129,6 +153,8 @@ def _preamble_end(text: str) -> int:
             found = True
         elif not (found and _is_field_paragraph(lines)):
             break
+        if any(len(line) > MAX_MARKER_LINE_CHARS for line in lines) or paragraph_end > MAX_HEADER_CHARS:
+            raise UnsafeMarkers("the title block does not end within the header's limits")
         end = paragraph_end
     return end if found else 0
 
@@ -152,6 +178,11 @@ def _footer_start(text: str, start: int) -> int | None:
         if begin - offset > FOOTER_CLUSTER_CHARS:
             break
         begin = offset
+    for offset in markers:
+        if offset >= begin:
+            _line_end(text, offset)
+    if len(text) - begin > MAX_FOOTER_CHARS:
+        raise UnsafeMarkers(f"the footer would be {len(text) - begin} characters, more than {MAX_FOOTER_CHARS}")
     return begin
 
 
@@ -161,34 +192,49 @@ def _trim(text: str) -> str:
     return text + "\n" if text else ""
 
 
-def strip_gutenberg(text: str) -> tuple[str, dict[str, bool | int]]:
+def strip_gutenberg(text: str) -> tuple[str, dict[str, bool | int | str]]:
     """Strip Project Gutenberg header, footer, licence and credit lines from an e-text.
 
     Returns the cleaned text and an info dict with fixed keys and types: ``header_found``,
-    ``footer_found``, ``credits_found``, ``trailer_found`` (bool) and ``chars_removed`` (int,
-    counted on the newline-normalized text). Line endings become ``\\n`` and a BOM is dropped.
-    Text without any marker comes back otherwise unchanged; when something was removed, the
-    remaining text is trimmed of blank lines at both ends.
+    ``footer_found``, ``credits_found``, ``trailer_found`` (bool), ``chars_removed`` (int,
+    counted on the newline-normalized text) and ``unsafe`` (str: why markers that are present
+    were not used, ``""`` otherwise). Line endings become ``\\n`` and a BOM is dropped. Text
+    without any marker, or whose markers cannot be used safely, comes back otherwise unchanged;
+    when something was removed, the remaining text is trimmed of blank lines at both ends.
     """
     text = normalize_newlines(text.removeprefix("\ufeff"))
-    header_end = _header_end(text) or _preamble_end(text)
-    body_start = _credits_end(text, header_end) if header_end else 0
-    footer_start = _footer_start(text, body_start)
+    info: dict[str, bool | int | str] = {
+        "header_found": False,
+        "footer_found": False,
+        "credits_found": False,
+        "trailer_found": False,
+        "chars_removed": 0,
+        "unsafe": "",
+    }
+    try:
+        header_end = _header_end(text) or _preamble_end(text)
+        body_start = _credits_end(text, header_end) if header_end else 0
+        footer_start = _footer_start(text, body_start)
+    except UnsafeMarkers as err:
+        info["unsafe"] = str(err)
+        return text, info
     body = text[body_start:footer_start]
     trailer = None
     if footer_start is None:
         trailer = _TRAILER_RE.search(body, max(0, len(body) - MAX_TRAILER_CHARS))
     if trailer is not None:
         body = body[: trailer.start()]
-    info: dict[str, bool | int] = {
-        "header_found": header_end > 0,
-        "footer_found": footer_start is not None,
-        "credits_found": body_start > header_end,
-        "trailer_found": trailer is not None,
-        "chars_removed": 0,
-    }
+    info.update(
+        header_found=header_end > 0,
+        footer_found=footer_start is not None,
+        credits_found=body_start > header_end,
+        trailer_found=trailer is not None,
+    )
     if not any(info.values()):
         return text, info
     cleaned = _trim(body)
+    if not cleaned:
+        info["unsafe"] = "nothing would be left after removing the boilerplate"
+        return text, info
     info["chars_removed"] = len(text) - len(cleaned)
     return cleaned, info

@@ -11,19 +11,22 @@ Problem kinds: ``missing_include``, ``include_outside`` (absolute path, ``..`` e
 symlink resolving outside the paper), ``include_cycle``, ``include_too_deep``,
 ``include_unreadable`` (binary or non-UTF-8) and ``too_many_includes`` (guard against a small
 source expanding exponentially through repeated includes).
+
+Papers are read through a :class:`~longctx.pipeline.readers.listing.Tree` (a listed folder, local
+or remote); paths are ``/``-separated and relative to the tree. On a local folder, a symbolic
+link whose target lies inside the paper is followed; any other link is refused.
 """
 
 from __future__ import annotations
 
-import os
+import posixpath
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import groupby
-from pathlib import Path
 from typing import TypedDict
 
-from longctx.pipeline.readers.base import UnreadableInput, read_text_file
+from longctx.pipeline.readers.base import UnreadableInput, read_text
+from longctx.pipeline.readers.listing import Tree, is_hidden
 
 MAX_INCLUDE_DEPTH = 32
 MAX_INCLUDES = 2000
@@ -68,9 +71,9 @@ class Segment:
 
 @dataclass(frozen=True)
 class MainFileChoice:
-    """The main ``.tex`` file of a paper folder and the rule that picked it."""
+    """The main ``.tex`` file of a paper folder (relative to its tree) and the rule that picked it."""
 
-    path: Path
+    path: str
     # "only_candidate" | "preferred_name" | "not_included" | "first_by_path"; readers add
     # "single_file" for a paper that is one file.
     reason: str
@@ -278,38 +281,33 @@ def subfile_body(text: str) -> str:
 
 def _candidate_names(name: str) -> list[str]:
     """File names TeX tries for an include argument: ``x`` -> ``x.tex`` then ``x``."""
-    if Path(name).suffix:
+    if posixpath.splitext(name)[1]:
         return [name, f"{name}.tex"]
     return [f"{name}.tex", name]
 
 
-def is_within(path: Path, root: Path) -> bool:
-    """Whether resolved ``path`` is ``root`` or lies under it (both must be resolved)."""
-    return path == root or path.is_relative_to(root)
-
-
-def resolve_include(name: str, bases: list[Path], root: Path) -> tuple[Path | None, str]:
-    """Locate include ``name`` inside ``root`` without reading anything.
+def resolve_include(tree: Tree, name: str, bases: list[str]) -> tuple[str | None, str]:
+    """Locate include ``name`` inside ``tree`` without reading anything.
 
     ``bases`` are the folders tried in order (the main file's folder, as TeX's working directory,
-    then the including file's folder). ``root`` must be resolved. Returns ``(path, "")`` for an
-    existing regular file whose real location (symlinks followed) lies inside ``root``, else
-    ``(None, kind)`` with kind ``include_outside`` or ``missing_include``.
+    then the including file's folder), relative to the tree. Returns ``(path, "")`` for a regular
+    file inside the tree, else ``(None, kind)`` with kind ``include_outside`` or ``missing_include``.
     """
-    if Path(name).is_absolute() or name.startswith("~"):
+    if name.startswith(("/", "~")) or re.match(r"^[A-Za-z]:", name):
         return None, "include_outside"
     outside = False
     for base in bases:
         for candidate in _candidate_names(name):
-            try:
-                real = (base / candidate).resolve()
-            except (OSError, RuntimeError):  # symlink loop or unreadable link
-                continue
-            if not is_within(real, root):
+            rel = tree.normalize(posixpath.join(base, candidate))
+            if rel is None:
                 outside = True
                 continue
-            if real.is_file():
-                return real, ""
+            if tree.kind(rel) == "file":
+                return rel, ""
+            target, escapes = tree.follow_local(rel)
+            outside = outside or escapes
+            if target is not None:
+                return target, ""
     return None, "include_outside" if outside else "missing_include"
 
 
@@ -317,20 +315,17 @@ def resolve_include(name: str, bases: list[Path], root: Path) -> tuple[Path | No
 class _Flattener:
     """State of one flattening run: the paper root, limits, problems and inlined files."""
 
-    root: Path
-    main_dir: Path
+    tree: Tree
+    main_dir: str
     max_depth: int
     max_includes: int
     problems: list[Problem] = field(default_factory=list)
     included: list[str] = field(default_factory=list)
 
-    def rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
-
     def record(self, kind: str, path: str, detail: str) -> None:
         self.problems.append({"kind": kind, "path": path, "detail": detail})
 
-    def expand(self, text: str, current: Path, stack: tuple[Path, ...]) -> list[Segment]:
+    def expand(self, text: str, current: str, stack: tuple[str, ...]) -> list[Segment]:
         """Comment-free segments of ``text`` (the content of ``current``) with includes inlined."""
         result: list[Segment] = []
         for segment in split_code_and_verbatim(text):
@@ -351,31 +346,31 @@ class _Flattener:
             result.append(Segment(segment.text[pos:]))
         return [segment for segment in result if segment.text]
 
-    def inline(self, cmd: str, name: str, current: Path, stack: tuple[Path, ...]) -> list[Segment] | None:
+    def inline(self, cmd: str, name: str, current: str, stack: tuple[str, ...]) -> list[Segment] | None:
         """Segments replacing one include command, or ``None`` to leave the command as written."""
-        where = f"\\{cmd}{{{name}}} in {self.rel(current)}"
+        where = f"\\{cmd}{{{name}}} in {current}"
         if len(stack) > self.max_depth:
             self.record("include_too_deep", name, f"{where}: deeper than {self.max_depth} levels")
             return None
-        target, kind = resolve_include(name, [self.main_dir, current.parent], self.root)
+        target, kind = resolve_include(self.tree, name, [self.main_dir, posixpath.dirname(current)])
         if target is None:
             reason = "outside the paper folder" if kind == "include_outside" else "no such file"
             self.record(kind, name, f"{where}: {reason}")
             return None
         if target in stack:
-            self.record("include_cycle", name, f"{where}: {self.rel(target)} is already being included")
+            self.record("include_cycle", name, f"{where}: {target} is already being included")
             return None
         if len(self.included) >= self.max_includes:
             self.record("too_many_includes", name, f"{where}: more than {self.max_includes} includes")
             return None
         try:
-            content = read_text_file(target, max_bytes=MAX_FILE_BYTES)
+            content = read_text(self.tree, target, max_bytes=MAX_FILE_BYTES)
         except UnreadableInput as err:
             if err.reason != "empty":
                 self.record("include_unreadable", name, f"{where}: {err}")
                 return None
             content = ""
-        self.included.append(self.rel(target))
+        self.included.append(target)
         if cmd == "subfile":
             content = subfile_body(content)
         segments = self.expand(content, target, (*stack, target))
@@ -390,24 +385,23 @@ def _drop_final_newline(segments: list[Segment]) -> list[Segment]:
 
 
 def flatten_latex(
-    main: Path,
-    root: Path,
+    tree: Tree,
+    main: str,
     max_depth: int = MAX_INCLUDE_DEPTH,
     max_includes: int = MAX_INCLUDES,
 ) -> FlattenResult:
-    """Flatten the LaTeX file ``main`` into one comment-free text, never reading outside ``root``.
+    """Flatten the LaTeX file ``main`` of ``tree`` into one comment-free text, never reading
+    outside the tree.
 
     Includes are resolved against the main file's folder first (TeX's working directory), then
     against the including file's folder. Includes that cannot be inlined stay as written and are
     reported in :attr:`FlattenResult.problems`. Raises :class:`UnreadableInput` only when
-    ``main`` itself cannot be read as UTF-8 text.
+    ``main`` itself cannot be read as text.
     """
-    root = root.resolve()
-    main = main.resolve()
-    if not is_within(main, root):
-        raise UnreadableInput("outside_root", f"{main} is not inside {root}")
-    flattener = _Flattener(root=root, main_dir=main.parent, max_depth=max_depth, max_includes=max_includes)
-    segments = flattener.expand(read_text_file(main, max_bytes=MAX_FILE_BYTES), main, (main,))
+    if tree.kind(main) != "file":
+        raise UnreadableInput("outside_root", f"{main} is not a regular file inside {tree.url()}")
+    flattener = _Flattener(tree=tree, main_dir=posixpath.dirname(main), max_depth=max_depth, max_includes=max_includes)
+    segments = flattener.expand(read_text(tree, main, max_bytes=MAX_FILE_BYTES), main, (main,))
     return FlattenResult(trim_blank_lines(join_segments(segments)), flattener.problems, flattener.included)
 
 
@@ -416,41 +410,29 @@ def flatten_latex(
 # --------------------------------------------------------------------------------------------
 
 
-def _walk_files(folder: Path, suffix: str) -> list[Path]:
-    """Files under ``folder`` ending in ``suffix``; hidden entries and symlinked folders skipped."""
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(Path(dirpath) / f for f in filenames if f.endswith(suffix) and not f.startswith("."))
-    return found
+def tex_files(tree: Tree) -> list[str]:
+    """The regular ``.tex`` files of a paper outside hidden folders, shallowest first, then by path."""
+    found = [
+        e.path for e in tree.files()
+        if e.kind == "file" and e.path.endswith(".tex") and not any(is_hidden(p) for p in e.path.split("/"))
+    ]
+    return sorted(found, key=lambda rel: (rel.count("/"), rel))
 
 
-def _path_order(folder: Path) -> Callable[[Path], tuple[int, str]]:
-    """Sort key for files under ``folder``: shallower files first, then by relative path."""
-    def key(path: Path) -> tuple[int, str]:
-        rel = path.relative_to(folder)
-        return len(rel.parts), rel.as_posix()
-    return key
-
-
-def find_main_file(folder: Path) -> MainFileChoice | None:
+def find_main_file(tree: Tree) -> MainFileChoice | None:
     """The main ``.tex`` file of a paper folder, or ``None`` when no file has a ``\\documentclass``.
 
-    Candidates are the ``.tex`` files (any depth, inside the folder, readable as UTF-8) with
+    Candidates are the regular ``.tex`` files (any depth, readable as text) with
     ``\\documentclass`` outside comments. With several, the first rule that leaves any wins:
     named ``main.tex``/``paper.tex``/``ms.tex``; not included by another candidate (stand-alone
     chapters with their own preamble are usually included by the real main file); otherwise all.
     Ties are broken by depth, then relative path, so the choice is deterministic.
     """
-    root = folder.resolve()
-    candidates: dict[Path, str] = {}
-    for path in sorted(_walk_files(folder, ".tex"), key=_path_order(folder)):
+    candidates: dict[str, str] = {}
+    for path in tex_files(tree):
         try:
-            real = path.resolve()
-            if not is_within(real, root):
-                continue
-            text = read_text_file(path, max_bytes=MAX_FILE_BYTES)
-        except (UnreadableInput, OSError, RuntimeError):
+            text = read_text(tree, path, max_bytes=MAX_FILE_BYTES)
+        except UnreadableInput:
             continue
         if has_documentclass(text):
             candidates[path] = text
@@ -459,17 +441,17 @@ def find_main_file(folder: Path) -> MainFileChoice | None:
     paths = list(candidates)
     if len(paths) == 1:
         return MainFileChoice(paths[0], "only_candidate")
-    preferred = [p for p in paths if p.name in PREFERRED_MAIN_NAMES]
+    preferred = [p for p in paths if posixpath.basename(p) in PREFERRED_MAIN_NAMES]
     if preferred:
         return MainFileChoice(preferred[0], "preferred_name")
-    included: set[Path] = set()
+    included: set[str] = set()
     for path, text in candidates.items():
         code = "".join(segment.text for segment in split_code_and_verbatim(text) if not segment.verbatim)
         for name in include_targets(code):
-            target, _ = resolve_include(name, [path.parent, root], root)
+            target, _ = resolve_include(tree, name, [posixpath.dirname(path), ""])
             if target is not None:
                 included.add(target)
-    standalone = [p for p in paths if p.resolve() not in included]
+    standalone = [p for p in paths if p not in included]
     if standalone and len(standalone) < len(paths):
         return MainFileChoice(standalone[0], "not_included")
     return MainFileChoice(paths[0], "first_by_path")

@@ -113,7 +113,8 @@ def reset_peak(device: torch.device) -> None:
 
 def peak_gib(device: torch.device) -> dict[str, float] | None:
     """Peak allocated and reserved device memory since the last ``reset_peak``, and what is allocated
-    now (between steps: weights, gradients and optimizer states), GiB; None on CPU."""
+    now (between steps: weights and optimizer states; the trainer frees gradients after each step), GiB;
+    None on CPU."""
     if device.type != "cuda":
         return None
     return {

@@ -1,15 +1,19 @@
 """The GPU suite's training sections: throughput and memory of a ~1B model, and the longest context
 that fits (see ``gpu_suite.py``).
 
-The model and optimizer come from the trainer's own entry points (``longctx.trainer.train.build_model``
-and ``make_optimizer``) at world size 1 with activation checkpointing, so the suite measures what
-``longctx train`` runs. Windows are synthetic packed rows in the packer's format (random token ids,
-documents of random lengths and a padding tail), turned into training tensors by the dataloader's
-``row_to_sample`` and split by the trainer's ``zigzag_split``; one step is the trainer's forward and
-backward of one row (loss summed in chunks and divided by the row's loss-masked tokens), gradient
-clipping and AdamW. FLOPs and MFU use ``longctx.trainer.flops`` with the rows' real (causal,
-document-masked) attention pairs; the memory estimate is ``longctx plan``'s (``longctx.trainer.plan``)
-for the same model, length and settings.
+The model and optimizer are built the way ``longctx train`` builds them at world size 1
+(``longctx.trainer.train.model_config``, ``longctx.trainer.build.build_model`` on the meta device then
+``fill_random``, ``make_optimizer``), with activation checkpointing (``full``) and ``precision: auto``:
+bf16 autocast on CUDA, float32 on CPU. At world size 1 the trainer does not shard (FSDP2 needs more
+than one rank), so neither does the suite. Windows are synthetic packed rows in the packer's format
+(random token ids, documents of random lengths and a padding tail), turned into training tensors by the
+dataloader's ``row_to_sample`` and split by the trainer's ``zigzag_split``; one step is what the
+trainer's ``_forward_backward`` and step do with one row: the model's forward with ``labels`` (the loss
+in chunks inside forward), backward of the summed token losses, gradients divided by the row's
+loss-masked tokens, gradient clipping and AdamW. FLOPs and MFU use ``longctx.trainer.flops`` with the
+rows' real (causal, document-masked) attention pairs; the memory estimate is the one memory model
+``longctx plan`` prints and ``longctx train`` checks (``longctx.trainer.memory.rank_memory``) for the
+same model, length, state sharding (one rank), activation checkpointing and compute dtype.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ from longctx.core.config import ContextConfig
 from longctx.packer.dataset import row_to_sample
 from longctx.packer.reader import PackedRow
 from longctx.trainer.attention.zigzag import ContextParallelShard, zigzag_split
+from longctx.trainer.build import build_model, fill_random
 from longctx.trainer.config import ModelSection, TinyModelConfig, TrainConfig
 from longctx.trainer.flops import causal_pair_count, param_count, training_flops
+from longctx.trainer.memory import rank_memory
 from longctx.trainer.metrics import peak_flops
 from longctx.trainer.model import Transformer
 from longctx.trainer.parallel import ParallelState, init_parallel
-from longctx.trainer.plan import RunSettings, plan_length
-from longctx.trainer.train import build_model, make_optimizer
+from longctx.trainer.sharding import scale_gradients
+from longctx.trainer.train import make_optimizer, model_config, use_bf16
 
 Emit = Callable[[dict], None]
 
@@ -90,6 +96,7 @@ class Trainer:
     """Model, optimizer and settings of the run under test, built by the trainer's entry points."""
 
     model: Transformer
+    loss_multiplier: float
     optimizer: torch.optim.Optimizer
     config: TrainConfig
     state: ParallelState
@@ -103,46 +110,52 @@ class Trainer:
 
 def build_trainer(dims: dict, seq_len: int, vocab: int) -> Trainer:
     """The ~1B model (``dims``: a ``train.model.tiny`` section) and AdamW, as ``longctx train`` builds them
-    at world size 1 with activation checkpointing; bf16 autocast on CUDA, fp32 on CPU (the trainer's
-    ``precision: auto``)."""
+    at world size 1 with activation checkpointing (``full``) and ``precision: auto`` (bf16 autocast on
+    CUDA, float32 on CPU)."""
     original = min(ORIGINAL_CONTEXT, seq_len // 4)
     config = TrainConfig(
         model=ModelSection(tiny=TinyModelConfig(**dims), **rope_section(original)),
-        activation_checkpointing=True,
+        activation_checkpointing="full",
         precision="auto",
     )
-    state = init_parallel(config.cp, config.comm_timeout_s)
-    model = build_model(config, ContextConfig(original=original, target=seq_len), vocab, state)
+    state = init_parallel(config.cp, config.comm_timeout_s, config.dp_replicate)
+    bf16 = use_bf16(config, state.device)
+    model_cfg = model_config(config, ContextConfig(original=original, target=seq_len), vocab)
+    built = build_model(model_cfg, state, activation_checkpointing=config.activation_checkpointing, bf16=bf16)
+    fill_random(built.model, config.seed)
+    sharding = f"FSDP2 over {state.shape.describe()}" if state.sharded else "unsharded (one rank)"
     return Trainer(
-        model=model,
-        optimizer=make_optimizer(model, config),
+        model=built.model,
+        loss_multiplier=built.loss_multiplier,
+        optimizer=make_optimizer(built.model, config),
         config=config,
         state=state,
-        bf16=state.device.type == "cuda",
-        kind="replicated AdamW (longctx.trainer.train, world size 1)",
+        bf16=bf16,
+        kind=f"longctx.trainer (build_model, AdamW), world size {state.world_size}, {sharding}",
     )
 
 
 def train_step(trainer: Trainer, shard: ContextParallelShard, seq_len: int) -> float:
-    """One optimizer step on one row, as the trainer's ``_forward_backward`` and step do at world size 1
-    (no gradient all-reduce is needed there): returns the loss."""
+    """One optimizer step on one row, as the trainer's ``_forward_backward`` and step do: returns the loss."""
     device, model = trainer.device, trainer.model
     labels = torch.where(shard.loss_mask, shard.labels, -100).to(device)
     count = float(shard.loss_mask.sum())
-    trainer.optimizer.zero_grad(set_to_none=True)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=trainer.bf16):
-        hidden = model(
+        token_losses = model(
             shard.input_ids.to(device),
             shard.position_ids.to(device),
             shard.indices.to(device),
             shard.segment_ids.to(device),
             rope_seq_len=seq_len,
+            labels=labels,
         )
-        loss_sum = model.cross_entropy_sum(hidden, labels)
-    (loss_sum / count).backward()
+    loss_sum = token_losses.sum()
+    (loss_sum * trainer.loss_multiplier if trainer.loss_multiplier != 1.0 else loss_sum).backward()
     params = [p for p in model.parameters() if p.requires_grad]
+    scale_gradients(params, 1.0 / count)
     torch.nn.utils.clip_grad_norm_(params, trainer.config.optim.grad_clip)
     trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
     return float(loss_sum.detach()) / count
 
 
@@ -156,14 +169,23 @@ def timed_step(trainer: Trainer, shard: ContextParallelShard, seq_len: int) -> t
 
 
 def plan_estimate_gib(trainer: Trainer, seq_len: int) -> dict:
-    """``longctx plan``'s per-rank memory for this model and length (cp 1, one state shard, activation
-    checkpointing as configured), GiB."""
-    settings = RunSettings(cp=1, activation_checkpointing=trainer.config.activation_checkpointing)
-    memory = plan_length(trainer.model.config.shape, seq_len, settings).memory
+    """The memory model's per-rank estimate for this model and length, with the settings
+    ``longctx train`` checks before it loads anything (``check_memory``): cp and state shards of the
+    mesh, the configured activation checkpointing, bf16 or float32 compute; GiB."""
+    memory = rank_memory(
+        trainer.model.config.shape,
+        seq_len,
+        trainer.state.cp_size,
+        state_shards=trainer.state.shape.shard_size,
+        activation_checkpointing=trainer.config.activation_checkpointing,
+        compute_bytes=2 if trainer.bf16 else 4,
+    )
     return {
         "total_gib": memory.total / 2**30,
         "model_states_gib": memory.model_states / 2**30,
         "activations_gib": memory.activations / 2**30,
+        **{f"{key}_gib": value / 2**30 for key, value in
+           (("gathered_params", memory.gathered_params), ("logits", memory.logits), ("ring_buffers", memory.ring_buffers))},
     }
 
 

@@ -169,6 +169,44 @@ def test_synthetic_rows_are_valid_packed_windows() -> None:
     assert int(shard.segment_ids.max()) == len(lengths) - 1
 
 
+def test_training_step_is_the_trainers_step() -> None:
+    """The suite's step measures what ``longctx train`` runs: built at world size 1 with activation
+    checkpointing, its loss and updated weights equal the trainer's own ``_forward_backward`` followed by
+    the trainer's clipping and AdamW step on the same row, from the same seeded weights; its memory
+    estimate is the one ``longctx train`` checks."""
+    from types import SimpleNamespace
+
+    from longctx.trainer.coverage import CoverageTracker
+    from longctx.trainer.memory import rank_memory
+    from longctx.trainer.train import _forward_backward
+
+    dims = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "tie_word_embeddings": False}
+    seq_len, vocab = 256, 500
+    suite, trainer = (gpu_training.build_trainer(dims, seq_len, vocab) for _ in range(2))
+    assert suite.config.activation_checkpointing == "full" and not suite.bf16  # precision auto on CPU
+    assert suite.state.world_size == 1 and "world size 1" in suite.kind
+    for p, q in zip(suite.model.parameters(), trainer.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    shard = gpu_training.training_shard(gpu_training.synthetic_row(seq_len, vocab, 64, seed=3)[0])
+
+    loss = gpu_training.train_step(suite, shard, seq_len)
+    run = SimpleNamespace(model=trainer.model, loss_multiplier=trainer.loss_multiplier, seq_len=seq_len,
+                          tracker=CoverageTracker(seq_len // 4, seq_len, 1000))
+    stats = _forward_backward(run, [shard], trainer.state, False, position_losses=False)
+    torch.nn.utils.clip_grad_norm_(list(trainer.model.parameters()), trainer.config.optim.grad_clip)
+    trainer.optimizer.step()
+    assert loss == pytest.approx(stats.loss, rel=1e-6)
+    for p, q in zip(suite.model.parameters(), trainer.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert p.grad is None  # freed after the step, as the trainer does
+
+    estimate = gpu_training.plan_estimate_gib(suite, seq_len)["total_gib"] * 2**30
+    checked = rank_memory(suite.model.config.shape, seq_len, 1, activation_checkpointing="full", compute_bytes=4)
+    assert estimate == pytest.approx(checked.total)
+    assert checked.total < rank_memory(suite.model.config.shape, seq_len, 1, compute_bytes=4).total
+
+
 # Wheels ----------------------------------------------------------------------------------------------------
 def _wheel(folder: Path, name: str, version: str, requires: list[str], tag: str = "py3-none-any") -> Path:
     path = folder / f"{name.replace('-', '_')}-{version}-{tag}.whl"

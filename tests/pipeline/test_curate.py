@@ -164,7 +164,7 @@ def test_every_input_has_one_ledger_row_with_its_outcome(curated) -> None:
         "papers/notes.md": ("kept", ""),
         "papers/no_main": ("filtered", "no_main_tex"),
         "code/toolkit": ("kept", ""),
-        "code/toolkit_vendored": ("duplicate", "near_duplicate"),
+        "code/toolkit_vendored": ("duplicate", "repository_copy"),
         "code/assets_only": ("filtered", "no_source_files"),
     }
     assert {k: (v["outcome"], v["reason"]) for k, v in ledger.items()} == expected
@@ -254,7 +254,7 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     cfg_path = tmp_path / "killed.yaml"
     cfg_path.write_text(yaml.safe_dump(make_config(tmp_path, tmp_path / "input", tokenizer_file, killed)))
     proc = subprocess.Popen(_curate_cmd(cfg_path), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    marker = killed / "work" / "curate" / "logs" / "1_read" / "completions"
+    marker = killed / "work" / "curate" / "logs" / "4_read" / "completions"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not (marker.exists() and any(marker.iterdir())) and proc.poll() is None:
         time.sleep(0.05)
@@ -275,25 +275,85 @@ def test_interrupted_write_stage_is_redone_without_duplicates(tmp_path: Path, to
     cfg = parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, out))
     jobs.curate(cfg)
     before = _snapshot(out)
-    (out / "work" / "curate" / "logs" / "4_write" / "completions" / "00001").unlink()
+    logs = out / "work" / "curate" / "logs"
+    (next(logs.glob("*_write")) / "completions" / "00001").unlink()
     for f in (out / "documents").rglob("00001.parquet"):
         f.write_bytes(f.read_bytes()[:100])  # truncated, as a killed writer leaves it
-    shutil.rmtree(out / "work" / "curate" / "logs" / "5_finalize")
+    shutil.rmtree(next(logs.glob("*_finalize")))
     (out / "ledger.parquet").unlink()
     jobs.curate(cfg)
     assert _snapshot(out) == before
 
 
+def build_vendoring_repositories(code: Path) -> None:
+    """Repositories taken from installed packages: ``pip`` (its package with the network code that
+    uses requests, and its ``_vendor/requests``), upstream ``requests``, and the stdlib's ``json``."""
+    pip_spec, req_spec = importlib.util.find_spec("pip"), importlib.util.find_spec("requests")
+    if pip_spec is None or req_spec is None:
+        pytest.skip("needs pip and requests installed (requests is in the test extra)")
+    pip_dir = Path(pip_spec.origin).parent
+    if not (pip_dir / "_vendor" / "requests").is_dir():
+        pytest.skip("this pip does not vendor requests")
+    ignore = shutil.ignore_patterns("__pycache__")
+    repo = code / "pip" / "src" / "pip"
+    for rel in ("__init__.py", "__main__.py", "_vendor/__init__.py", "_internal/__init__.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(pip_dir / rel, repo / rel)
+    shutil.copytree(pip_dir / "_internal" / "network", repo / "_internal" / "network", ignore=ignore)
+    shutil.copytree(pip_dir / "_vendor" / "requests", repo / "_vendor" / "requests", ignore=ignore)
+    shutil.copytree(Path(req_spec.origin).parent, code / "requests" / "requests", ignore=ignore)
+    shutil.copytree(Path(json.__file__).parent, code / "json", ignore=ignore)
+
+
+def check_vendored_copy_removed(output: Path, code: Path, ledger: dict[str, dict]) -> int:
+    """pip's vendored copies of requests files leave pip's document, upstream requests keeps all of
+    its files, and every file of every repository is accounted for; returns the files removed."""
+    docs = read_documents(output)
+    pip_meta = json.loads(docs["code/pip"]["metadata"])
+    requests_meta = json.loads(docs["code/requests"]["metadata"])
+    removed = {d["path"]: d for d in pip_meta["duplicate_files"]}
+    vendored = {p.relative_to(code / "pip").as_posix() for p in (code / "pip" / "src" / "pip" / "_vendor" / "requests").rglob("*.py")}
+    assert removed and set(removed) <= vendored
+    assert all(d["duplicate_of"] == "code/requests" for d in removed.values())
+    for path, d in removed.items():
+        assert d["of_path"] == "requests/" + path.removeprefix("src/pip/_vendor/requests/")
+        assert f"# ===== {path} =====" not in docs["code/pip"]["text"]
+    # what pip keeps of its vendored copy differs from upstream too much to be called a copy of it
+    kept_vendored = {f["path"] for f in pip_meta["files"]} & vendored
+    assert kept_vendored == vendored - set(removed) - {s["path"] for s in pip_meta["skipped_files"]}
+    assert requests_meta["duplicate_files"] == []
+    upstream = {p.relative_to(code / "requests").as_posix() for p in (code / "requests").rglob("*") if p.is_file()}
+    assert {f["path"] for f in requests_meta["files"]} | {s["path"] for s in requests_meta["skipped_files"]} == upstream
+    for repo in ("pip", "requests", "json"):
+        on_disk = sum(1 for p in (code / repo).rglob("*") if p.is_file())
+        assert ledger[f"code/{repo}"]["files"] == on_disk
+        if f"code/{repo}" in docs:
+            meta = json.loads(docs[f"code/{repo}"]["metadata"])
+            assert meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"]) == on_disk
+    return len(removed)
+
+
 @pytest.mark.slow
 def test_shared_corpus_known_duplicates_collapse(shared_corpus: Path, tmp_path: Path, tokenizer_file) -> None:
     """The corpus manifest lists duplicate groups with their similarity: members at Jaccard >= 0.9
-    must collapse onto one document; the borderline older revision (0.33) must stay."""
+    must collapse onto one document; the borderline older revision (0.33) must stay. Beside it, code
+    repositories from installed packages, pip vendoring requests: the vendored copy's files leave
+    pip's document, upstream is kept, and every file under the input has exactly one ledger row."""
+    code = tmp_path / "code"
+    build_vendoring_repositories(code)
     out = tmp_path / "out"
     cfg = make_config(tmp_path, shared_corpus, tokenizer_file, out)
+    cfg["curate"]["sources"] = [{"name": "code", "kind": "code", "path": str(code)}]
     summary = jobs.curate(parse_config(cfg))
     manifest = json.loads((shared_corpus / "manifest.json").read_text())
     ledger = {r["id"]: r for r in pq.read_table(out / "ledger.parquet").to_pylist()}
-    assert len(ledger) == sum(len(v) for v in manifest.values()) == summary["totals"]["inputs"]
+    code_rows = {k for k in ledger if k.startswith("code/")}
+    assert code_rows == {"code/pip", "code/requests", "code/json"}
+    assert len(ledger) - len(code_rows) == sum(len(v) for v in manifest.values())
+    assert len(ledger) == summary["totals"]["inputs"]
+    on_disk = sum(1 for sub in ("books", "papers") for p in (shared_corpus / sub).rglob("*") if p.is_file())
+    on_disk += sum(1 for p in code.rglob("*") if p.is_file())
+    assert sum(r["files"] for r in ledger.values()) == on_disk
     groups: dict[str, list[tuple[str, float]]] = {}
     for entry in manifest["books"] + manifest["papers"]:
         if entry.get("dup_group"):
@@ -304,6 +364,7 @@ def test_shared_corpus_known_duplicates_collapse(shared_corpus: Path, tmp_path: 
         close = [f for f, sim in members if sim >= 0.9]
         kept = [f for f in close if ledger[f]["outcome"] == "kept"]
         assert len(kept) == 1, f"group {members} kept {kept}"
+        assert ledger[kept[0]]["chars"] == max(ledger[f]["chars"] for f in close)  # keep: the longest
         expected_dups |= set(close) - set(kept)
         for f, sim in members:
             if sim < 0.5:
@@ -311,28 +372,23 @@ def test_shared_corpus_known_duplicates_collapse(shared_corpus: Path, tmp_path: 
     assert {k for k, r in ledger.items() if r["outcome"] == "duplicate"} == expected_dups
     exact = {k for k, r in ledger.items() if r["reason"] == "exact_duplicate"}
     assert exact == {"papers/ethereum__yellowpaper__Paper.tex"} or exact == {"papers/RenanSouza2__yellowpaper__Paper.tex"}
+    removed = check_vendored_copy_removed(out, code, ledger)
+    assert summary["file_dedup"]["files_removed"] == removed
+    print(f"\nfile-level dedup on the shared corpus + pip/requests/json: {removed} files removed from code/pip")
 
 
 @pytest.mark.slow
-def test_repository_vendored_twice_collapses(tmp_path: Path, tokenizer_file) -> None:
-    """pip vendors ``requests``; the standalone ``requests`` is the same project at a nearby version."""
-    pip_spec, req_spec = importlib.util.find_spec("pip"), importlib.util.find_spec("requests")
-    if pip_spec is None or req_spec is None:
-        pytest.skip("needs pip and requests installed (requests is in the test extra)")
-    vendored = Path(pip_spec.origin).parent / "_vendor" / "requests"
-    if not vendored.is_dir():
-        pytest.skip("this pip does not vendor requests")
+def test_vendored_copy_leaves_the_vendoring_repository(tmp_path: Path, tokenizer_file) -> None:
+    """pip vendors ``requests``; the standalone ``requests`` is the same project at a nearby version.
+    Document-level MinHash cannot see the copy inside pip's larger document; file-level dedup does."""
     code = tmp_path / "input" / "code"
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(Path(req_spec.origin).parent, code / "requests", ignore=ignore)
-    shutil.copytree(vendored, code / "pip_vendored_requests", ignore=ignore)
-    shutil.copytree(Path(json.__file__).parent, code / "json", ignore=ignore)
+    build_vendoring_repositories(code)
     summary = jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out")))
     ledger = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
-    assert ledger["code/requests"]["outcome"] == "duplicate"
-    assert ledger["code/requests"]["duplicate_of"] == "code/pip_vendored_requests"
-    assert ledger["code/json"]["outcome"] == "kept"
-    assert summary["totals"]["duplicate"] == 1
+    assert {k: r["outcome"] for k, r in ledger.items()} == {"code/pip": "kept", "code/requests": "kept", "code/json": "kept"}
+    removed = check_vendored_copy_removed(tmp_path / "out", code, ledger)
+    assert summary["file_dedup"]["files_removed"] == removed
+    assert "files removed as duplicates of files of code/requests" in ledger["code/pip"]["note"]
 
 
 @pytest.mark.slow

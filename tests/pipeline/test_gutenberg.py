@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from longctx.pipeline.readers.base import normalize_newlines
-from longctx.pipeline.readers.gutenberg import MAX_HEADER_CHARS, strip_gutenberg
+from longctx.pipeline.readers.gutenberg import MAX_FOOTER_CHARS, MAX_HEADER_CHARS, strip_gutenberg
 
 HEADER = """\
 The Project Gutenberg EBook of The Test Book, by Ann Author
@@ -131,6 +131,7 @@ def test_text_without_markers_comes_back_unchanged():
         "credits_found": False,
         "trailer_found": False,
         "chars_removed": 0,
+        "unsafe": "",
     }
 
 
@@ -339,3 +340,46 @@ def test_real_books_already_stripped_are_unchanged_but_for_a_small_trailer(share
             assert normalized.startswith(cleaned.rstrip("\n")), path.name
             assert len(normalized) - len(cleaned) <= 200, path.name
     assert checked >= 3
+
+
+# ------------------------------------------------------------------ markers that cannot be used safely
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_book_on_one_line_is_kept_whole_and_the_reason_recorded():
+    """The whole e-text on one line: every marker is inside running text, so nothing is a line of
+    boilerplate; cutting at a marker "line" would take the whole book with it."""
+    text = _one_line(HEADER + BODY * 400 + FOOTER)
+    cleaned, info = strip_gutenberg(text)
+    assert cleaned == text
+    assert info["chars_removed"] == 0
+    assert info["unsafe"]
+
+
+def test_start_marker_line_running_into_the_book_is_not_used():
+    text = "*** START OF THIS PROJECT GUTENBERG EBOOK X *** " + _one_line(BODY) * 100 + "\n"
+    cleaned, info = strip_gutenberg(text)
+    assert cleaned == text and info["unsafe"]
+
+
+def test_footer_longer_than_any_licence_is_not_cut():
+    """An end marker early in a long text would make the "footer" most of the book."""
+    body = BODY * (MAX_FOOTER_CHARS // len(BODY) + 50)
+    text = HEADER + "*** END OF THIS PROJECT GUTENBERG EBOOK THE TEST BOOK ***\n" + body
+    cleaned, info = strip_gutenberg(text)
+    assert cleaned == normalize_newlines(text)
+    assert "footer" in info["unsafe"]
+
+
+def test_nothing_left_after_stripping_keeps_the_text():
+    text = HEADER + FOOTER
+    cleaned, info = strip_gutenberg(text)
+    assert cleaned == text and info["unsafe"] == "nothing would be left after removing the boilerplate"
+
+
+def test_usable_markers_are_still_stripped_with_no_unsafe_reason():
+    cleaned, info = strip_gutenberg(HEADER + BODY + FOOTER)
+    assert cleaned == BODY and info["unsafe"] == ""

@@ -15,6 +15,7 @@ from longctx.pipeline.readers.latex import (
     include_targets,
     strip_comments,
 )
+from longctx.pipeline.readers.listing import Tree
 
 
 def write(path: Path, text: str | bytes) -> Path:
@@ -139,7 +140,7 @@ def test_includes_inlined_in_document_order_recursively(paper):
     write(paper / "appendix/app.tex", (
         "\\documentclass[../main.tex]{subfiles}\n\\begin{document}\nAPPENDIX\n\\end{document}\n"
     ))
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     order = ["INTRO-START", "DETAIL", "INTRO-END", "METHOD", "RESULTS", "TABLE", "APPENDIX"]
     positions = [result.text.index(marker) for marker in order]
     assert positions == sorted(positions)
@@ -157,7 +158,7 @@ def test_include_relative_to_the_including_files_folder(paper):
     write(paper / "main.tex", "\\input{chapters/one}\n")
     write(paper / "chapters/one.tex", "ONE\n\\input{two}\n")  # two.tex sits next to one.tex
     write(paper / "chapters/two.tex", "TWO\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "ONE" in result.text and "TWO" in result.text
     assert result.problems == []
 
@@ -165,13 +166,13 @@ def test_include_relative_to_the_including_files_folder(paper):
 def test_inlined_text_replaces_the_command_in_place(paper):
     write(paper / "main.tex", "before \\input{x} after\n")
     write(paper / "x.tex", "INSIDE\n")
-    assert flatten_latex(paper / "main.tex", paper).text == "before INSIDE after\n"
+    assert flatten_latex(Tree.of(str(paper)), "main.tex").text == "before INSIDE after\n"
 
 
 def test_commented_out_input_is_not_inlined(paper):
     write(paper / "main.tex", "A\n% \\input{secret}\nB %\\input{secret}\n")
     write(paper / "secret.tex", "SECRET\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "SECRET" not in result.text
     assert result.problems == [] and result.included == []
 
@@ -179,21 +180,21 @@ def test_commented_out_input_is_not_inlined(paper):
 def test_input_inside_verbatim_is_not_inlined(paper):
     write(paper / "main.tex", "\\begin{verbatim}\n\\input{secret}\n\\end{verbatim}\n")
     write(paper / "secret.tex", "SECRET\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "\\input{secret}" in result.text and "SECRET" not in result.text
 
 
 def test_verbatim_in_an_included_file_is_kept(paper):
     write(paper / "main.tex", "\\input{code}\n")
     write(paper / "code.tex", "\\begin{verbatim}\n% kept\n\\end{verbatim}\n")
-    assert "% kept" in flatten_latex(paper / "main.tex", paper).text
+    assert "% kept" in flatten_latex(Tree.of(str(paper)), "main.tex").text
 
 
 def test_cycle_between_two_files_is_recorded_once_and_not_followed(paper):
     write(paper / "main.tex", "\\input{a}\n")
     write(paper / "a.tex", "A-BODY\n\\input{b}\n")
     write(paper / "b.tex", "B-BODY\n\\input{a}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert result.text.count("A-BODY") == 1 and result.text.count("B-BODY") == 1
     assert kinds(result) == ["include_cycle"]
     assert result.problems[0]["path"] == "a"
@@ -201,7 +202,7 @@ def test_cycle_between_two_files_is_recorded_once_and_not_followed(paper):
 
 def test_self_include_is_a_cycle(paper):
     write(paper / "main.tex", "SELF\n\\input{main}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert result.text.count("SELF") == 1
     assert kinds(result) == ["include_cycle"]
 
@@ -209,14 +210,14 @@ def test_self_include_is_a_cycle(paper):
 def test_same_file_twice_without_recursion_is_not_a_cycle(paper):
     write(paper / "main.tex", "\\input{macros}\n\\input{macros}\n")
     write(paper / "macros.tex", "MACROS\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert result.text.count("MACROS") == 2
     assert result.problems == []
 
 
 def test_missing_include_is_recorded_and_left_as_written(paper):
     write(paper / "main.tex", "\\input{Version.tex}\n\\include{nothere}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert kinds(result) == ["missing_include", "missing_include"]
     assert [p["path"] for p in result.problems] == ["Version.tex", "nothere"]
     assert "\\input{Version.tex}" in result.text and "\\include{nothere}" in result.text
@@ -225,7 +226,7 @@ def test_missing_include_is_recorded_and_left_as_written(paper):
 def test_parent_directory_escape_is_refused(tmp_path, paper):
     write(tmp_path / "outside.tex", "OUTSIDE-SECRET\n")
     write(paper / "main.tex", "\\input{../outside}\n\\input{../../outside.tex}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "OUTSIDE-SECRET" not in result.text
     assert kinds(result) == ["include_outside", "include_outside"]
 
@@ -234,7 +235,7 @@ def test_absolute_path_is_refused_even_when_it_exists(tmp_path, paper):
     secret = write(tmp_path / "outside.tex", "OUTSIDE-SECRET\n")
     inside = write(paper / "inside.tex", "INSIDE-ABS\n")
     write(paper / "main.tex", f"\\input{{{secret}}}\n\\input{{{inside}}}\n\\input{{/etc/passwd}}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "OUTSIDE-SECRET" not in result.text and "INSIDE-ABS" not in result.text
     assert "root:" not in result.text
     assert kinds(result) == ["include_outside"] * 3
@@ -247,7 +248,7 @@ def test_symlink_to_a_file_outside_is_refused(tmp_path, paper):
     write(tmp_path / "outdir" / "x.tex", "OUTDIR-SECRET\n")
     os.symlink(tmp_path / "outdir", paper / "linkdir")
     write(paper / "main.tex", "\\input{link}\n\\input{linkdir/x}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "OUTSIDE-SECRET" not in result.text and "OUTDIR-SECRET" not in result.text
     assert kinds(result) == ["include_outside", "include_outside"]
 
@@ -256,14 +257,14 @@ def test_symlink_inside_the_paper_is_followed(paper):
     write(paper / "real/part.tex", "PART\n")
     os.symlink(paper / "real" / "part.tex", paper / "alias.tex")
     write(paper / "main.tex", "\\input{alias}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "PART" in result.text and result.problems == []
 
 
 def test_escape_that_comes_back_inside_is_allowed(paper):
     write(paper / "sub/x.tex", "X-CONTENT\n")
     write(paper / "main.tex", f"\\input{{../{paper.name}/sub/x}}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "X-CONTENT" in result.text and result.problems == []
 
 
@@ -271,7 +272,7 @@ def test_include_depth_limit(paper):
     for level in range(40):
         write(paper / f"f{level}.tex", f"LEVEL-{level}-\n\\input{{f{level + 1}}}\n")
     write(paper / "main.tex", "\\input{f0}\n")
-    result = flatten_latex(paper / "main.tex", paper, max_depth=5)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex", max_depth=5)
     assert "LEVEL-4-" in result.text  # f4 sits at depth 5 (main is depth 0)
     assert "LEVEL-5-" not in result.text
     assert kinds(result) == ["include_too_deep"]
@@ -282,7 +283,7 @@ def test_default_depth_limit_stops_a_deep_chain(paper):
     for level in range(60):
         write(paper / f"f{level}.tex", f"LEVEL-{level}-\n\\input{{f{level + 1}}}\n")
     write(paper / "main.tex", "\\input{f0}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "LEVEL-0-" in result.text and "LEVEL-59-" not in result.text
     assert kinds(result) == ["include_too_deep"]
 
@@ -292,7 +293,7 @@ def test_include_count_limit_stops_exponential_expansion(paper):
         write(paper / f"g{level}.tex", f"\\input{{g{level + 1}}}\\input{{g{level + 1}}}\n")
     write(paper / "g30.tex", "LEAF\n")
     write(paper / "main.tex", "\\input{g0}\n")
-    result = flatten_latex(paper / "main.tex", paper, max_includes=50)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex", max_includes=50)
     assert len(result.included) == 50
     assert set(kinds(result)) == {"too_many_includes"}
 
@@ -301,7 +302,7 @@ def test_include_count_limit_stops_exponential_expansion(paper):
 def test_unreadable_include_is_recorded(paper, content):
     write(paper / "bad.tex", content)
     write(paper / "main.tex", "BEFORE\n\\input{bad}\nAFTER\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert "BEFORE" in result.text and "AFTER" in result.text
     assert kinds(result) == ["include_unreadable"]
 
@@ -309,19 +310,19 @@ def test_unreadable_include_is_recorded(paper, content):
 def test_empty_include_is_fine(paper):
     write(paper / "empty.tex", "")
     write(paper / "main.tex", "A\n\\input{empty}\nB\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert result.problems == [] and result.included == ["empty.tex"]
 
 
 def test_unreadable_main_file_raises(paper):
     write(paper / "main.tex", b"\xff\xfe\x00\x00")
     with pytest.raises(UnreadableInput):
-        flatten_latex(paper / "main.tex", paper)
+        flatten_latex(Tree.of(str(paper)), "main.tex")
 
 
 def test_problems_have_uniform_string_fields(tmp_path, paper):
     write(paper / "main.tex", "\\input{missing}\n\\input{/abs}\n\\input{main}\n")
-    result = flatten_latex(paper / "main.tex", paper)
+    result = flatten_latex(Tree.of(str(paper)), "main.tex")
     assert len(result.problems) == 3
     for problem in result.problems:
         assert set(problem) == {"kind", "path", "detail"}
@@ -336,46 +337,46 @@ def test_problems_have_uniform_string_fields(tmp_path, paper):
 def test_main_file_single_candidate(paper):
     write(paper / "chapter.tex", "Chapter text\n")
     write(paper / "thesis.tex", "\\documentclass{report}\n\\input{chapter}\n")
-    choice = find_main_file(paper)
-    assert choice.path == paper / "thesis.tex" and choice.reason == "only_candidate"
+    choice = find_main_file(Tree.of(str(paper)))
+    assert choice.path == "thesis.tex" and choice.reason == "only_candidate"
 
 
 def test_main_file_preferred_name(paper):
     write(paper / "aaa.tex", "\\documentclass{article}\n")
     write(paper / "main.tex", "\\documentclass{article}\n")
-    choice = find_main_file(paper)
-    assert choice.path == paper / "main.tex" and choice.reason == "preferred_name"
+    choice = find_main_file(Tree.of(str(paper)))
+    assert choice.path == "main.tex" and choice.reason == "preferred_name"
 
 
 def test_main_file_not_included_by_another(paper):
     # "chapter" sorts before "thesis", so only the inclusion rule can pick thesis.tex.
     write(paper / "chapter.tex", "\\documentclass{standalone}\nChapter\n")
     write(paper / "thesis.tex", "\\documentclass{report}\n\\input{chapter}\n")
-    choice = find_main_file(paper)
-    assert choice.path == paper / "thesis.tex" and choice.reason == "not_included"
+    choice = find_main_file(Tree.of(str(paper)))
+    assert choice.path == "thesis.tex" and choice.reason == "not_included"
 
 
 def test_main_file_tie_broken_by_depth_then_path(paper):
     write(paper / "sub/aaa.tex", "\\documentclass{article}\n")
     write(paper / "zzz.tex", "\\documentclass{article}\n")
     write(paper / "yyy.tex", "\\documentclass{article}\n")
-    choice = find_main_file(paper)
-    assert choice.path == paper / "yyy.tex" and choice.reason == "first_by_path"
+    choice = find_main_file(Tree.of(str(paper)))
+    assert choice.path == "yyy.tex" and choice.reason == "first_by_path"
 
 
 def test_main_file_ignores_commented_documentclass(paper):
     write(paper / "notes.tex", "% \\documentclass{article}\n")
     write(paper / "real.tex", "\\documentclass{article}\n")
-    assert find_main_file(paper).path == paper / "real.tex"
+    assert find_main_file(Tree.of(str(paper))).path == "real.tex"
 
 
 def test_main_file_ignores_symlink_to_outside(tmp_path, paper):
     write(tmp_path / "elsewhere.tex", "\\documentclass{article}\n")
     os.symlink(tmp_path / "elsewhere.tex", paper / "main.tex")
     write(paper / "other.tex", "no class\n")
-    assert find_main_file(paper) is None
+    assert find_main_file(Tree.of(str(paper))) is None
 
 
 def test_no_main_file(paper):
     write(paper / "a.tex", "just a fragment\n")
-    assert find_main_file(paper) is None
+    assert find_main_file(Tree.of(str(paper))) is None

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from longctx.core.errors import ConfigError
+from longctx.pipeline.readers.listing import Tree
 from longctx.pipeline.readers.papers import PaperReader, find_main_markdown
 
 METADATA_TYPES = {
@@ -55,19 +57,26 @@ def papers(tmp_path: Path) -> Path:
     return root
 
 
-def test_units_are_sorted_and_filtered(papers):
-    names = [unit.name for unit in PaperReader(papers).list_units()]
-    assert names == sorted(names)
-    assert ".hidden.tex" not in names and "figure.pdf" not in names
-    assert {"a_single.tex", "b_folder", "c_notes.md", "d_plain.txt", "h_markdown"} <= set(names)
+def read_units(root):
+    return {unit.path: unit.skip for unit in PaperReader(root).list_units()[0]}
+
+
+def test_units_are_sorted_and_every_top_level_entry_is_one(papers):
+    units = read_units(papers)
+    assert list(units) == sorted(units)
+    assert set(units) == {p.name for p in papers.iterdir()}
+    assert units[".hidden.tex"] == "hidden" and units["figure.pdf"] == "unsupported_extension"
+    assert all(units[n] == "" for n in ("a_single.tex", "b_folder", "c_notes.md", "d_plain.txt", "h_markdown"))
 
 
 def test_symlinked_units_are_skipped(tmp_path, papers):
     write(tmp_path / "elsewhere.tex", "\\documentclass{article}\nELSEWHERE\n")
     os.symlink(tmp_path / "elsewhere.tex", papers / "z_link.tex")
     os.symlink(papers / "b_folder", papers / "z_dirlink")
-    names = [unit.name for unit in PaperReader(papers).list_units()]
-    assert "z_link.tex" not in names and "z_dirlink" not in names
+    units = read_units(papers)
+    assert units["z_link.tex"] == units["z_dirlink"] == "symlink"
+    docs = read_all(papers)
+    assert docs["papers/z_link.tex"].text == "" and docs["papers/z_link.tex"].metadata["skipped"]
 
 
 def test_documents_ids_formats_and_text(papers):
@@ -128,30 +137,33 @@ def test_metadata_keys_and_types_are_uniform(papers):
 def test_sharding_covers_every_unit_exactly_once(papers):
     everything = [doc.id for doc in PaperReader(papers).run(rank=0, world_size=1)]
     shards = [[doc.id for doc in PaperReader(papers).run(rank=rank, world_size=2)] for rank in range(2)]
-    assert len(everything) == len(PaperReader(papers).list_units())
+    assert len(everything) == len(read_units(papers))
     assert sorted(shards[0] + shards[1]) == sorted(everything)
     assert not set(shards[0]) & set(shards[1])
     assert all(shards)
 
 
-def test_limit(papers):
-    assert len(list(PaperReader(papers, limit=2).run())) == 2
+def test_limit_reads_the_first_units_and_records_the_others(papers):
+    docs = list(PaperReader(papers, limit=2).run())
+    assert len(docs) == len(read_units(papers))
+    over = [doc.id for doc in docs if doc.metadata.get("skip_reason") == "over_limit"]
+    assert len(over) == len(docs) - 2
 
 
 def test_markdown_folder_preferences(tmp_path):
     folder = tmp_path / "p"
     write(folder / "README.md", "readme\n")
     write(folder / "notes.md", "notes\n")
-    assert find_main_markdown(folder).path.name == "README.md"
+    assert find_main_markdown(Tree.of(str(folder))).path == "README.md"
     write(folder / "paper.md", "paper\n")
-    assert find_main_markdown(folder).path.name == "paper.md"
+    assert find_main_markdown(Tree.of(str(folder))).path == "paper.md"
     only = tmp_path / "q"
     write(only / "draft.md", "draft\n")
-    assert find_main_markdown(only).reason == "only_candidate"
+    assert find_main_markdown(Tree.of(str(only))).reason == "only_candidate"
     ambiguous = tmp_path / "r"
     write(ambiguous / "one.md", "1\n")
     write(ambiguous / "two.md", "2\n")
-    assert find_main_markdown(ambiguous) is None
+    assert find_main_markdown(Tree.of(str(ambiguous))) is None
 
 
 def test_folder_paper_never_reads_outside(tmp_path):
@@ -174,7 +186,7 @@ def test_single_file_paper_may_not_leave_its_folder(tmp_path):
 
 
 def test_missing_input_folder_raises(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ConfigError, match="nope does not exist"):
         list(PaperReader(tmp_path / "nope").run())
 
 

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from safetensors.torch import load_file
 
 from longctx import jobs
 from longctx.config import parse_config
@@ -197,12 +198,19 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
     again ends with the same losses as a run that was never interrupted."""
     cfg = train_config(shards_root, tmp_path / "run", checkpoint={"every": 3, "keep": 3})
     straight = jobs.train(parse_config(cfg), progress=False)
+    final = tmp_path / "run" / "train" / "final" / "model.safetensors"
+    straight_weights = load_file(final)
     checkpoints = tmp_path / "run" / "train" / "checkpoints"
     shutil.rmtree(checkpoints / "step_0000006")
+    shutil.rmtree(final.parent)
     resumed = jobs.train(parse_config(cfg), progress=False)
     assert resumed.resumed_from == 3 and len(resumed.losses) == 3
     for a, b in zip(straight.losses[3:], resumed.losses):
         assert abs(a - b) <= 1e-6 * abs(a), (straight.losses, resumed.losses)
+    resumed_weights = load_file(final)
+    assert resumed_weights.keys() == straight_weights.keys()
+    for name, value in straight_weights.items():
+        torch.testing.assert_close(resumed_weights[name], value, rtol=0, atol=1e-6)
     logged = [json.loads(line) for line in (tmp_path / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in logged] == straight.losses[:3] + resumed.losses

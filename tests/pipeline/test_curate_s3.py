@@ -1,0 +1,123 @@
+"""Curation reading its sources from object storage: a real S3-compatible server (moto's) started on
+loopback by the test, read through fsspec/s3fs by datatrove's data folders. The reference is the same
+input curated from local disk: the same documents and the same ledger, but for where they came from.
+The README's snippet (a hub tokenizer id, an s3:// input) runs as written but for the bucket, the
+endpoint and a hub cache laid out by the test, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from longctx import jobs
+from longctx.config import parse_config
+from longctx.core.errors import ConfigError
+from longctx.pipeline.bpe import train_bpe
+from tests.core.test_tokenizer_specials import lay_out_hub_cache
+from tests.pipeline.test_curate import build_input, make_config, prose, python_module
+from tests.readme import code_blocks
+from tests.s3server import ENVIRONMENT, S3, s3  # noqa: F401  (the fixture)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def options(s3: S3) -> dict:
+    """The server's storage options with the test credentials in them: curation's workers may come
+    from a process started before the fixture set the environment (datatrove's forkserver)."""
+    return {"key": ENVIRONMENT["AWS_ACCESS_KEY_ID"], "secret": ENVIRONMENT["AWS_SECRET_ACCESS_KEY"]} | s3.storage_options
+
+
+@pytest.fixture(scope="module")
+def curated(s3: S3, tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("s3")
+    build_input(root / "input")
+    # repository code is never executed, wherever it is read from
+    (root / "input" / "code" / "toolkit" / "setup.py").write_text(
+        f"open({str(root / 'PWNED')!r}, 'w').write('ran')\n"
+    )
+    bucket = s3.bucket("corpora")
+    s3.fs().put(str(root / "input"), f"{bucket}/corpus", recursive=True)
+    tokenizer = root / "tok" / "tokenizer.json"
+    train_bpe([prose(s, 2000) for s in range(5)] + [python_module(s, 20) for s in range(5)], 400, tokenizer)
+    local = make_config(root, root / "input", tokenizer, root / "local")
+    remote = make_config(root, root / "input", tokenizer, root / "remote")
+    remote["curate"]["input"] = f"s3://{bucket}/corpus"
+    remote["curate"]["storage_options"] = options(s3)
+    jobs.curate(parse_config(local))
+    jobs.curate(parse_config(remote))
+    return {"root": root, "local": root / "local", "remote": root / "remote", "bucket": bucket}
+
+
+def documents(output: Path) -> dict[str, dict]:
+    rows = {}
+    for f in sorted((output / "documents").rglob("*.parquet")):
+        for row in pq.read_table(f).to_pylist():
+            meta = json.loads(row.pop("metadata"))
+            meta.pop("path")
+            rows[row["id"]] = row | {"metadata": meta}
+    return rows
+
+
+def ledger(output: Path) -> dict[str, dict]:
+    return {r["id"]: r for r in pq.read_table(output / "ledger.parquet").to_pylist()}
+
+
+def test_curating_from_s3_equals_curating_from_disk(curated) -> None:
+    local, remote = ledger(curated["local"]), ledger(curated["remote"])
+    assert set(local) == set(remote)
+    for doc_id, row in local.items():
+        assert row["path"].startswith(str(curated["root"] / "input"))
+        assert remote[doc_id]["path"] == row["path"].replace(str(curated["root"] / "input"), f"s3://{curated['bucket']}/corpus")
+        assert {k: v for k, v in remote[doc_id].items() if k != "path"} == {k: v for k, v in row.items() if k != "path"}
+    assert documents(curated["remote"]) == documents(curated["local"])
+    assert not (curated["root"] / "PWNED").exists()
+
+
+def test_storage_options_are_not_part_of_the_run_identity(curated, s3: S3) -> None:
+    """Credentials and endpoints change where data is read from, not what it is: the record has none."""
+    record = (curated["remote"] / "work" / "curate" / "run.json").read_text()
+    assert s3.endpoint not in record and "endpoint_url" not in record
+
+
+def test_missing_remote_input_is_one_line(curated, s3: S3, tmp_path: Path) -> None:
+    cfg = make_config(tmp_path, curated["root"] / "input", curated["root"] / "tok" / "tokenizer.json", tmp_path / "out")
+    missing = f"s3://{curated['bucket']}/nothing-here"
+    cfg["curate"]["input"] = missing
+    cfg["curate"]["storage_options"] = options(s3)
+    with pytest.raises(ConfigError, match=f"curate.input: {missing} does not exist"):
+        jobs.curate(parse_config(cfg))
+    assert not (tmp_path / "out").exists()
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tmp_path: Path) -> None:
+    (block,) = code_blocks("Inputs in object storage, tokenizers from the hub", "yaml")
+    snippet = yaml.safe_load(block)
+    repo_id = snippet["tokenizer"]["path"]
+    tokenizer = curated["root"] / "tok" / "tokenizer.json"
+    hub = tmp_path / "hub"
+    lay_out_hub_cache(hub, repo_id, {"tokenizer.json": tokenizer,
+                                     "tokenizer_config.json": tokenizer.with_name("tokenizer_config.json")})
+    cfg = make_config(tmp_path, curated["root"] / "input", tokenizer, tmp_path / "out")
+    cfg["tokenizer"] = snippet["tokenizer"]
+    cfg["curate"] |= snippet["curate"] | {
+        "input": snippet["curate"]["input"].replace("my-bucket", curated["bucket"]),
+        "storage_options": options(s3),
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-m", "longctx.cli", "curate", "--config", str(tmp_path / "run.yaml")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    assert documents(tmp_path / "out") == documents(curated["local"])
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,163 @@
+"""File-level code deduplication across repositories: the stages run here in-process on repositories
+built in the test, with copies of known kinds (exact, edited, vendored, forked, within one repository)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from datatrove.pipeline.dedup.minhash import MinhashDedupBuckets
+
+from longctx.pipeline.config import FileDedupConfig
+from longctx.pipeline.file_decisions import load_file_decisions
+from longctx.pipeline.filededup import (
+    FileDuplicateResolver,
+    FileSignatureIndex,
+    RepositoryFiles,
+    minhash_config,
+    similarity,
+)
+from longctx.pipeline.keep import file_rank, vendored_depth
+from longctx.pipeline.readers.code import CodeRepoReader
+
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+
+
+def module(seed: int, functions: int) -> str:
+    rng = random.Random(seed)
+    parts = []
+    for i in range(functions):
+        a, b, c = rng.sample(WORDS, 3)
+        parts.append(f"def {a}_{b}_{i}({c}, n={rng.randint(0, 999)}):\n    return {c} * n + {rng.randint(0, 999)}  # {a} {b}\n")
+    return "\n".join(parts)
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+CORE, UTIL, TINY = module(1, 60), module(2, 30), "VERSION = '1.0'\n"
+
+
+@pytest.fixture(scope="module")
+def code(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("filededup") / "code"
+    write(root, "upstream/lib/core.py", CORE)
+    write(root, "upstream/lib/util.py", UTIL)
+    write(root, "upstream/lib/version.py", TINY)
+    write(root, "upstream/lib/core_again.py", CORE)  # a copy inside one repository stays
+    write(root, "upstream/README.md", "# upstream\n\nThe library.\n")
+    # an application vendoring an older upstream: exact copies, and util.py with a few functions dropped
+    write(root, "app/app.py", module(3, 40))
+    write(root, "app/_vendor/lib/core.py", CORE)
+    write(root, "app/_vendor/lib/util.py", UTIL.rsplit("\ndef ", 3)[0] + "\n")
+    write(root, "app/_vendor/lib/version.py", TINY)
+    # a fork with nothing of its own, and a repository that only shares a short, common file
+    for rel, text in (("lib/core.py", CORE), ("lib/util.py", UTIL), ("README.md", "# upstream\n\nThe library.\n")):
+        write(root, f"upstream-fork/{rel}", text)
+    write(root, "other/other.py", module(4, 40))
+    write(root, "other/pkg/sub/version.py", TINY)  # deeper than upstream's: upstream's copy is kept
+    return root
+
+
+def run_file_dedup(code: Path, work: Path, cfg: FileDedupConfig) -> dict[str, list[dict]]:
+    """The three file-level stages, in-process, with two tasks for the first."""
+    reader = CodeRepoReader(code)
+    config = minhash_config(cfg)
+    for rank in range(2):
+        index = FileSignatureIndex(work / "sigs", work / "index", cfg)
+        index.run(RepositoryFiles([reader]).run(None, rank, 2), rank, 2)
+    for band in range(config.num_buckets):
+        MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config).run(None, band, config.num_buckets)
+    list(FileDuplicateResolver(work / "index", work / "buckets", work / "decisions.parquet", cfg).run())
+    return load_file_decisions(work / "decisions.parquet")
+
+
+@pytest.fixture(scope="module")
+def decisions(code: Path, tmp_path_factory) -> dict[str, list[dict]]:
+    return run_file_dedup(code, tmp_path_factory.mktemp("work"), FileDedupConfig())
+
+
+def lost(decisions: dict, repo: str) -> dict[str, tuple[str, str, str]]:
+    return {d["path"]: (d["duplicate_of"], d["of_path"], d["kind"]) for d in decisions.get(repo, [])}
+
+
+def test_vendored_copies_are_removed_from_the_vendoring_repository(decisions) -> None:
+    assert lost(decisions, "code/app") == {
+        "_vendor/lib/core.py": ("code/upstream", "lib/core.py", "exact_duplicate"),
+        "_vendor/lib/util.py": ("code/upstream", "lib/util.py", "near_duplicate"),
+        "_vendor/lib/version.py": ("code/upstream", "lib/version.py", "exact_duplicate"),
+    }
+
+
+def test_upstream_keeps_everything_including_its_own_copies(decisions) -> None:
+    assert lost(decisions, "code/upstream") == {}
+
+
+def test_a_fork_with_nothing_of_its_own_loses_every_file(decisions) -> None:
+    assert set(lost(decisions, "code/upstream-fork")) == {"lib/core.py", "lib/util.py", "README.md"}
+    assert {origin for origin, _, _ in lost(decisions, "code/upstream-fork").values()} == {"code/upstream"}
+
+
+def test_an_unrelated_repository_only_loses_the_exact_copy(decisions) -> None:
+    assert lost(decisions, "code/other") == {
+        "pkg/sub/version.py": ("code/upstream", "lib/version.py", "exact_duplicate")
+    }
+
+
+def test_the_reader_leaves_removed_files_out_and_lists_them(code: Path, decisions, tmp_path: Path) -> None:
+    table = pa.Table.from_pylist(
+        [{"repo": r, "path": d["path"], "duplicate_of": d["duplicate_of"], "of_path": d["of_path"], "kind": d["kind"],
+          "jaccard": 1.0, "containment": 1.0} for r, rows in decisions.items() for d in rows]
+    )
+    pq.write_table(table, tmp_path / "decisions.parquet")
+    docs = {d.id: d for d in CodeRepoReader(code, file_decisions=tmp_path / "decisions.parquet").run()}
+    app = docs["code/app"]
+    assert [f["path"] for f in app.metadata["files"]] == ["app.py"]
+    assert CORE not in app.text and "app.py" in app.text
+    assert {d["path"] for d in app.metadata["duplicate_files"]} == set(lost(decisions, "code/app"))
+    # every file of the repository is kept, skipped or removed as a duplicate: the counts add up
+    meta = app.metadata
+    assert meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"]) == meta["input_files"] == 4
+    fork = docs["code/upstream-fork"]
+    assert fork.text == "" and fork.metadata["copy_of"] == "code/upstream"
+    assert CORE in docs["code/upstream"].text
+
+
+def test_keep_policy_is_configurable(code: Path, tmp_path: Path) -> None:
+    """Ranking by length alone, the longer, upstream util.py is kept either way, but the fork's
+    identical files now tie and go to the smaller repository id: the fork keeps them."""
+    decisions = run_file_dedup(code, tmp_path, FileDedupConfig(keep=["longest"]))
+    assert "lib/core.py" in lost(decisions, "code/upstream")
+    assert lost(decisions, "code/upstream")["lib/core.py"][0] in ("code/app", "code/upstream-fork")
+
+
+def test_similarity_from_signatures_and_directional_containment() -> None:
+    rng = np.random.default_rng(0)
+    a = set(range(0, 1000))
+    b = set(range(0, 3000))  # a inside b
+    params = rng.integers(1, 2**31, size=(2, 256))
+    signature = lambda s: np.min((np.array(sorted(s))[:, None] * params[0] + params[1]) % (2**31 - 1), axis=0)  # noqa: E731
+    jaccard, a_in_b = similarity(signature(a), signature(b), len(a), len(b))
+    _, b_in_a = similarity(signature(b), signature(a), len(b), len(a))
+    assert abs(jaccard - 1 / 3) < 0.1
+    assert a_in_b > 0.85 and b_in_a < 0.45
+
+
+def test_vendored_and_forked_paths() -> None:
+    assert vendored_depth("/data/code/pip/src/pip/_vendor/requests/api.py") == 1
+    assert vendored_depth("/data/code/requests/requests/api.py") == 0
+    assert vendored_depth("/data/forks/papers/attention.tex") == 1
+    assert vendored_depth("/data/papers/attention-fork.tex") == 1
+    assert vendored_depth("/data/code/node_modules/x/third_party/y.js") == 2
+    keep = ["not_vendored", "longest", "shallowest"]
+    upstream = file_rank(keep, repo="code/requests", rel="requests/api.py", location="/c/requests/requests/api.py", chars=10)
+    vendored = file_rank(keep, repo="code/pip", rel="src/pip/_vendor/requests/api.py",
+                         location="/c/pip/src/pip/_vendor/requests/api.py", chars=99)
+    assert upstream < vendored
