@@ -12,6 +12,7 @@ the unfinished tasks and, everything being deterministic, writes the same bytes.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pyarrow as pa
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.batching import batched
+from datatrove.utils.logging import logger
 
 from longctx.core.atomic import write_json
 from longctx.core.layout import RunLayout, shard_folder
@@ -38,7 +40,7 @@ from longctx.packer.manifest import (
 from longctx.packer.pool import DocumentPool, PoolBuilder
 from longctx.packer.rows import build_rows
 from longctx.packer.stats import OutputStats
-from longctx.packer.tokens import encode_documents
+from longctx.packer.tokens import document_ids
 
 ROW_BUILD_TOKENS = 1 << 23  # rows are built this many tokens at a time (temporaries of ~30 bytes a token)
 
@@ -144,9 +146,10 @@ class PackDocuments(PipelineStep):
         for s in series:
             s.remove_previous_attempt()
         pool = PoolBuilder()
+        retokenized: Counter[str] = Counter()
         for batch in batched(data or (), self.batch_size):
             with self.track_time("batch"):
-                encoded = encode_documents(tokenizer, [doc.text for doc in batch], info)
+                encoded = document_ids(tokenizer, batch, info, retokenized)
             for doc, ids in zip(batch, encoded, strict=True):
                 pool.add(doc.id, doc.metadata["source"], ids, int(doc.metadata.get("copies", 1)))
                 self.stat_update("documents")
@@ -156,6 +159,9 @@ class PackDocuments(PipelineStep):
             yield from batch
         if len(pool):
             self._pack(pool.build(), series)
+        for reason, count in sorted(retokenized.items()):
+            logger.info(f"re-tokenized {count} documents: {reason}")
+            self.stat_update("re-tokenized", value=count)
         for s in series:
             s.finish(self.layout)
 

@@ -1,19 +1,25 @@
 """Documents to token ids with the run's ``tokenizer.json``: ``[BOS] text EOS`` for every document.
 
 Special tokens are added here rather than by the tokenizer's post-processor, so the layout is the
-same for every tokenizer a user brings, and it is recorded in each shard's header.
+same for every tokenizer a user brings, and it is recorded in each shard's header. Curation stores
+each kept document's ids (without special tokens) beside its text; :func:`document_ids` reuses them
+when the document's file records this tokenizer, and tokenizes the text otherwise.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from datatrove.data import Document
 from tokenizers import Tokenizer
 
 from longctx.core.tokenizer import document_specials, load_tokenizer, tokenizer_fingerprint
 from longctx.packer.config import PackConfig
 from longctx.packer.format import TokenizerInfo
+from longctx.pipeline.documents import FILE_TOKENIZER
 
 
 def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
@@ -39,3 +45,28 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], info: TokenizerInfo
         np.array(prefix + encoding.ids + [info.eos_id], dtype=np.int32)
         for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     ]
+
+
+def document_ids(
+    tokenizer: Tokenizer, docs: Sequence[Document], info: TokenizerInfo, retokenized: Counter[str]
+) -> list[np.ndarray]:
+    """Token ids (int32) of each document with BOS (when configured) and EOS, as
+    :func:`encode_documents` gives them: the ids curation stored (``metadata["token_ids"]``) where the
+    document's file records ``info``'s tokenizer, else its text encoded in one parallel batch. Adds
+    to ``retokenized`` the number of documents tokenized again, by reason."""
+    prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
+    suffix = np.array([info.eos_id], dtype=np.int32)
+    out: list[np.ndarray | None] = [None] * len(docs)
+    to_encode: list[int] = []
+    for i, doc in enumerate(docs):
+        stored = doc.metadata.get("token_ids")
+        recorded = doc.metadata.get(FILE_TOKENIZER)
+        if stored is not None and recorded == info.sha256:
+            out[i] = np.concatenate([prefix, np.asarray(stored).astype(np.int32), suffix])
+            continue
+        retokenized["no stored ids" if stored is None else "stored ids are of another tokenizer"] += 1
+        to_encode.append(i)
+    if to_encode:
+        for i, ids in zip(to_encode, encode_documents(tokenizer, [docs[i].text for i in to_encode], info)):
+            out[i] = ids
+    return out  # type: ignore[return-value]

@@ -40,7 +40,7 @@ from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
-from longctx.core.executors import Stage, run_stages
+from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
@@ -57,7 +57,7 @@ from longctx.core.tokenizer import (
 )
 from longctx.pipeline.config import CurateConfig, SourceConfig
 from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
-from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader
+from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
@@ -367,8 +367,9 @@ def build_stages(
             tokenizer_path,
             length_bounds(curate, target, sources),
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
+            concurrent_tasks=concurrent_tasks(curate.executor, curate.executor.tasks),
         ),
-        DocumentWriter(work / "filtered", tokenizer_sha256=tokenizer_sha256),
+        StageDocumentWriter(work / "filtered"),
         DedupIndex(work / "dedup" / "index"),
     ]
     if mh.enabled:

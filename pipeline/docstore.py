@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
@@ -32,24 +33,43 @@ from longctx.pipeline.documents import (
     TOKENIZER_KEY,
     document_metadata,
     encode_metadata,
-    iter_rows,
     token_id_views,
 )
 
-BATCH_CHARS = 1 << 26
+BATCH_CHARS = 1 << 24
 """Characters of text a writer buffers before writing a row group (as well as at most 64 documents)."""
 
+STAGE_SCHEMA = pa.schema(
+    [pa.field("token_ids", pa.large_binary()) if f.name == "token_ids" else f for f in DOCUMENT_SCHEMA]
+)
+"""Columns of the files between two stages of one job: :data:`DOCUMENT_SCHEMA` with each document's ids
+as the raw bytes of a little-endian uint32 array (one flat buffer: Parquet's nested lists cost about
+20 bytes per token to write, a flat buffer almost nothing)."""
 
-def token_ids_array(ids: list[np.ndarray | None]) -> pa.LargeListArray:
-    """A ``large_list<uint32>`` column from per-document id arrays (None: null), built from one
-    concatenated buffer rather than element by element."""
+
+def token_ids_array(ids: list[np.ndarray | None], as_bytes: bool = False) -> pa.Array:
+    """The ``token_ids`` column of a batch from per-document uint32 arrays (None: null), built from one
+    buffer rather than element by element: ``large_list<uint32>``, or ``large_binary`` ``as_bytes``."""
     lengths = np.array([0 if a is None else len(a) for a in ids], dtype=np.int64)
     offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    present = [a for a in ids if a is not None]
-    values = np.concatenate(present).astype(np.uint32, copy=False) if present else np.empty(0, np.uint32)
-    mask = pa.array([a is None for a in ids], pa.bool_())
-    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), mask=mask)
+    present = [np.asarray(a, dtype="<u4") for a in ids if a is not None]
+    values = present[0] if len(present) == 1 else np.concatenate(present) if present else np.empty(0, "<u4")
+    valid = pa.array([a is not None for a in ids], pa.bool_())
+    if as_bytes:
+        buffers = [valid.buffers()[1], pa.py_buffer(offsets * 4), pa.py_buffer(values)]
+        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(ids), buffers, null_count=len(ids) - len(present))
+    return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), mask=pc.invert(valid))
+
+
+def stage_token_ids(column: pa.Array) -> list[np.ndarray | None]:
+    """The ids of a :data:`STAGE_SCHEMA` ``token_ids`` column (one record batch) as uint32 numpy views
+    of its buffer, None where null."""
+    offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
+    data = column.buffers()[2]
+    values = np.frombuffer(data, "<u4") if data is not None else np.empty(0, "<u4")
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i] // 4 : offsets[i + 1] // 4] if valid[i] else None for i in range(len(column))]
 
 
 class DocumentWriter(ParquetWriter):
@@ -62,6 +82,8 @@ class DocumentWriter(ParquetWriter):
     """
 
     name = "📒 Documents"
+    base_schema = DOCUMENT_SCHEMA
+    ids_as_bytes = False
 
     def __init__(
         self,
@@ -69,7 +91,7 @@ class DocumentWriter(ParquetWriter):
         output_filename: str = "${rank}.parquet",
         tokenizer_sha256: str | None = None,
     ) -> None:
-        schema = DOCUMENT_SCHEMA
+        schema = self.base_schema
         if tokenizer_sha256 is not None:
             schema = schema.with_metadata({TOKENIZER_KEY: tokenizer_sha256.encode("ascii")})
         super().__init__(
@@ -85,24 +107,53 @@ class DocumentWriter(ParquetWriter):
         return {"text": document.text, "id": document.id, **encode_metadata(document.metadata)}
 
     def _write(self, document: dict, file_handler, filename: str) -> None:
-        super()._write(document, file_handler, filename)
-        if self._batches.get(filename):
-            self._buffered_chars[filename] += len(document["text"])
-            if self._buffered_chars[filename] >= BATCH_CHARS:
-                self._write_batch(filename)
+        if filename not in self._writers:
+            # No dictionary and no statistics for the values that hold a whole document (the text, and
+            # ids as bytes): both would copy it (a 50 MB text costs 300 MB more to write with them),
+            # and neither helps a reader.
+            whole = {"text", "token_ids"} if self.ids_as_bytes else {"text"}
+            small = [name for name in self.schema.names if name not in whole]
+            self._writers[filename] = pq.ParquetWriter(
+                file_handler,
+                schema=self.schema,
+                compression=self.compression,
+                use_dictionary=small,
+                write_statistics=small,
+                use_content_defined_chunking=self.use_content_defined_chunking,
+            )
+        self._batches[filename].append(document)
+        self._buffered_chars[filename] += len(document["text"])
+        if len(self._batches[filename]) >= self.batch_size or self._buffered_chars[filename] >= BATCH_CHARS:
+            self._write_batch(filename)
 
     def _write_batch(self, filename: str) -> None:
         self._buffered_chars.pop(filename, None)
         rows = self._batches.pop(filename, None)
         if not rows:
             return
-        columns = {
-            name: pa.array([row[name] for row in rows], DOCUMENT_SCHEMA.field(name).type)
-            for name in DOCUMENT_SCHEMA.names
-            if name != "token_ids"
-        }
-        columns["token_ids"] = token_ids_array([row["token_ids"] for row in rows])
-        self._writers[filename].write_batch(pa.record_batch(list(columns.values()), schema=self.schema))
+        columns = [
+            token_ids_array([row["token_ids"] for row in rows], self.ids_as_bytes)
+            if field.name == "token_ids"
+            else pa.array([row[field.name] for row in rows], field.type)
+            for field in self.schema
+        ]
+        del rows
+        self._writers[filename].write_batch(pa.record_batch(columns, schema=self.schema))
+
+
+class StageDocumentWriter(DocumentWriter):
+    """Writes documents between two stages of one job (:data:`STAGE_SCHEMA`, read back by
+    :class:`RankDocumentReader`): ids as flat bytes, and no content-defined chunking (these files
+    are never uploaded)."""
+
+    name = "📒 Stage documents"
+    base_schema = STAGE_SCHEMA
+    ids_as_bytes = True
+
+    def __init__(self, output_folder: str | os.PathLike, output_filename: str = "${rank}.parquet") -> None:
+        super().__init__(output_folder, output_filename)
+        self.use_content_defined_chunking = False
+        self.compression = None
 
 
 def document_from_row(row: dict) -> Document:
@@ -111,7 +162,8 @@ def document_from_row(row: dict) -> Document:
 
 
 class RankDocumentReader(PipelineStep):
-    """Reads back the file that the same rank wrote in an earlier stage (``{rank:05d}.parquet``).
+    """Reads back the file that :class:`StageDocumentWriter` wrote for the same rank in an earlier
+    stage (``{rank:05d}.parquet``), ids as numpy views.
 
     Reading by rank, not by listing, keeps positions aligned with per-rank side files (MinHash
     signatures, dedup index) even when some ranks wrote no documents at all.
@@ -130,9 +182,14 @@ class RankDocumentReader(PipelineStep):
         path = self.folder / f"{rank:05d}.parquet"
         if not path.exists():
             return
-        for row in iter_rows(path):
-            self.stat_update("documents")
-            yield document_from_row(row)
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=16):
+            ids = stage_token_ids(batch.column("token_ids"))
+            rows = batch.drop_columns(["token_ids"]).to_pylist()
+            del batch  # the text buffers; the ids' buffer stays alive through its views
+            for row, row_ids in zip(rows, ids):
+                row["token_ids"] = row_ids
+                self.stat_update("documents")
+                yield document_from_row(row)
 
 
 class CuratedDocumentReader(ParquetReader):

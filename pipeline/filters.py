@@ -10,7 +10,7 @@ from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
 
 from longctx.core.tokenizer import load_tokenizer
-from longctx.pipeline.tokens import TokenEncoder
+from longctx.pipeline.tokens import TokenEncoder, limit_tokenizer_threads, tokenizer_threads
 
 
 class ReadableFilter(BaseFilter):
@@ -31,7 +31,8 @@ class TokenLengthFilter(BaseFilter):
     The count is stored as ``metadata["token_count"]`` for every document, dropped or kept; a kept
     document also carries its ids (uint32, no special tokens) as ``metadata["token_ids"]``, which the
     document writer stores beside the text so that nothing tokenizes it again. Long documents are
-    encoded in parallel pieces (:class:`~longctx.pipeline.tokens.TokenEncoder`).
+    encoded in parallel pieces (:class:`~longctx.pipeline.tokens.TokenEncoder`), on the cores of
+    this task's process divided by ``concurrent_tasks`` (the tasks that run at once beside it).
     """
 
     name = "📏 Token length"
@@ -42,10 +43,12 @@ class TokenLengthFilter(BaseFilter):
         bounds: dict[str, tuple[int, int | None]],
         exclusion_writer: DiskWriter | None = None,
         batch_size: int = 16,
+        concurrent_tasks: int = 1,
     ) -> None:
         super().__init__(exclusion_writer=exclusion_writer, batch_size=batch_size)
         self.tokenizer_path = Path(tokenizer_path)
         self.bounds = dict(bounds)
+        self.concurrent_tasks = concurrent_tasks
         self._encoder: TokenEncoder | None = None
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
@@ -53,6 +56,8 @@ class TokenLengthFilter(BaseFilter):
 
     def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
         if self._encoder is None:
+            if self.concurrent_tasks > 1:  # alone, a task keeps the tokenizer's default: every core it has
+                limit_tokenizer_threads(tokenizer_threads(self.concurrent_tasks))
             self._encoder = TokenEncoder(load_tokenizer(self.tokenizer_path))
         results: list[bool | tuple[bool, str]] = []
         for doc, ids in zip(batch, self._encoder.encode([doc.text for doc in batch])):

@@ -14,11 +14,16 @@ non-whitespace character followed by a space, so such a position is a pre-token 
 whole text, and the pre-tokens on either side, hence the ids, are the same as when encoding the
 whole text (``tests/pipeline/test_tokens.py`` checks this against whole-text encoding). Other
 tokenizers encode each document whole.
+
+The tokenizer's threads (a process-wide pool, sized when first used) are set per task by
+:func:`limit_tokenizer_threads` to :func:`tokenizer_threads`: the cores this process may run on divided
+by the tasks that run at once, so that tasks x threads never exceed the cores given.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,7 +34,7 @@ from tokenizers import Tokenizer
 PIECE_CHARS = 1 << 17
 """Characters per piece of a long document (at least; a piece ends at the next safe cut)."""
 
-CALL_CHARS = 1 << 22
+CALL_CHARS = 1 << 21
 """Characters per ``encode_batch_fast`` call: bounds the tokenizer's temporary memory."""
 
 _CUT = re.compile(r"(?<=\S) ")
@@ -122,6 +127,28 @@ def pieces_are_exact(tokenizer: Tokenizer) -> bool:
     )
 
 
+def tokenizer_threads(concurrent_tasks: int, cores: int | None = None) -> int:
+    """Tokenizer threads for one of ``concurrent_tasks`` tasks sharing ``cores`` (default: the cores
+    this process may run on, which Slurm and ``taskset`` restrict): at least one."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    return max(1, cores // max(1, concurrent_tasks))
+
+
+def limit_tokenizer_threads(threads: int) -> None:
+    """Sizes the tokenizer's thread pool of this process to ``threads``; one thread encodes on the
+    calling thread (``TOKENIZERS_PARALLELISM=false``: no pool threads waiting beside it).
+
+    ``tokenizers`` sizes its pool (``RAYON_NUM_THREADS``) when it first encodes in parallel, so this
+    must come before the process's first encode: datatrove's local executor starts each task's worker
+    process fresh (forkserver), where it does. A single worker runs its task in the calling process,
+    which may already have a pool; that task is alone and may use every core anyway.
+    """
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    if threads == 1:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
 def piece_bounds(text: str, piece_chars: int) -> list[int]:
     """Cut positions ``[0, c1, ..., len(text)]``: each piece has at least ``piece_chars`` characters
     (the last may be shorter) and ends just before a space that follows a non-whitespace character.
@@ -141,7 +168,7 @@ class TokenEncoder:
     """Encodes texts to token ids (uint32, without special tokens) in bounded, parallel pieces.
 
     ``encode_batch_fast`` (no offsets) runs the pieces of one call on the tokenizer's threads (their
-    number is set per task by :mod:`longctx.core.executors`). Memory is the ids plus about
+    number is set per task, see :func:`limit_tokenizer_threads`). Memory is the ids plus about
     ``call_chars`` worth of the tokenizer's temporaries, whatever the size of a text.
     """
 

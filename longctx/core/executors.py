@@ -126,6 +126,15 @@ class ReportedRayExecutor(_Reported, RayPipelineExecutor):
     """datatrove's Ray executor with a console report."""
 
 
+def concurrent_tasks(cfg: ExecutorConfig, tasks: int) -> int:
+    """How many of a stage's ``tasks`` run at once on one machine: the local executor's workers
+    (all tasks with ``workers: -1``); on Ray, its workers (tasks placed on one machine at worst); on
+    Slurm one, since each task is its own allocation. Tasks divide the cores by this number."""
+    if cfg.kind == "slurm":
+        return 1
+    return tasks if cfg.workers == -1 else min(cfg.workers, tasks)
+
+
 def make_executor(
     cfg: ExecutorConfig,
     pipeline: list[PipelineStep],
@@ -155,8 +164,7 @@ def make_executor(
         )
     executor: ReportedLocalExecutor | ReportedRayExecutor
     if cfg.kind == "local":
-        workers = tasks if cfg.workers == -1 else min(cfg.workers, tasks)
-        executor = ReportedLocalExecutor(workers=workers, **common)
+        executor = ReportedLocalExecutor(workers=concurrent_tasks(cfg, tasks), **common)
     else:
         executor = ReportedRayExecutor(workers=tasks if cfg.workers == -1 else cfg.workers, **common)
     executor.report = report

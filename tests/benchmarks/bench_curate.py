@@ -1,71 +1,296 @@
-"""Throughput of the whole curation run over ../shared/corpus against the tokenizer alone.
+"""Curation against the bare tokenizer on the same text: books and papers of the shared corpus plus
+code repositories from the running interpreter's standard library.
 
 The tokenizer bounds what curation can do: every document must be tokenized once to be length
-filtered. This prints documents/s and MB/s of ``run_curation`` (read, clean, count tokens, MinHash,
-dedup, write, ledger) and of ``Tokenizer.encode_batch`` over the same raw text, and their ratio.
+filtered (and its ids are stored for ``pack``). Measured in one run, several repetitions each,
+printed as median [min-max] of CPU and wall seconds:
 
-    .venv/bin/python tests/benchmarks/bench_curate.py [--corpus ../shared/corpus] [--tasks 2]
+* ``tokenizer``: ``Tokenizer.encode_batch_fast`` (the fastest call: no offsets, no special tokens)
+  over the texts the readers produce, i.e. exactly the text curation tokenizes; once on one thread
+  (its CPU time is the work itself: waiting pool threads spin and inflate CPU otherwise) and once on
+  all the cores given;
+* ``curate``: ``longctx curate`` (read, clean, tokenize and store ids, MinHash, exact hash, dedup,
+  write, ledger) with 2 tasks on the cores given, and with 1 task on 1 core: the scaling of two tasks
+  on two cores over one task on one;
+* ``curate + pack``: ``longctx pack`` (windows of 4096, reusing the ids curation stored) after the
+  two-task curation, end to end against the bare tokenizer on 2 cores (goal: 0.75x its throughput);
+* ``signatures``: MinHash signatures plus exact hashes of the same texts, against the one-thread
+  tokenizer (goal: at most 0.15x);
+* optionally (``--one-line-mb``) the peak memory of curating one generated one-line book.
+
+Every child process is timed from outside (``resource.getrusage(RUSAGE_CHILDREN)``, so worker
+processes count), with its CPU affinity set to the cores it is given. Ratios are of medians.
+
+    .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--one-line-mb 50]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import random
+import resource
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from longctx import jobs
-from longctx.config import parse_config
-from longctx.core.tokenizer import load_tokenizer
-from longctx.pipeline.bpe import train_bpe
-from longctx.pipeline.readers.base import walk_files
+import pyarrow as pa
+import yaml
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus"
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path(os.environ.get("LONGCTX_SHARED_CORPUS", REPO.parent / "shared" / "corpus"))
+CODE_PACKAGES = ("asyncio", "email", "json", "logging", "multiprocessing", "unittest", "xml", "urllib", "http", "importlib", "sqlite3", "concurrent", "ctypes", "tomllib", "zoneinfo")
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+def build_input(corpus: Path, dest: Path) -> Path:
+    """``dest`` with ``books/`` and ``papers/`` copied from the corpus and ``code/`` holding some
+    standard-library packages, one repository each."""
+    import sysconfig
+
+    for sub in ("books", "papers"):
+        shutil.copytree(corpus / sub, dest / sub, symlinks=False)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in CODE_PACKAGES:
+        if (stdlib / name).is_dir():
+            shutil.copytree(stdlib / name, dest / "code" / name, ignore=shutil.ignore_patterns("__pycache__", "test", "tests"))
+    return dest
+
+
+def curate_config(input_dir: Path, output: Path, tokenizer: Path | None, tasks: int) -> dict:
+    return {
+        "output": str(output),
+        "context": {"original": 1024, "target": 4096},
+        "tokenizer": {"path": str(tokenizer)} if tokenizer else {},
+        "curate": {"input": str(input_dir), "executor": {"tasks": tasks, "workers": tasks}},
+        "pack": {"seq_lens": [4096], "executor": {"tasks": tasks, "workers": tasks}},
+    }
+
+
+def reader_texts(input_dir: Path, work: Path) -> list[str]:
+    """The texts curation tokenizes: every readable document the readers produce."""
+    from longctx.config import parse_config
+    from longctx.core.layout import RunLayout
+    from longctx.pipeline.curate import make_reader, resolve_sources
+
+    cfg = parse_config(curate_config(input_dir, work / "probe", None, 1))
+    texts = []
+    for source in resolve_sources(cfg.curate, RunLayout(work / "probe", "curate")):
+        for doc in make_reader(source, cfg.curate).run(None, 0, 1):
+            if not doc.metadata.get("skip_reason"):
+                texts.append(doc.text)
+    return texts
+
+
+def train_tokenizer(texts: list[str], path: Path, vocab: int) -> Path:
+    """A byte-level BPE like the demo's, trained on a 4 MB sample (not timed)."""
+    from longctx.pipeline.bpe import train_bpe
+
+    rng = random.Random(0)
+    sample = [t[i : i + 20_000] for t in texts for i in range(0, len(t), 20_000) if rng.random() < 0.1]
+    train_bpe(sample, vocab, path)
+    return path
+
+
+# --- children --------------------------------------------------------------------------------------
+
+
+def child_tokenize(texts_file: str, tokenizer: str) -> None:
+    """Child: one timed ``encode_batch_fast`` over the texts (read before timing)."""
+    from tokenizers import Tokenizer
+
+    texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
+    tok = Tokenizer.from_file(tokenizer)
+    tokens = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
+    print(json.dumps({"tokens": tokens}))
+
+
+def child_signatures(texts_file: str) -> None:
+    """Child: MinHash signatures and exact hashes of the texts (curation's defaults)."""
+    from datatrove.pipeline.dedup.minhash import MinhashConfig
+
+    from longctx.pipeline.signatures import exact_hash, minhash_signature
+
+    texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
+    minhash_signature("é warm up the tables", MinhashConfig())
+    cpu, wall = time.process_time(), time.perf_counter()
+    for text in texts:
+        minhash_signature(text, MinhashConfig())
+        exact_hash(text)
+    print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}))
+
+
+def become_subreaper() -> None:
+    """Make this process adopt its orphaned descendants, so that waiting for them counts their CPU
+    time in ``RUSAGE_CHILDREN`` (the workers of datatrove's local executor are children of its
+    forkserver, which the command that started it never waits for)."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        sys.exit("bench_curate: cannot become a child subreaper (Linux only); CPU times would miss worker processes")
+
+
+def run_child(args: list[str], cores: set[int], env: dict | None = None) -> tuple[float, float, str]:
+    """CPU (this child and all its descendants, reaped here) and wall seconds of a command on
+    ``cores``, and its stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(
+        args, capture_output=True, text=True, env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores)
+    )
+    while True:  # descendants orphaned on the way (datatrove's forkserver and its workers) came to us
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        sys.exit(f"bench: {' '.join(args[:4])} failed:\n{done.stderr[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, wall, done.stdout
+
+
+def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float, float]:
+    """Peak RSS (MB) of ``longctx curate`` on one generated one-line book, and on a 1 MB one."""
+    peaks = []
+    for size in (1.0, one_line_mb):
+        root = work / f"mem{size:g}"
+        books = root / "in" / "books"
+        books.mkdir(parents=True)
+        rng = random.Random(0)
+        words = ["".join(rng.choice("etaoinshrdlu") for _ in range(rng.randint(1, 9))) for _ in range(5000)]
+        with open(books / "one_line.txt", "w") as f:
+            written = 0
+            while written < size * 1e6:
+                chunk = " ".join(rng.choices(words, k=10_000)) + " "
+                written += f.write(chunk)
+        config = root / "c.yaml"
+        config.write_text(yaml.safe_dump(curate_config(root / "in", root / "out", tokenizer, 1)))
+        script = (
+            "import resource, runpy, sys; sys.argv = ['longctx', 'curate', '--config', sys.argv[1]]\n"
+            "try:\n    runpy.run_module('longctx.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "r = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+            "print(r)"
+        )
+        _, _, out = run_child([sys.executable, "-c", script, str(config)], os.sched_getaffinity(0))
+        peaks.append(int(out.strip().splitlines()[-1]) / 1024)
+    return peaks[0], peaks[1]
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
-    parser.add_argument("--tasks", type=int, default=2)
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--one-line-mb", type=float, default=0, help="also measure peak memory on a one-line book")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not (args.corpus / "books").is_dir():
-        print(f"corpus not found at {args.corpus}; pass --corpus", file=sys.stderr)
-        return 1
-    files = [f for sub in ("books", "papers", "code") for f in walk_files(args.corpus / sub, (".txt", ".tex", ".md"))]
-    texts = [f.read_bytes().decode("utf-8-sig", errors="replace") for f in files]
-    n_bytes = sum(f.stat().st_size for f in files)
+    if args.child:
+        {"tokenize": child_tokenize, "signatures": child_signatures}[args.child[0]](*args.child[1:])
+        return 0
+    if not (args.corpus / "books").is_dir() or not (args.corpus / "papers").is_dir():
+        print(
+            f"bench_curate: shared corpus not found at {args.corpus} (books/ and papers/); "
+            "set LONGCTX_SHARED_CORPUS or pass --corpus",
+            file=sys.stderr,
+        )
+        return 2
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        print("bench_curate: needs at least 2 cores for the scaling measure", file=sys.stderr)
+        return 2
+    two, one = set(cores[:2]), {cores[0]}
+    become_subreaper()
     work = Path(tempfile.mkdtemp(prefix="bench_curate_"))
     try:
-        tok_path = work / "tokenizer.json"
-        train_bpe(texts, args.vocab, tok_path)  # not timed: a real run brings its tokenizer
+        input_dir = build_input(args.corpus, work / "input")
+        texts = reader_texts(input_dir, work)
+        texts_file = work / "texts.arrow"
+        table = pa.table({"text": pa.array(texts, pa.large_string())})
+        with pa.ipc.new_file(texts_file, table.schema) as writer:
+            writer.write_table(table)
+        n_chars, n_bytes = sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
+        tokenizer = train_tokenizer(texts, work / "tokenizer.json", args.vocab)
+        del texts, table
 
-        tokenizer = load_tokenizer(tok_path)
-        start = time.perf_counter()
-        n_tokens = sum(len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False))
-        t_tok = time.perf_counter() - start
+        py = [sys.executable, __file__, "--child"]
+        one_thread = dict(os.environ, TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
+        rows: dict[str, dict[str, list[float]]] = {}
 
-        cfg = parse_config({
-            "output": str(work / "out"),
-            "context": {"original": 1024, "target": 4096},
-            "tokenizer": {"path": str(tok_path)},
-            "curate": {"input": str(args.corpus), "executor": {"tasks": args.tasks, "workers": args.tasks}},
-        })
-        start = time.perf_counter()
-        summary = jobs.curate(cfg)
-        t_cur = time.perf_counter() - start
+        def record(name: str, cpu: float, wall: float) -> None:
+            rows.setdefault(name, {"cpu": [], "wall": []})
+            rows[name]["cpu"].append(cpu)
+            rows[name]["wall"].append(wall)
+
+        tokens = 0
+        for rep in range(args.reps):  # interleaved, so that load from others hits every contender alike
+            cpu, wall, out = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread)
+            record("tokenizer, 1 thread on 1 core", cpu, wall)
+            tokens = json.loads(out)["tokens"]
+            cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
+            record("tokenizer, 2 cores", cpu, wall)
+            for tasks, given in ((2, two), (1, one)):
+                output = work / f"out{tasks}"
+                shutil.rmtree(output, ignore_errors=True)
+                config = work / f"curate{tasks}.yaml"
+                config.write_text(yaml.safe_dump(curate_config(input_dir, output, tokenizer, tasks)))
+                cpu, wall, _ = run_child([sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given)
+                record(f"curate, {tasks} task(s) on {len(given)} core(s)", cpu, wall)
+                if tasks == 2:
+                    pcpu, pwall, out = run_child([sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given)
+                    record("pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
+                    record("curate + pack, 2 tasks on 2 cores", cpu + pcpu, wall + pwall)
+                    logs = "".join(p.read_text(errors="replace") for p in (output / "work").rglob("*.log"))
+                    if "re-tokenized" in logs:
+                        print("  warning: pack re-tokenized some documents (see its logs)")
+            _, _, out = run_child(py + ["signatures", str(texts_file)], one)
+            inner = json.loads(out)  # timed inside: without reading the texts and importing
+            record("MinHash + exact hash, 1 core", inner["cpu"], inner["wall"])
+            print(f"  repetition {rep + 1}/{args.reps} done", flush=True)
+
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[:3]
+        print(f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of {args.corpus}, "
+              f"stdlib code), {tokens / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; load average {' '.join(load)}")
+        print(f"seconds, median [min-max] of {args.reps}:")
+        print(f"{'':36s}{'CPU':>26s}{'wall':>26s}")
+        for name, v in rows.items():
+            print(f"{name:36s}{fmt(v['cpu']):>26s}{fmt(v['wall']):>26s}")
+        med = {name: {k: statistics.median(x) for k, x in v.items()} for name, v in rows.items()}
+        tok1, tok2 = med["tokenizer, 1 thread on 1 core"], med["tokenizer, 2 cores"]
+        cur2, cur1 = med["curate, 2 task(s) on 2 core(s)"], med["curate, 1 task(s) on 1 core(s)"]
+        sig = med["MinHash + exact hash, 1 core"]
+        print("\nratios of medians                                            CPU     wall")
+        print(f"curate (2 tasks, 2 cores) / tokenizer (2 cores)            {cur2['cpu'] / tok2['cpu']:6.2f}  {cur2['wall'] / tok2['wall']:6.2f}")
+        print(f"curate (2 tasks, 2 cores) / tokenizer (1 thread)           {cur2['cpu'] / tok1['cpu']:6.2f}")
+        print(f"  throughput of curate relative to the bare tokenizer (wall, 2 cores): {tok2['wall'] / cur2['wall']:.2f}x")
+        e2e = med["curate + pack, 2 tasks on 2 cores"]
+        print(f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  {e2e['wall'] / tok2['wall']:6.2f}")
+        print(f"  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): {tok2['wall'] / e2e['wall']:.2f}x")
+        print(f"scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): {cur1['wall'] / cur2['wall']:.2f}x")
+        print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
+        if args.one_line_mb:
+            small, big = peak_memory(args.one_line_mb, tokenizer, work)
+            print(f"\npeak RSS of curate on a {args.one_line_mb:g} MB one-line book: {big:.0f} MB "
+                  f"({(big - small) / args.one_line_mb:.1f}x its size above the {small:.0f} MB of a 1 MB book)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    mb = n_bytes / 1e6
-    print(f"\ncorpus: {len(files)} documents, {mb:.1f} MB, {n_tokens:,} tokens (vocab {args.vocab})")
-    print(f"{'':<28}{'seconds':>9}{'docs/s':>9}{'MB/s':>8}")
-    print(f"{'tokenizer alone':<28}{t_tok:>9.2f}{len(files) / t_tok:>9.1f}{mb / t_tok:>8.2f}")
-    print(f"{'curate (' + str(args.tasks) + ' tasks)':<28}{t_cur:>9.2f}{len(files) / t_cur:>9.1f}{mb / t_cur:>8.2f}")
-    print(f"ratio curate / tokenizer-alone time: {t_cur / t_tok:.1f}x")
-    print(f"kept {summary['totals']['kept']}, duplicates {summary['totals']['duplicate']}, filtered {summary['totals']['filtered']}")
     return 0
 
 

@@ -9,7 +9,10 @@ non-ASCII spaces and marks).
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,7 @@ from longctx.pipeline.tokens import (
     TokenEncoder,
     piece_bounds,
     pieces_are_exact,
+    tokenizer_threads,
 )
 
 WORDS = "the of and to in that was his it's I'm we'll don't 2024 3.14 x_1 def f(x): return {a: b} Größe naïve ΣΑΣ 中文 😀".split()
@@ -176,3 +180,43 @@ def test_real_book_in_default_pieces_equals_whole(tokenizers, shared_corpus: Pat
         encoder = TokenEncoder(tok)
         assert len(piece_bounds(text, encoder.piece_chars)) > 3
         assert encoder.encode([text])[0].tolist() == whole(tok, text)
+
+
+def test_threads_divide_the_cores_among_tasks_run_at_once() -> None:
+    from longctx.core.config import ExecutorConfig
+    from longctx.core.executors import concurrent_tasks
+
+    assert [tokenizer_threads(n, cores=8) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert concurrent_tasks(ExecutorConfig(tasks=4), 4) == 4  # workers: -1, all at once
+    assert concurrent_tasks(ExecutorConfig(tasks=4, workers=2), 4) == 2
+    assert concurrent_tasks(ExecutorConfig(tasks=4, workers=8), 4) == 4
+    assert concurrent_tasks(ExecutorConfig(kind="slurm", tasks=4, slurm={"partition": "p"}), 4) == 1
+
+
+_COUNT_THREADS = """
+import os, sys
+from datatrove.data import Document
+from longctx.pipeline.filters import TokenLengthFilter
+step = TokenLengthFilter(sys.argv[1], {"books": (0, None)}, concurrent_tasks=int(sys.argv[2]))
+docs = [Document(text=sys.argv[3] * (200 + i), id=str(i), metadata={"source": "books"}) for i in range(16)]
+before = len(os.listdir("/proc/self/task"))
+assert all(r is True for r in step.filter_batch(docs))
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
+@pytest.mark.parametrize("tasks, threads", [(1, 2), (2, 0), (3, 0)])
+def test_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Path, tasks: int, threads: int) -> None:
+    """A task process on 2 cores runs the tokenizer's own pool of 2 threads when alone, and encodes on
+    its calling thread (no pool thread at all) when 2 or more tasks run at once; threads are counted
+    in /proc, the tokenizer's pool being the only source of new ones."""
+    path = tmp_path / "tokenizer.json"
+    train_bpe(TRAINING, 400, path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_THREADS, str(path), str(tasks), sample_text(0, 50)],
+        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
+    )
+    assert int(out.stdout.strip().splitlines()[-1]) == threads

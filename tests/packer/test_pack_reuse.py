@@ -1,0 +1,77 @@
+"""Pack reuses the token ids curation stored, and only when they are the run tokenizer's.
+
+The reference is a pack of the same documents written without ids (every text tokenized by pack).
+Stored ids made deliberately wrong show which path pack took: with the run tokenizer's fingerprint
+they must be used (the shards change), with another fingerprint they must be ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from datatrove.data import Document
+
+from longctx import jobs
+from longctx.core.tokenizer import tokenizer_fingerprint
+from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.docstore import DocumentWriter
+from tests.packer.test_pack_helpers import make_config, synthetic_texts, write_curated
+
+
+def shard_bytes(root: Path) -> dict[str, bytes]:
+    files = sorted((root / "shards").rglob("*.arrow"))
+    assert files
+    return {str(f.relative_to(root)): f.read_bytes() for f in files}
+
+
+def curated_with_ids(root: Path, texts: dict[str, list[str]], sha: str, scramble: bool) -> None:
+    """Documents as curation writes them, ids and fingerprint included (ids reversed if ``scramble``)."""
+    from longctx.core.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(root / "tokenizer.json")
+    writer = DocumentWriter(root / "documents", "${source}/${rank}.parquet", tokenizer_sha256=sha)
+    with writer:
+        for source, docs in texts.items():
+            for i, text in enumerate(docs):
+                ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+                if scramble:
+                    ids = ids[::-1].copy()
+                meta = {"source": source, "token_count": len(ids), "path": f"{source}/doc{i:03d}.txt", "token_ids": ids}
+                writer.write(Document(text=text, id=f"{source}/doc{i:03d}.txt", metadata=meta), rank=i % 2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    texts = synthetic_texts(0)
+    base = tmp_path_factory.mktemp("reuse")
+    tokenizer_json = base / "tokenizer.json"
+    tokenizer = train_bpe([t for docs in texts.values() for t in docs], 320, tokenizer_json)
+    sha = tokenizer_fingerprint(tokenizer_json)
+    runs = {}
+    for name in ("text", "stored", "scrambled", "other_tokenizer"):
+        root = base / name
+        root.mkdir()
+        (root / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+        if name == "text":
+            write_curated(root, texts, tokenizer)
+        else:
+            curated_with_ids(root, texts, "0" * 64 if name == "other_tokenizer" else sha, scramble=name != "stored")
+        jobs.pack(make_config(root))
+        runs[name] = root
+    return runs
+
+
+def test_shards_from_stored_ids_are_byte_identical_to_tokenizing(runs: dict[str, Path]) -> None:
+    assert shard_bytes(runs["stored"]) == shard_bytes(runs["text"])
+
+
+def test_stored_ids_are_what_pack_uses(runs: dict[str, Path]) -> None:
+    assert shard_bytes(runs["scrambled"]) != shard_bytes(runs["text"])
+
+
+def test_ids_of_another_tokenizer_are_tokenized_again_and_said(runs: dict[str, Path]) -> None:
+    assert shard_bytes(runs["other_tokenizer"]) == shard_bytes(runs["text"])
+    log = "\n".join(p.read_text() for p in (runs["other_tokenizer"] / "work").rglob("*.log"))
+    assert "re-tokenized" in log and "stored ids are of another tokenizer" in log
