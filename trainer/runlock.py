@@ -59,6 +59,8 @@ def _alive(owner: dict) -> bool:
 
 
 def _describe(owner: dict) -> str:
+    if owner.get("pid") is None:  # the owner holds the flock but has not written its details yet
+        return "it is just starting"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("since", 0)))
     return f"pid {owner.get('pid')} on host {owner.get('host')}, since {since}"
 
