@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from longctx.core.errors import LongctxError
+from longctx.core.lifetime import process_exists
 
 LOCK_NAME = ".lock"
 HELD_ENV = "LONGCTX_RUN_LOCK"
@@ -48,12 +49,8 @@ def _alive(owner: dict) -> bool:
     pid = int(owner.get("pid", -1))
     if pid <= 0:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not process_exists(pid):
         return False
-    except PermissionError:
-        return True
     started = owner.get("start_time")
     return started is None or _start_time(pid) in (None, started)
 

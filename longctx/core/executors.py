@@ -25,7 +25,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core.config import ExecutorConfig
 from longctx.core.errors import LongctxError
-from longctx.core.lifetime import children_die_with_this_process, die_with_parent, parent_alive, sigterm_exits
+from longctx.core.lifetime import children_die_with_this_process, die_with_parent, process_exists, sigterm_exits
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
 
@@ -116,7 +116,7 @@ class ReportedLocalExecutor(_Reported, LocalPipelineExecutor):
         if os.getpid() == self.driver_pid:  # workers: 1 runs the tasks here
             return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)
         die_with_parent()
-        if not parent_alive(self.driver_pid):
+        if not process_exists(self.driver_pid):
             os._exit(1)
         with sigterm_exits():
             return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)

@@ -114,7 +114,7 @@ def children_die_with_this_process() -> Iterator[None]:
         _active -= 1
 
 
-def parent_alive(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
     """Whether process ``pid`` still exists."""
     try:
         os.kill(pid, 0)
