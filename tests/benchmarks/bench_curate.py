@@ -41,9 +41,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
+from benchtools import CORPUS, become_subreaper, fmt, require_corpus
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = Path(os.environ.get("LONGCTX_SHARED_CORPUS", REPO.parent / "shared" / "corpus"))
 CODE_PACKAGES = ("asyncio", "email", "json", "logging", "multiprocessing", "unittest", "xml", "urllib", "http", "importlib", "sqlite3", "concurrent", "ctypes", "tomllib", "zoneinfo")
 
 
@@ -127,17 +127,6 @@ def child_signatures(texts_file: str) -> None:
     print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}))
 
 
-def become_subreaper() -> None:
-    """Make this process adopt its orphaned descendants, so that waiting for them counts their CPU
-    time in ``RUSAGE_CHILDREN`` (the workers of datatrove's local executor are children of its
-    forkserver, which the command that started it never waits for)."""
-    import ctypes
-
-    PR_SET_CHILD_SUBREAPER = 36
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        sys.exit("bench_curate: cannot become a child subreaper (Linux only); CPU times would miss worker processes")
-
-
 def run_child(args: list[str], cores: set[int], env: dict | None = None) -> tuple[float, float, str]:
     """CPU (this child and all its descendants, reaped here) and wall seconds of a command on
     ``cores``, and its stdout."""
@@ -189,10 +178,6 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 # --- report ----------------------------------------------------------------------------------------
 
 
-def fmt(values: list[float]) -> str:
-    return f"{statistics.median(values):8.2f} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -204,19 +189,13 @@ def main() -> int:
     if args.child:
         {"tokenize": child_tokenize, "signatures": child_signatures}[args.child[0]](*args.child[1:])
         return 0
-    if not (args.corpus / "books").is_dir() or not (args.corpus / "papers").is_dir():
-        print(
-            f"bench_curate: shared corpus not found at {args.corpus} (books/ and papers/); "
-            "set LONGCTX_SHARED_CORPUS or pass --corpus",
-            file=sys.stderr,
-        )
-        return 2
+    require_corpus(args.corpus, "bench_curate")
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         print("bench_curate: needs at least 2 cores for the scaling measure", file=sys.stderr)
         return 2
     two, one = set(cores[:2]), {cores[0]}
-    become_subreaper()
+    become_subreaper("bench_curate")
     work = Path(tempfile.mkdtemp(prefix="bench_curate_"))
     try:
         input_dir = build_input(args.corpus, work / "input")

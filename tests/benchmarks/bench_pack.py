@@ -7,11 +7,14 @@ Measures, on the same text:
 * the whole pack job (read Parquet, tokenize, pack, write shards, manifest) under the local
   datatrove executor, for one and for several window lengths, and its throughput relative to the
   bare tokenizer;
+  the documents are written without stored token ids, so this is pack's tokenizing path
+  (``bench_curate.py`` measures curate + pack reusing the ids curation stored);
 * best-fit decreasing against concatenate-and-chunk: efficiency, whether padding is the lowest any
   lossless packing could reach, and pieces of documents that would have fit one window but were cut.
 
-Contenders run in interleaved rounds (best of ``--repeats``), so load from other programs hits all
-of them alike. Run::
+Contenders run in interleaved rounds (``--repeats``), so load from other programs hits all of them
+alike; each is reported as the median and min-max of its rounds, wall time and CPU time (this process
+and every worker process it started), and ratios use medians. Run::
 
     python tests/benchmarks/bench_pack.py [--corpus ../shared/corpus] [--seq-lens 16384 65536]
     TOKENIZERS_PARALLELISM=false python tests/benchmarks/bench_pack.py   # one thread: per-core cost
@@ -20,15 +23,15 @@ of them alike. Run::
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from benchtools import CORPUS, Samples, become_subreaper, require_corpus
 from datatrove.data import Document
 
 from longctx import jobs
@@ -39,42 +42,18 @@ from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.docstore import DocumentWriter
 from longctx.pipeline.readers.base import read_text_file
 
-REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
-
-
-@dataclass
-class Timing:
-    """Best of several runs: wall time, and CPU time of every thread of this process. CPU time is
-    less sensitive than wall time to other programs sharing the machine; with
-    ``TOKENIZERS_PARALLELISM=false`` it is the work itself (tokenizer threads that spin while waiting
-    inflate it otherwise)."""
-
-    wall: float = float("inf")
-    cpu: float = float("inf")
-
-    def __str__(self) -> str:
-        return f"{self.wall:6.2f} s wall, {self.cpu:6.2f} s CPU"
-
-    def add(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` once, keep the better times, return its result."""
-        start, start_cpu = time.perf_counter(), time.process_time()
-        result = fn()
-        self.wall = min(self.wall, time.perf_counter() - start)
-        self.cpu = min(self.cpu, time.process_time() - start_cpu)
-        return result
 
 
 def interleaved(
     contenders: dict[str, Callable[[], Any]], rounds: int
-) -> tuple[dict[str, Timing], dict[str, Any]]:
+) -> tuple[dict[str, Samples], dict[str, Any]]:
     """Run every contender once per round, round after round, so that load from other programs
-    hits all of them alike; best times and last results per contender."""
-    timings = {name: Timing() for name in contenders}
+    hits all of them alike; every round's times and the last results per contender."""
+    timings = {name: Samples() for name in contenders}
     results: dict[str, Any] = {}
     for _ in range(rounds):
         for name, fn in contenders.items():
-            results[name] = timings[name].add(fn)
+            results[name] = timings[name].run(fn)
     return timings, results
 
 
@@ -104,12 +83,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "corpus")
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
     parser.add_argument("--vocab", type=int, default=4096)
     parser.add_argument("--original", type=int, default=4096, help="context.original (for coverage figures)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    require_corpus(args.corpus, "bench_pack")
+    become_subreaper("bench_pack")
     texts = {
         source: [read_text_file(p) for p in sorted((args.corpus / source).iterdir()) if p.is_file()]
         for source in ("books", "papers")
@@ -127,7 +108,7 @@ def main() -> int:
             "encode_batch": lambda: tokenizer.encode_batch(all_texts, add_special_tokens=False),
             "encode_batch_fast": lambda: tokenizer.encode_batch_fast(all_texts, add_special_tokens=False),
         }
-        runs = [[n] for n in args.seq_lens] + [args.seq_lens]
+        runs = [[n] for n in args.seq_lens] + ([args.seq_lens] if len(args.seq_lens) > 1 else [])
         for seq_lens in runs:
             contenders[f"pack {seq_lens}"] = lambda seq_lens=seq_lens: pack_once(
                 root, seq_lens, "bfd", args.original
@@ -135,11 +116,11 @@ def main() -> int:
         timings, results = interleaved(contenders, args.repeats)
         tokens = sum(len(e.ids) for e in results["encode_batch"]) + len(all_texts)  # + one EOS per document
         bare, fast = timings["encode_batch"], timings["encode_batch_fast"]
-        print(f"\n{tokens:,} tokens; best of {args.repeats} interleaved rounds")
-        print(f"  bare encode_batch:      {bare}, {tokens / bare.wall / 1e6:.3f} M tokens/s wall")
+        print(f"\n{tokens:,} tokens; {args.repeats} interleaved rounds: median [min-max]; load {os.getloadavg()[0]:.1f}")
+        print(f"  bare encode_batch:      {bare}, {tokens / bare.median_wall / 1e6:.3f} M tokens/s wall")
         print(
-            f"  bare encode_batch_fast: {fast}, {tokens / fast.wall / 1e6:.3f} M tokens/s wall "
-            "(what pack calls)"
+            f"  bare encode_batch_fast: {fast}, {tokens / fast.median_wall / 1e6:.3f} M tokens/s wall "
+            "(what pack calls on text without stored ids)"
         )
         print("whole pack job (read Parquet, tokenize, pack, write shards and manifest; 1 local task):")
         bfd: dict[int, Manifest] = {}
@@ -147,10 +128,10 @@ def main() -> int:
             job = timings[f"pack {seq_lens}"]
             bfd.update(results[f"pack {seq_lens}"])
             print(
-                f"  seq_lens {seq_lens}: {job}, {tokens / job.wall / 1e6:.3f} M tokens/s wall; "
-                f"throughput relative to encode_batch {bare.wall / job.wall:.2f} (wall) "
-                f"{bare.cpu / job.cpu:.2f} (CPU), to encode_batch_fast {fast.wall / job.wall:.2f} (wall) "
-                f"{fast.cpu / job.cpu:.2f} (CPU)"
+                f"  seq_lens {seq_lens}: {job}, {tokens / job.median_wall / 1e6:.3f} M tokens/s wall; "
+                f"throughput relative to encode_batch {bare.median_wall / job.median_wall:.2f} (wall) "
+                f"{bare.median_cpu / job.median_cpu:.2f} (CPU), to encode_batch_fast "
+                f"{fast.median_wall / job.median_wall:.2f} (wall) {fast.median_cpu / job.median_cpu:.2f} (CPU)"
             )
 
         print("\npacking efficiency (non-padding tokens / all tokens):")
