@@ -24,22 +24,19 @@ from longctx import jobs
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.trainer.tracking import scalars
-from tests.packer.test_pack_helpers import make_config as make_pack_config
-from tests.packer.test_pack_helpers import make_run
 from tests.readme import code_blocks
+from tests.trainer.conftest import WINDOW
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
 
-SEQ_LEN = 256
+SEQ_LEN = WINDOW
 
 
-@pytest.fixture(scope="module")
-def shards_root(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tracking_shards")
-    make_run(root)
-    jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
-    return root
+@pytest.fixture
+def shards_root(packed: Path) -> Path:
+    """The trainer tests' shared packed run (``conftest.packed``, windows of ``SEQ_LEN``)."""
+    return packed
 
 
 @pytest.fixture(autouse=True)
