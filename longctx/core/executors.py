@@ -28,6 +28,7 @@ from longctx.core.errors import LongctxError
 from longctx.core.lifetime import children_die_with_this_process, die_with_parent, process_exists, sigterm_exits
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
+from longctx.core.workers import job_processes
 
 Stage = tuple[str, list[PipelineStep], int]
 """A stage of a job: its name, its pipeline and its number of tasks."""
@@ -179,7 +180,8 @@ def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, v
     to ``work/logs/console.log`` (to the console instead with ``verbose``); a failure names the stage
     and shows the end of that log, except for user errors (:class:`LongctxError`, a full or read-only
     disk among them), which say what is wrong themselves. On Slurm the chain is submitted at once as
-    dependent job arrays.
+    dependent job arrays. Locally, the worker processes import the job's modules once and keep their
+    temporary files in ``work/tmp`` (:mod:`longctx.core.workers`).
     """
     console_log = work / "logs" / "console.log"
     last: PipelineExecutor | None = None
@@ -196,5 +198,7 @@ def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, v
             report=report,
         )
     if last is not None:
-        last.run()
+        pipelines = [pipeline for _, pipeline, _ in stages]
+        with job_processes(pipelines, work) if cfg.kind == "local" else contextlib.nullcontext():
+            last.run()
     return cfg.kind != "slurm"

@@ -1,6 +1,7 @@
 """No process outlives a command: `longctx curate` killed with SIGKILL (the command alone, as the
 OOM killer or ``kill -9 <pid>`` would, not its process group) takes its datatrove workers and the
-executor's manager process with it, and the killed run still resumes to the same output.
+executor's manager process with it, leaves nothing in the system's temporary folder (the executor's
+sockets live in the run's ``work/curate/tmp``), and the killed run still resumes to the same output.
 
 (`longctx pack` is checked the same way in tests/packer/test_pack_resume.py.) The reference for
 "no process" is the kernel's process table: every process the command started carries a marker in
@@ -29,7 +30,6 @@ from tests.core.processes import (
     longctx_command,
     marked_env,
     marked_processes,
-    start_marked,
     survivors_after,
     wait_for,
 )
@@ -75,22 +75,35 @@ def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
     killed = tmp_path / "killed"
     config = _curate_config(tmp_path, killed)
     completions = killed / "work" / "curate" / "logs" / "1_read" / "completions"
-    process, mark = start_marked(longctx_command("curate", "--config", str(config)))
+    system_tmp = tmp_path / "system_tmp"  # the command's TMPDIR: what it would leave in /tmp
+    system_tmp.mkdir()
+    env, mark = marked_env()
+    process = subprocess.Popen(
+        longctx_command("curate", "--config", str(config)),
+        env=env | {"TMPDIR": str(system_tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     wait_for(
         lambda: completions.is_dir() and any(completions.iterdir()), process, 180, "a read task completed"
     )
+    run_tmp = killed / "work" / "curate" / "tmp"
+    sockets = sorted(p.name for p in run_tmp.glob("listener-*"))  # the forkserver's and the manager's
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     survivors = survivors_after(mark, GRACE_SECONDS)
     report = describe(survivors)
     kill_survivors(survivors)
     assert not survivors, f"processes outlived the killed `longctx curate` by {GRACE_SECONDS} s:\n{report}"
+    assert sockets, f"the executor's sockets are not in {run_tmp}"
+    assert sorted(p.name for p in system_tmp.iterdir()) == []
 
     result = subprocess.run(
         longctx_command("curate", "--config", str(config)), check=False, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert _documents(killed) == _documents(reference)
+    assert not run_tmp.exists()  # emptied when the run resumed, removed when it ended
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")

@@ -1,0 +1,96 @@
+"""The processes datatrove's local executor starts for a job: one forkserver that imports the job's
+modules once, and every socket and temporary file of those processes inside the job's work folder.
+
+A stage with more than one worker runs its tasks in a ``multiprocess`` pool whose workers are forked
+by a forkserver, beside a ``Manager`` server forked from the driver. Left to its defaults:
+
+* the forkserver imports nothing, so every worker of every stage imports datatrove, pyarrow,
+  tokenizers and the job's modules itself (about 1.8 s of CPU each on a 2-core machine: ten times in
+  a two-task curation, a third of the CPU the second task was meant to add);
+* the forkserver and the managers put their sockets in a ``pymp-*`` folder of the system's temporary
+  folder, which a killed job (SIGKILL, the OOM killer) leaves behind for good.
+
+:func:`job_processes` preloads the job's modules in a forkserver of its own (started by the first
+pool, stopped when the job ends, so that no later job finds it pointing at a removed folder) and
+gives these processes ``<work>/tmp`` as their temporary folder (``TMPDIR`` for the processes
+started from a fresh interpreter, the driver's own ``multiprocess`` and ``tempfile`` settings for
+those forked from it), emptied when the job starts or resumes and removed when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import multiprocess.forkserver
+import multiprocess.process
+
+# What every task imports on its first Parquet read or write (pyarrow imports pandas, when installed,
+# to look for pandas metadata): imported once in the forkserver rather than in each worker.
+_TASK_IMPORTS = ("pyarrow.parquet", "pyarrow.dataset", "pandas")
+
+# A Unix socket's path holds at most 107 bytes on Linux; sockets are named "listener-" + 8 characters.
+_SOCKET_PATH_MAX = 107 - len("/listener-12345678")
+
+
+def preload_modules(pipelines: Iterable[Iterable[object]]) -> list[str]:
+    """The modules the workers of these pipelines unpickle their steps from, those their Parquet files
+    import, and ``__main__`` (which multiprocess preloads by default)."""
+    modules = {type(step).__module__ for pipeline in pipelines for step in pipeline} | set(_TASK_IMPORTS)
+    modules.add(__name__.rsplit(".", 1)[0] + ".executors")  # the executor itself is pickled too
+    return ["__main__", *sorted(modules - {"__main__", "builtins"})]
+
+
+def temporary_folder(work: Path) -> Path:
+    """``<work>/tmp``, or where its socket paths would be too long for Unix sockets, a folder of the
+    system's temporary folder named after ``work`` (so that the next run of the same job finds and
+    empties it)."""
+    folder = Path(os.path.abspath(work)) / "tmp"
+    if len(os.fsencode(folder)) <= _SOCKET_PATH_MAX:
+        return folder
+    digest = hashlib.sha256(os.fsencode(folder)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"longctx-{digest}"
+
+
+def _stop_forkserver() -> None:
+    """Stop this process's forkserver, if it started one (multiprocess has no public call for it)."""
+    server = multiprocess.forkserver._forkserver
+    try:
+        server._stop()
+    except OSError:  # it was reaped elsewhere, or its socket's folder is gone: forget it
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+
+
+@contextlib.contextmanager
+def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator[Path]:
+    """Meanwhile, pools fork their workers from a forkserver that has the modules of ``pipelines``
+    imported, and the processes of the job keep their temporary files in :func:`temporary_folder`
+    (emptied now, removed at the end). Yields that folder. Afterwards this process's settings (its
+    temporary folder, ``TMPDIR``, the forkserver's preloaded modules) are as they were."""
+    folder = temporary_folder(work)
+    shutil.rmtree(folder, ignore_errors=True)  # what a killed run of this job left
+    folder.mkdir(parents=True)
+    config = multiprocess.process.current_process()._config
+    saved = (config.get("tempdir"), tempfile.tempdir, os.environ.get("TMPDIR"))
+    saved_preload = multiprocess.forkserver._forkserver._preload_modules
+    _stop_forkserver()  # one an earlier job of this process started, with its modules and folder
+    multiprocess.forkserver.set_forkserver_preload(preload_modules(pipelines))
+    config["tempdir"] = tempfile.tempdir = os.environ["TMPDIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        _stop_forkserver()
+        for key, value in zip(("tempdir", "TMPDIR"), (saved[0], saved[2])):
+            store = config if key == "tempdir" else os.environ
+            if value is None:
+                store.pop(key, None)
+            else:
+                store[key] = value
+        tempfile.tempdir = saved[1]
+        multiprocess.forkserver.set_forkserver_preload(saved_preload)
+        shutil.rmtree(folder, ignore_errors=True)

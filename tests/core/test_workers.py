@@ -1,0 +1,70 @@
+"""The worker processes of a local job (longctx.core.workers): pool workers find the job's modules
+already imported by their forkserver, the executor's sockets live in the job's ``work/tmp``, and
+the process's own temporary-folder settings are back as they were once the job ends."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import multiprocess
+import multiprocess.forkserver
+import multiprocess.process
+import pytest
+
+from longctx.core.workers import job_processes, preload_modules, temporary_folder
+
+
+def _pool_sees(module: str) -> bool:
+    """Whether a forkserver pool worker has ``module`` imported before running anything of it."""
+    with multiprocess.get_context("forkserver").Pool(1) as pool:
+        return pool.apply(eval, (f"{module!r} in __import__('sys').modules",))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver and Unix sockets: Linux")
+def test_workers_preload_the_jobs_modules_and_keep_sockets_in_the_run(tmp_path: Path) -> None:
+    from xml.dom.minidom import Document  # a module multiprocess itself never imports
+
+    work = tmp_path / "work" / "job"
+    stale = work / "tmp" / "pymp-left-by-a-killed-run"
+    stale.mkdir(parents=True)
+    def settings() -> tuple:
+        config = multiprocess.process.current_process()._config
+        return tempfile.tempdir, os.environ.get("TMPDIR"), config.get("tempdir")
+
+    before = settings()
+    with job_processes([[Document()]], work) as folder:
+        assert folder == work / "tmp" and not stale.exists()
+        assert _pool_sees("xml.dom.minidom")
+        manager = multiprocess.Manager()  # forked, as datatrove's executor starts it
+        try:
+            assert Path(manager.address).parent == folder
+        finally:
+            manager.shutdown()
+        assert any(p.name.startswith("listener-") for p in folder.iterdir())  # the forkserver's
+    assert not folder.exists()
+    assert settings() == before
+    # the reference: a forkserver started outside a job imports nothing of it
+    try:
+        assert not _pool_sees("xml.dom.minidom")
+    finally:
+        multiprocess.forkserver._forkserver._stop()
+
+
+def test_preloaded_modules_are_those_of_the_steps() -> None:
+    from xml.dom.minidom import Document
+
+    modules = preload_modules([[Document(), len], [Path("x")]])
+    assert modules[0] == "__main__"
+    assert {"xml.dom.minidom", "pathlib", "longctx.core.executors"} <= set(modules)
+    assert "builtins" not in modules
+
+
+def test_a_work_folder_too_deep_for_unix_sockets_gets_a_named_system_temporary_folder(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120) / "work"
+    folder = temporary_folder(deep)
+    assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("longctx-")
+    assert temporary_folder(deep) == folder  # the same job finds it again, to empty it
+    assert temporary_folder(tmp_path / "w") == tmp_path / "w" / "tmp"
