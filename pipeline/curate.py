@@ -3,11 +3,11 @@
 Stages (each a datatrove executor; completed tasks are skipped when the job runs again):
 
 0. with code sources and ``curate.dedup.files`` enabled, file-level deduplication of code
-   (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (one task per MinHash
-   band) and ``file_resolve`` (1 task) decide which files repositories lose as copies of another's.
+   (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (N tasks over the MinHash
+   bands) and ``file_resolve`` (1 task) decide which files repositories lose as copies of another's.
 1. ``read`` (N tasks): readers, input tally, skipped/copied/unreadable and length filters,
    intermediate documents, dedup index and MinHash signatures.
-2. ``buckets`` (one task per MinHash bucket): datatrove's LSH candidate pairs.
+2. ``buckets`` (N tasks, each for some of the MinHash buckets): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
    copy chosen by the keep policy.
 4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
@@ -35,7 +35,7 @@ from typing import Any
 
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
-from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
+from datatrove.pipeline.dedup.minhash import MinhashConfig
 
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
@@ -56,7 +56,7 @@ from longctx.core.tokenizer import (
     tokenizer_fingerprint,
 )
 from longctx.pipeline.config import CurateConfig, SourceConfig
-from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver
+from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, GroupedMinhashBuckets
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
@@ -332,8 +332,8 @@ def file_dedup_stages(
     stages: list[Stage] = [
         ("files", [RepositoryFiles(readers), FileSignatureIndex(folder / "sigs", folder / "index", cfg)],
          curate.executor.tasks),
-        ("file_buckets", [MinhashDedupBuckets(str(folder / "sigs"), str(folder / "buckets"), config=config)],
-         cfg.minhash.num_buckets),
+        ("file_buckets", [GroupedMinhashBuckets(folder / "sigs", folder / "buckets", config)],
+         min(cfg.minhash.num_buckets, curate.executor.tasks)),
         ("file_resolve", [FileDuplicateResolver(folder / "index", folder / "buckets", decisions, cfg)], 1),
     ]
     return stages, decisions
@@ -377,8 +377,8 @@ def build_stages(
     tasks = curate.executor.tasks
     stages.append(("read", read, tasks))
     if mh.enabled:
-        buckets = MinhashDedupBuckets(str(work / "dedup" / "sigs"), str(work / "dedup" / "buckets"), config=minhash)
-        stages.append(("buckets", [buckets], mh.num_buckets))
+        buckets = GroupedMinhashBuckets(work / "dedup" / "sigs", work / "dedup" / "buckets", minhash)
+        stages.append(("buckets", [buckets], min(mh.num_buckets, tasks)))
     dups_folder = work / "dedup" / "buckets" if mh.enabled else None
     resolver = DuplicateResolver(
         work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact,

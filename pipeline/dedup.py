@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
 from datatrove.utils.binaryio import read_tuples_from_file
@@ -31,6 +32,33 @@ from longctx.pipeline.signatures import exact_hash
 
 INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
 DECISIONS_SCHEMA = pa.schema([("id", pa.string()), ("duplicate_of", pa.string()), ("kind", pa.string())])
+
+
+class GroupedMinhashBuckets(PipelineStep):
+    """datatrove's MinHash stage 2 (:class:`MinhashDedupBuckets`) with several buckets per task.
+
+    datatrove's stage wants one task (or more) per bucket; on one machine each task costs more to
+    start (its logs, stats and completion marker) than a bucket of a few thousand signatures costs to
+    search. Task ``rank`` of ``world_size`` runs datatrove's own step for buckets ``rank``,
+    ``rank + world_size``, ... in turn, as the task of that bucket would: the same ``.dups`` files.
+    """
+
+    type = "🫂 - DEDUP"
+    name = "🎯 MinHash buckets"
+
+    def __init__(
+        self, input_folder: str | os.PathLike, output_folder: str | os.PathLike, config: MinhashConfig
+    ) -> None:
+        super().__init__()
+        self.buckets = MinhashDedupBuckets(str(input_folder), str(output_folder), config=config)
+        self.stats = self.buckets.stats  # its counters are this step's
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        num_buckets = self.buckets.config.num_buckets
+        for bucket in range(rank, num_buckets, world_size):
+            self.buckets.run(None, bucket, num_buckets)
+        if data:
+            yield from data
 
 
 class DedupIndex(PipelineStep):

@@ -9,7 +9,7 @@ are deduplicated across repositories first, in three datatrove stages that resum
    repository's document would keep becomes a document of its own (:class:`RepositoryFiles`);
    :class:`FileSignatureIndex` records its exact hash, n-gram count and full MinHash signature and
    writes datatrove's MinHash bucket files.
-2. ``file_buckets`` (one task per band): datatrove's LSH stage emits candidate pairs.
+2. ``file_buckets`` (N tasks over the bands): datatrove's LSH stage emits candidate pairs.
 3. ``file_resolve`` (1 task): :class:`FileDuplicateResolver` checks candidates against the full
    signatures (estimated Jaccard similarity, or containment of the smaller file in the larger), adds
    files with the same normalized text, and keeps, among copies in different repositories, the one

@@ -284,3 +284,32 @@ def test_exact_hash_matches_definition_on_arbitrary_text(text: str, piece: int) 
         assert exact_hash(text) == reference_exact_hash(text)
     finally:
         sg.PIECE_CHARS = saved
+
+
+@pytest.mark.parametrize("tasks", [1, 2, 3])
+def test_grouped_buckets_write_what_one_task_per_bucket_writes(tmp_path: Path, tasks: int) -> None:
+    """Several buckets per task (fewer tasks to start) against datatrove's stage 2 with one task per
+    bucket: the same candidate-pair files, byte for byte, and some pairs among them."""
+    from datatrove.pipeline.dedup.minhash import MinhashDedupBuckets
+
+    from longctx.pipeline.dedup import GroupedMinhashBuckets
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(400)]
+    base = [[rng.choice(vocab) for _ in range(600)] for _ in range(6)]
+    texts = [" ".join(words) for words in base]
+    texts += [" ".join(words[:-5] + ["changed"] * 5) for words in base[:3]]  # near duplicates
+    config = MinhashConfig(num_buckets=5, hashes_per_bucket=3)
+    docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts)]
+    for _ in MinhashSignature(tmp_path / "sigs", config).run(iter(docs), rank=0, world_size=1) or ():
+        pass
+    for bucket in range(config.num_buckets):
+        step = MinhashDedupBuckets(str(tmp_path / "sigs"), str(tmp_path / "theirs"), config=config)
+        step.run(None, bucket, config.num_buckets)
+    for rank in range(tasks):
+        ours = GroupedMinhashBuckets(tmp_path / "sigs", tmp_path / "ours", config)
+        for _ in ours.run(None, rank, tasks) or ():
+            pass
+    theirs = {p.name: p.read_bytes() for p in sorted((tmp_path / "theirs").iterdir())}
+    assert len(theirs) == config.num_buckets and any(theirs.values())
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "ours").iterdir())} == theirs
