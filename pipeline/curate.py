@@ -3,11 +3,13 @@
 Stages (each a datatrove executor; completed tasks are skipped when the job runs again):
 
 0. with code sources and ``curate.dedup.files`` enabled, file-level deduplication of code
-   (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (N tasks over the MinHash
-   bands) and ``file_resolve`` (1 task) decide which files repositories lose as copies of another's.
+   (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (over the MinHash
+   bands, tasks as for ``buckets`` below) and ``file_resolve`` (1 task) decide which files
+   repositories lose as copies of another's.
 1. ``read`` (N tasks): readers, input tally, skipped/copied/unreadable and length filters,
    intermediate documents, dedup index and MinHash signatures.
-2. ``buckets`` (N tasks, each for some of the MinHash buckets): datatrove's LSH candidate pairs.
+2. ``buckets`` (locally N tasks, each for some of the MinHash buckets; one per bucket on Slurm and
+   Ray): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
    copy chosen by the keep policy.
 4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
@@ -309,6 +311,15 @@ def run_fingerprint(
     }
 
 
+def bucket_tasks(curate: CurateConfig, num_buckets: int) -> int:
+    """Tasks of a MinHash bucket stage: locally the job's task count (each task searches several
+    buckets; a bucket costs less to search than a task to start); on Slurm and Ray, where tasks run
+    on machines of their own, one per bucket as datatrove does."""
+    if curate.executor.kind == "local":
+        return min(num_buckets, curate.executor.tasks)
+    return num_buckets
+
+
 def file_dedup_stages(
     curate: CurateConfig, work: Path, sources: list[SourceConfig]
 ) -> tuple[list[Stage], Path | None]:
@@ -333,7 +344,7 @@ def file_dedup_stages(
         ("files", [RepositoryFiles(readers), FileSignatureIndex(folder / "sigs", folder / "index", cfg)],
          curate.executor.tasks),
         ("file_buckets", [GroupedMinhashBuckets(folder / "sigs", folder / "buckets", config)],
-         min(cfg.minhash.num_buckets, curate.executor.tasks)),
+         bucket_tasks(curate, cfg.minhash.num_buckets)),
         ("file_resolve", [FileDuplicateResolver(folder / "index", folder / "buckets", decisions, cfg)], 1),
     ]
     return stages, decisions
@@ -378,7 +389,7 @@ def build_stages(
     stages.append(("read", read, tasks))
     if mh.enabled:
         buckets = GroupedMinhashBuckets(work / "dedup" / "sigs", work / "dedup" / "buckets", minhash)
-        stages.append(("buckets", [buckets], min(mh.num_buckets, tasks)))
+        stages.append(("buckets", [buckets], bucket_tasks(curate, mh.num_buckets)))
     dups_folder = work / "dedup" / "buckets" if mh.enabled else None
     resolver = DuplicateResolver(
         work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact,
