@@ -16,6 +16,7 @@ from longctx.core.atomic import new_numbered_folder, write_json, write_text
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import EvalConfig, TrainConfig
 from longctx.trainer.model import Transformer
@@ -34,6 +35,11 @@ def _haystack(documents: Path, limit_chars: int) -> list[str]:
             if total >= limit_chars:
                 return texts
     return texts
+
+
+def _location(shards: str | Path) -> str | Path:
+    """A shard folder as a comparable value: a URL as it is, a local folder as a :class:`Path`."""
+    return shards if is_remote(shards) else Path(shards)
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,8 @@ def run_eval(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = eval.precision == "bf16" or (eval.precision == "auto" and device.type == "cuda")
     tok_path = tokenizer_file(layout, tokenizer)
-    trained_on = shards_folder(train, layout, context.target) if train else None
-    shards = eval.shards or trained_on or layout.shard_folder(context.target)
+    trained_on = _location(shards_folder(train, layout, context.target)) if train else None
+    shards = _location(eval.shards) if eval.shards else trained_on or layout.shard_folder(context.target)
     holdout = train.holdout_rows if train and shards == trained_on else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
     seed = train.seed if train and holdout else eval.seed
@@ -130,7 +136,7 @@ def run_eval(
         seed=seed,
         holdout_rows=holdout,
         cache=(train.cache if train else None) or layout.cache,
-        storage_options=train.storage_options if train else None,
+        storage_options=eval.storage_options or (train.storage_options if train else None),
     )
     held_out = dataset.heldout_rows()[: eval.rows]
     if len(held_out) < eval.rows:
