@@ -27,7 +27,7 @@ import fcntl
 import hashlib
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -194,13 +194,17 @@ def publish_folder(
     last: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     preferred_part: int = PART_SIZE,
+    files: Iterable[str] | None = None,
 ) -> list[str]:
-    """Upload every file under the local folder ``local`` to ``url`` (same relative paths), the file
-    named ``last`` after all others; returns the relative paths sent (files already there whole are
-    skipped, so an interrupted publish resumes). Files of two parts of ``preferred_part`` bytes or
-    more go to S3 as multipart uploads (see :func:`part_size`)."""
+    """Upload every file under the local folder ``local`` (or only the relative paths ``files``) to
+    ``url`` (same relative paths), the file named ``last`` after all others; returns the relative
+    paths sent (files already there whole are skipped, so an interrupted publish resumes). Files of
+    two parts of ``preferred_part`` bytes or more go to S3 as multipart uploads (see :func:`part_size`)."""
     local = Path(local)
-    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    if files is None:
+        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    else:
+        files = sorted(set(files) | ({last} if last is not None and (local / last).is_file() else set()))
     if last is not None and last not in files:
         raise RemoteError(f"{local}: no {last} to publish (the folder is not finished)")
     fs, root = filesystem(url, storage_options)
