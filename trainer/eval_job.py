@@ -99,8 +99,12 @@ def run_eval(
     output: Path,
     train: TrainConfig | None = None,
     tokenizer: Path | None = None,
+    documents: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate every model of ``eval.models`` and return what was written.
+
+    ``documents`` are the curated documents needles are hidden in (default ``<output>/documents``;
+    the copy of ``pack.input`` when the run packed a published curation).
 
     ``train`` is the run's training section, when it has one: it defines the ``base`` model, its
     shards are the default windows to score, and its held-out windows are scored first.
@@ -150,9 +154,10 @@ def run_eval(
     needle, examples, tok, eos = eval.needle, [], None, []
     if needle is not None:  # the same needles for every model, built before any model is loaded
         tok = load_tokenizer(tok_path)
-        haystack = _haystack(layout.documents, 8 * max(needle.lengths) + 10_000)
+        documents = layout.documents if documents is None else documents
+        haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
         if not haystack:
-            raise ConfigError(f"no curated documents under {layout.documents} to build needle haystacks from")
+            raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
         try:
             examples = needle_examples(haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples)
         except ValueError as err:
