@@ -131,16 +131,17 @@ def held_bytes_per_token(
 ) -> float:
     """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode.
 
-    ``full``: its input, ``r h``; ``selective``: its input, the rotated queries and keys, the values and
-    the attention output ``c(2q + 2k)`` and the fp32 log-sum-exp ``4a`` (the attention, the costly part,
-    is not recomputed); ``none``: everything its backward reads (:func:`saved_bytes_per_token`).
+    ``full``: its input, ``r h``; ``selective``: its input, the rotated queries and keys, the values, the
+    attention output twice (see :func:`saved_bytes_per_token`), ``c(3q + 2k)``, and the fp32
+    log-sum-exp ``4a`` (the attention, the costly part, is not recomputed); ``none``: everything its
+    backward reads (:func:`saved_bytes_per_token`).
     """
     if mode == "none":
         return saved_bytes_per_token(model, compute_bytes, residual_bytes)
     if mode == "full":
         return float(residual_bytes * model.hidden_size)
     if mode == "selective":
-        return residual_bytes * model.hidden_size + compute_bytes * (2 * model.q_dim + 2 * model.kv_dim) + 4.0 * model.num_heads
+        return residual_bytes * model.hidden_size + compute_bytes * (3 * model.q_dim + 2 * model.kv_dim) + 4.0 * model.num_heads
     raise ConfigError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {mode!r}")
 
 
@@ -149,12 +150,19 @@ def saved_bytes_per_token(
 ) -> float:
     """Bytes per token a block's forward saves for its backward: :func:`activation_bytes_per_token`'s
     accounting in the compute dtype, with the RMSNorms' inputs and outputs (``4h``) in the residual
-    stream's dtype, plus, when that is wider, their compute-dtype copies that feed the matmuls (``2h``)."""
+    stream's dtype, and two copies this model keeps beyond it:
+
+    * the attention output twice (``cq``): the ring keeps its own, in the ring's token order, and the
+      output projection keeps its input, in the row's order;
+    * when the residual stream is wider than the compute dtype (bf16 autocast), the compute-dtype casts
+      of the normed inputs of the five input projections, q, k, v, gate and up (``5ch``): autocast casts
+      an activation anew for every matmul that reads it.
+    """
     h = model.hidden_size
-    saved = compute_bytes * (2 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size) + 4.0 * model.num_heads
+    saved = compute_bytes * (3 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size) + 4.0 * model.num_heads
     saved += residual_bytes * 4 * h
     if residual_bytes > compute_bytes:
-        saved += compute_bytes * 2 * h
+        saved += compute_bytes * 5 * h
     return saved
 
 

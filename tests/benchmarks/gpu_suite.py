@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import datetime
 import os
 import platform
@@ -449,6 +450,19 @@ def table(data: dict) -> str:
 
 
 # Main ------------------------------------------------------------------------------------------------------
+def memory_cases(text: str) -> tuple[tuple[str, int], ...]:
+    """``MODE:TOKENS,...`` -> ``((mode, tokens), ...)``, for ``--memory-cases``."""
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        mode, _, tokens = item.partition(":")
+        if mode not in ("none", "full", "selective") or not tokens.isdigit() or int(tokens) <= 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected MODE:TOKENS with MODE none, full or selective")
+        cases.append((mode, int(tokens)))
+    if not cases:
+        raise argparse.ArgumentTypeError("no case given")
+    return tuple(cases)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -469,6 +483,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="window of the exactness checks on a GPU (default 2560; a multiple of 8; the float64 CPU "
         "reference's time grows as its square)",
+    )
+    parser.add_argument(
+        "--memory-cases",
+        type=memory_cases,
+        default=None,
+        help="the memory section's cases as MODE:TOKENS,... (e.g. none:8192,selective:131072; default "
+        "selective:32768,selective:65536,none:16384)",
     )
     parser.add_argument(
         "--budget-s",
@@ -514,6 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cuda", torch.cuda.current_device())
         settings = gpu_settings(device, args.budget_s or 450.0, args.exact_tokens)
+    if args.memory_cases:
+        settings = dataclasses.replace(settings, memory_cases=args.memory_cases)
     started = time.perf_counter()
     report = Report(
         out,

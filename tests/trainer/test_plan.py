@@ -141,8 +141,9 @@ def test_rank_memory(toy: plan.ModelShape) -> None:
     params = 2 * (64 * 192 + 3 * 64 * 176 + 2 * 64) + 64 + 2 * 100 * 64
     assert params == 105_280
     memory = plan.rank_memory(toy, 1024, 4, state_shards=2)
-    # per token a block saves c(2q + 2k + 4i) + 4a + r 4h = 2 * 896 + 16 + 2 * 256 (bf16 residual under FSDP)
-    saved = 2_320
+    # per token a block saves c(3q + 2k + 4i) + 4a + r 4h = 2 * 960 + 16 + 2 * 256 (bf16 residual under
+    # FSDP; the attention output twice, the ring's and the output projection's input)
+    saved = 2_448
     held = 256 * saved  # one block, 256 tokens per rank
     # backward's start holds more than its end: both blocks' activations and the output projection's gradient
     assert 2 * held + 4 * 6_400 / 2 > held + 4 * params / 2
@@ -168,9 +169,9 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
     assert memory.model_states == 12 * params / 4 + 4 * 6_400 / 4
     # two blocks and the output projection, gathered in bf16 with bf16 gradients and fp32 reduce buffers
     assert memory.gathered_params == (2 * block + 100 * 64) * (2 + 2 + 4)
-    # per token per layer: input 2h + rotated q, k, v and attention output 2(2q + 2k) + fp32 lse 4a,
-    # plus one layer's saved activations (2_320 bytes per token) and gradients while it is recomputed
-    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (2 * 64 + 2 * 32) + 4 * 4) + 256 * (2_320 + 1_312)
+    # per token per layer: input 2h + rotated q, k, v and the attention output twice 2(3q + 2k) + fp32
+    # lse 4a, plus one layer's saved activations (2_448 bytes per token) and gradients while recomputed
+    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (3 * 64 + 2 * 32) + 4 * 4) + 256 * (2_448 + 1_312)
     # all 256 tokens of the rank fit one chunk: fp32 logits and gradient plus the bf16 product
     assert memory.logits == 256 * 100 * (4 + 4 + 2)
     assert memory.total == pytest.approx(
@@ -178,23 +179,23 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
     )
     fp32 = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
     # float32 throughout: c = r = 4 in the per-token terms above
-    assert fp32.gathered_params == 0 and fp32.activations == 2 * 256 * (4 * 896 + 16 + 4 * 256) + 256 * (
+    assert fp32.gathered_params == 0 and fp32.activations == 2 * 256 * (4 * 960 + 16 + 4 * 256) + 256 * (
         4 * 3 * 176 + 4 * 2 * 64
     )
 
 
 def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelShape) -> None:
     """bf16 autocast over float32 parameters: block inputs, norms and their gradients are float32 (r = 4),
-    and the norms' outputs are also cast to bf16 for the matmuls (2h more)."""
+    and autocast casts the norms' outputs to bf16 once for each of the five input projections (5h more)."""
     autocast = plan.rank_memory(toy, 1024, 1, activation_checkpointing="full")
     sharded = plan.rank_memory(toy, 1024, 1, state_shards=2, activation_checkpointing="full")
-    saved = 2 * 896 + 16 + 4 * 4 * 64 + 2 * 2 * 64
+    saved = 2 * 960 + 16 + 4 * 4 * 64 + 2 * 5 * 64
     # at backward's end (every gradient outweighs the other block's input): one block's float32 input for
     # 1024 tokens, the recomputed block's saved activations and gradients
     assert autocast.activations == 1024 * 4 * 64 + 1024 * (saved + 2 * 3 * 176 + 4 * 2 * 64)
     assert autocast.activations > sharded.activations
     assert plan.rank_memory(toy, 1024, 1, activation_checkpointing="full", residual_bytes=2).activations == (
-        1024 * 2 * 64 + 1024 * (2_320 + 1_312)
+        1024 * 2 * 64 + 1024 * (2_448 + 1_312)
     )
 
 
