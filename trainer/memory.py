@@ -31,10 +31,11 @@ A step has two peaks, and the estimate is the larger (:attr:`RankMemory.total`):
 * **optimizer step**: weights, gradients, moments and the temporary AdamW's multi-tensor update makes of
   the second moments' square roots, ``20 P / S``.
 
-Measured on one H200 (``tests/benchmarks/gpu_suite.py``, a 1.1B Llama-shaped model, full checkpointing,
-one unsharded process, 32K-256K tokens): the peak allocated memory is 0.94-0.96 of this estimate; the
-earlier model, which kept the residual stream in bf16 and every gradient at the peak, was off by up to
-1.57x at 256K.
+Measured on one H200 (``tests/benchmarks/gpu_suite.py``, a 1.1B Llama-shaped model, one unsharded process,
+reports under ``tests/benchmarks/results/``): the peak allocated memory is 0.92x this estimate with full
+checkpointing at 32K-256K tokens (1.00x at 16K, where the optimizer step is the peak), 0.91-0.98x with
+selective checkpointing at 16K-128K, 1.04-1.06x without checkpointing at 8K-16K. The earlier model, which
+kept the residual stream in bf16 and every gradient at the peak, was exceeded by up to 1.57x (256K).
 
 A device also needs room for the CUDA context, communication buffers, kernel workspaces and allocator
 fragmentation, which this model does not derive: a setting fits when the estimate stays below

@@ -50,6 +50,7 @@ import argparse
 import ast
 import dataclasses
 import datetime
+import hashlib
 import os
 import platform
 import subprocess
@@ -230,6 +231,16 @@ def third_party_imports() -> list[str]:
     return sorted(name for name in names & loaded if name not in sys.stdlib_module_names)
 
 
+def source_digest() -> str:
+    """SHA-256 over the checkout's longctx sources (paths and bytes): names the code that ran even where
+    the copy's git metadata is not this tree's (the device tool sends files, and git may lag behind)."""
+    digest = hashlib.sha256()
+    for folder in sorted(SOURCE_FOLDERS.values()):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def environment(device: torch.device) -> dict:
     """What ran: device, library versions, the checkout's commit where git can tell."""
     info: dict = {
@@ -249,6 +260,7 @@ def environment(device: torch.device) -> dict:
             memory_gib=props.total_memory / 2**30,
             cudnn=torch.backends.cudnn.version(),
         )
+    info["source_sha256"] = source_digest()
     try:
         info["commit"] = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"],
