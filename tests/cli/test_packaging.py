@@ -29,6 +29,7 @@ import longctx.trainer, longctx.trainer.attention
 # the trainer's modules, the dataloader, and what evaluation reads of the pipeline
 names = [
     "longctx.packer.dataset",
+    "longctx.packer.loader",
     "longctx.packer.reader",
     "longctx.pipeline.documents",
     "longctx.pipeline.synthetic.tasks",
