@@ -93,8 +93,24 @@ def evaluate(cfg: RootConfig) -> dict[str, Any]:
     if cfg.eval is None:
         raise ConfigError("the config has no 'eval' section")
     return run_eval(
-        cfg.eval, context=cfg.context, output=cfg.output, train=cfg.train, tokenizer=_configured_tokenizer(cfg)
+        cfg.eval,
+        context=cfg.context,
+        output=cfg.output,
+        train=cfg.train,
+        tokenizer=_configured_tokenizer(cfg),
+        documents=_curated_documents(cfg),
     )
+
+
+def _curated_documents(cfg: RootConfig) -> Path | None:
+    """The documents the run packed when ``pack.input`` names a published curation (else None: the
+    run folder's own)."""
+    from longctx.core.layout import RunLayout
+    from longctx.packer.curated import source_layout
+
+    if cfg.pack is None or cfg.pack.input is None:
+        return None
+    return source_layout(cfg.pack, RunLayout(cfg.output)).documents
 
 
 def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 _EXPORTS = {
     "PackedDataset": "longctx.packer.dataset",
-    "PackedLoader": "longctx.packer.dataset",
+    "PackedLoader": "longctx.packer.loader",
     "collate_packed": "longctx.packer.dataset",
     "row_to_sample": "longctx.packer.dataset",
     "IGNORE_INDEX": "longctx.packer.dataset",

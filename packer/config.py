@@ -32,11 +32,13 @@ NOT_IN_OUTPUT = frozenset(
         "allow_short_positions",
         "mix_max_dropped",
         "output",
+        "input",
         "storage_options",
     }
 )
 """Fields that do not change an output's bytes: which outputs to make, where tasks run, how many
-documents one tokenizer call takes, whether a run is refused, where the shards are published."""
+documents one tokenizer call takes, whether a run is refused, where the shards are published, where
+the documents are read from (what they are is part of the run record)."""
 
 
 class PackConfig(StrictModel):
@@ -53,6 +55,11 @@ class PackConfig(StrictModel):
     (``s3://bucket/run/shards``): each ``<output>/shards/seq<N>/`` folder of the run is packed locally
     as usual, then uploaded to ``<pack.output>/seq<N>/`` with its manifest last (so a reader never
     sees part of it). ``storage_options`` are fsspec's options for it (credentials, endpoint).
+
+    ``input`` packs a curation published elsewhere (``curate.output``, e.g. ``s3://bucket/run``)
+    instead of the run folder's own ``documents/``: its files are copied into ``<output>/cache`` and
+    each checked against the published ``curation.json`` first, and its tokenizer becomes the run's
+    ``tokenizer.json`` (``storage_options`` apply to it too).
     """
 
     seq_lens: list[int] = Field(
@@ -114,11 +121,16 @@ class PackConfig(StrictModel):
         description="also publish the shards here, as <output>/seq<N>/: an fsspec URL (s3://bucket/path) "
         "or a folder; default: only <run output>/shards",
     )
+    input: str | None = Field(
+        default=None,
+        description="pack the curation published here (curate.output: an fsspec URL such as s3://bucket/run, "
+        "or a folder) instead of <run output>/documents",
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         exclude=True,  # may hold credentials: never recorded
         repr=False,
-        description="fsspec options for pack.output (credentials, endpoint_url...)",
+        description="fsspec options for pack.output and pack.input (credentials, endpoint_url...)",
     )
 
     @field_validator("seq_lens")

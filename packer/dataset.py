@@ -11,19 +11,19 @@ batches in transformers' convention).
 
 Data order is a function of the global batch (``global_batch_rows`` rows per optimizer step over the
 whole data-parallel group), not of the data-parallel size, so a run resumed at another DP size sees
-exactly the rows an uninterrupted run would have seen. :class:`PackedLoader` runs the loading in
-DataLoader worker processes while the position stays exact.
+exactly the rows an uninterrupted run would have seen. :class:`~longctx.packer.loader.PackedLoader` runs
+the loading in DataLoader worker processes while the position stays exact.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from longctx.core.errors import ConfigError
 from longctx.packer.format import FORMAT_VERSION
@@ -37,24 +37,71 @@ Sample = dict[str, torch.Tensor]
 Batch = dict[str, torch.Tensor | int]
 
 
+def batch_nbytes(rows: Sequence[RowTokens | PackedRow]) -> int:
+    """Bytes of the one buffer :func:`write_batch` fills for ``rows``: three int64 and one bool
+    ``[batch, seq_len]`` arrays and the batch's int32 ``cu_seqlens``."""
+    return 25 * len(rows) * len(rows[0].input_ids) + 4 * (1 + sum(len(row.cu_seqlens) - 1 for row in rows))
+
+
+def write_batch(rows: Sequence[RowTokens | PackedRow], buffer: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
+    """Write the training arrays of ``rows`` into ``buffer`` (uint8, at least :func:`batch_nbytes`
+    long) and return numpy views of them, keyed like a batch of :func:`collate_packed`
+    (``[batch, seq_len]`` arrays; ``cu_seqlens`` the segments of the flattened batch), and
+    ``max_seqlen``. One buffer per batch: one allocation, and one block to hand across processes.
+
+    Labels follow the module's shifted convention; each array is written in one or two passes from
+    the shard's columns (no intermediate copies). Positions are widened without being checked here:
+    serve only rows that passed :func:`~longctx.packer.rowcheck.check_row`."""
+    batch, seq_len = len(rows), len(rows[0].input_ids)
+    arrays = batch_views(buffer, batch, seq_len, 1 + sum(len(row.cu_seqlens) - 1 for row in rows))
+    ids, labels, positions = arrays["input_ids"], arrays["labels"], arrays["position_ids"]
+    targets, cu = arrays["loss_mask"], arrays["cu_seqlens"]
+    k, longest = 0, 0
+    for b, row in enumerate(rows):
+        ids[b] = row.input_ids
+        positions[b] = row.position_ids
+        # labels[i] = ids[i + 1] where token i + 1 is a target of the same segment, else IGNORE_INDEX
+        np.not_equal(row.loss_mask[1:], 0, out=targets[b, :-1])
+        targets[b, -1] = False
+        labels[b, :-1] = ids[b, 1:]
+        labels[b, -1] = IGNORE_INDEX
+        np.copyto(labels[b], IGNORE_INDEX, where=~targets[b])
+        row_cu = row.cu_seqlens
+        part = row_cu if b == batch - 1 else row_cu[:-1]  # a row's end is the next row's start
+        np.add(part, b * seq_len, out=cu[k : k + len(part)], casting="unsafe")
+        k += len(part)
+        longest = max(longest, int((row_cu[1:] - row_cu[:-1]).max()))
+    return arrays, longest
+
+
+def batch_views(buffer: np.ndarray, batch: int, seq_len: int, cu_len: int) -> dict[str, np.ndarray]:
+    """The arrays of a batch laid out in ``buffer`` by :func:`write_batch` (``cu_len`` entries of
+    ``cu_seqlens``): int64 ``input_ids``, ``labels``, ``position_ids``, int32 ``cu_seqlens``, bool
+    ``loss_mask``, in that order of bytes."""
+    n, shape = batch * seq_len, (batch, seq_len)
+    return {
+        "input_ids": buffer[: 8 * n].view(np.int64).reshape(shape),
+        "labels": buffer[8 * n : 16 * n].view(np.int64).reshape(shape),
+        "position_ids": buffer[16 * n : 24 * n].view(np.int64).reshape(shape),
+        "loss_mask": buffer[24 * n + 4 * cu_len : 25 * n + 4 * cu_len].view(np.bool_).reshape(shape),
+        "cu_seqlens": buffer[24 * n : 24 * n + 4 * cu_len].view(np.int32),
+    }
+
+
 def tokens_to_sample(row: RowTokens | PackedRow) -> Sample:
     """Training tensors of one window (int64 tokens, labels and positions, int32 ``cu_seqlens``,
-    bool mask), in the shifted label convention of this module."""
-    ids, mask = row.input_ids, row.loss_mask
-    targets = np.empty(len(ids), dtype=bool)
-    np.not_equal(mask[1:], 0, out=targets[:-1])
-    targets[-1] = False
-    labels = np.empty(len(ids), dtype=np.int64)
-    labels[:-1] = ids[1:]
-    labels[-1] = IGNORE_INDEX
-    np.putmask(labels, ~targets, IGNORE_INDEX)
-    return {
-        "input_ids": torch.from_numpy(ids.astype(np.int64)),
-        "labels": torch.from_numpy(labels),
-        "position_ids": torch.from_numpy(row.position_ids.astype(np.int64)),
-        "cu_seqlens": torch.from_numpy(np.array(row.cu_seqlens, dtype=np.int32)),
-        "loss_mask": torch.from_numpy(targets),
-    }
+    bool mask), in the shifted label convention of this module; views of one new buffer."""
+    buffer = np.empty(batch_nbytes([row]), dtype=np.uint8)
+    arrays, _ = write_batch([row], buffer)
+    return {key: torch.from_numpy(value[0] if value.ndim == 2 else value) for key, value in arrays.items()}
+
+
+def tokens_to_batch(rows: Sequence[RowTokens | PackedRow]) -> Batch:
+    """``collate_packed([tokens_to_sample(row) for row in rows])``, built in one buffer in one step."""
+    arrays, longest = write_batch(rows, np.empty(batch_nbytes(rows), dtype=np.uint8))
+    batch: Batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
+    batch["max_seqlen"] = longest
+    return batch
 
 
 row_to_sample = tokens_to_sample  # the name earlier code imports
@@ -73,7 +120,7 @@ def collate_packed(samples: list[Sample]) -> Batch:
         cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
         cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
     batch["cu_seqlens"] = cu_seqlens
-    batch["max_seqlen"] = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    batch["max_seqlen"] = int(torch.diff(cu_seqlens).max())
     return batch
 
 
@@ -91,7 +138,7 @@ class PackedDataset(IterableDataset):
     stopped; handing out an epoch's last row moves on to the next epoch. :meth:`state_dict` records
     the position in *global* rows consumed in the epoch (a multiple of G at step boundaries), so a
     checkpoint taken at a step boundary resumes at any DP size that divides G. Iterate in the training
-    process, or through :class:`PackedLoader` for worker processes (a plain ``DataLoader`` with
+    process, or through :class:`~longctx.packer.loader.PackedLoader` for worker processes (a plain ``DataLoader`` with
     workers would leave the position in the workers, so it is refused).
 
     **Trust.** ``tokenizer`` (the ``tokenizer.json`` you train with, or its sha256) and
@@ -266,87 +313,3 @@ class PackedDataset(IterableDataset):
                 )
             within //= self.dp_world_size
         self.epoch, self.consumed = int(state["epoch"]), step * self.rows_per_step + within
-
-
-def _identity(batch: Batch) -> Batch:
-    return batch
-
-
-class _BatchStream(IterableDataset):
-    """The batches of one pass of :class:`PackedLoader` from a fixed start: worker ``w`` of ``W``
-    builds batches ``w, w + W, ...``, which DataLoader hands out in order (it takes one result from
-    each worker in turn), so the stream is the same for any number of workers."""
-
-    def __init__(self, dataset: PackedDataset, batch_size: int, drop_last: bool, collate: Callable[[list[Sample]], Any]) -> None:
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.collate = collate
-        self.epoch, self.start = dataset.epoch, dataset.consumed
-
-    def sizes(self) -> list[int]:
-        """Rows of each batch of the pass (the last may be short unless ``drop_last``)."""
-        left = len(self.dataset) - self.start
-        full, rest = divmod(left, self.batch_size)
-        return [self.batch_size] * full + ([rest] if rest and not self.drop_last else [])
-
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        order = self.dataset.order(self.epoch)[self.start :]
-        for j in range(worker, len(self.sizes()), workers):
-            rows = order[j * self.batch_size : (j + 1) * self.batch_size]
-            yield self.collate([self.dataset[int(r)] for r in rows])
-
-
-class PackedLoader:
-    """Batches of a :class:`PackedDataset`, loaded by ``torch.utils.data.DataLoader`` (optionally in
-    ``num_workers`` worker processes), with the dataset's position exact for checkpoints.
-
-    Each pass yields the rest of the dataset's current epoch, ``batch_size`` rows at a time (the
-    batches never cross an epoch), in the same order as iterating the dataset in-process, whatever
-    ``num_workers``. The dataset's position moves in this process when a batch is handed out, not
-    when a worker prefetches it, so ``dataset.state_dict()`` taken between batches resumes exactly.
-    Other keyword arguments (``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``...) go to
-    the DataLoader; workers are started for each pass (not persistent: each pass starts from the
-    dataset's position at that time).
-    """
-
-    def __init__(
-        self,
-        dataset: PackedDataset,
-        *,
-        batch_size: int = 1,
-        num_workers: int = 0,
-        drop_last: bool = False,
-        collate_fn: Callable[[list[Sample]], Any] = collate_packed,
-        **loader_kwargs: Any,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if loader_kwargs.get("persistent_workers"):
-            raise ValueError("PackedLoader starts its workers for each pass; persistent_workers is not supported")
-        self.dataset = dataset
-        self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.drop_last = drop_last
-        self.collate_fn = collate_fn
-        self.loader_kwargs = loader_kwargs
-
-    def __len__(self) -> int:
-        """Batches left in the current pass."""
-        return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, self.collate_fn).sizes())
-
-    def __iter__(self) -> Iterator[Any]:
-        stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, self.collate_fn)
-        sizes = stream.sizes()
-        loader = DataLoader(
-            stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **self.loader_kwargs
-        )
-        epoch = self.dataset.epoch
-        for size, batch in zip(sizes, loader, strict=True):
-            self.dataset._advance(size)
-            yield batch
-        if self.drop_last and self.dataset.epoch == epoch:
-            self.dataset._advance(len(self.dataset) - self.dataset.consumed)  # the dropped rows end the epoch
-

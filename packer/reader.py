@@ -43,6 +43,12 @@ class PackedRow:
     doc_length: list[int | None]
 
 
+def _single_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk (a shard holds one record batch) without a copy;
+    ``combine_chunks`` would copy even a single chunk out of the memory map."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 class ShardColumns:
     """Numpy views of one shard's columns (zero-copy from the memory map)."""
 
@@ -53,10 +59,10 @@ class ShardColumns:
         self.input_ids = self._tokens("input_ids", seq_len)
         self.position_ids = self._tokens("position_ids", seq_len)
         self.loss_mask = self._tokens("loss_mask", seq_len)
-        cu = table.column("cu_seqlens").combine_chunks()
+        cu = _single_chunk(table.column("cu_seqlens"))
         self.cu_offsets = cu.offsets.to_numpy()
         self.cu_values = cu.values.to_numpy()
-        doc_id = table.column("doc_id").combine_chunks()
+        doc_id = _single_chunk(table.column("doc_id"))
         null = doc_id.values.is_null().to_numpy(zero_copy_only=False)
         ends = doc_id.offsets.to_numpy().astype(np.int64)
         # whether each row's last segment is padding (a null doc_id), read once per shard
@@ -65,8 +71,7 @@ class ShardColumns:
         self.last_is_pad[filled] = null[ends[1:][filled] - 1]
 
     def _tokens(self, name: str, seq_len: int) -> np.ndarray:
-        array = self.table.column(name).combine_chunks()
-        return array.flatten().to_numpy(zero_copy_only=True).reshape(-1, seq_len)
+        return _single_chunk(self.table.column(name)).flatten().to_numpy(zero_copy_only=True).reshape(-1, seq_len)
 
     def segment_lengths(self) -> np.ndarray:
         """Lengths of every segment (padding included), row after row."""

@@ -1,5 +1,6 @@
 """Shard folders on object storage: published by ``longctx pack`` (``pack.output``), read through a
-local cache by the loader (``ShardSet``/``PackedDataset`` given a URL, ``train.shards``).
+local cache by the loader (``ShardSet``/``PackedDataset`` given a URL, ``train.shards``,
+``eval.shards``) and by ``longctx inspect URL``.
 
 A remote shard folder is the same files as a local one (``packer/FORMAT.md``); its ``manifest.json``
 is uploaded after every shard, so a folder with a manifest is whole. Reading copies the folder into
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core import remote
-from longctx.packer.format import file_checksum
+from longctx.core.layout import SHARD_FOLDER_PREFIX
+from longctx.packer.format import SHARD_SUFFIX, ShardError, file_checksum
 from longctx.packer.manifest import MANIFEST_NAME, parse_manifest, read_manifest_bytes
 
 
@@ -39,6 +41,51 @@ def fetch_shards(
     return remote.fetch_files(
         url, dest, files, file_checksum, last=(MANIFEST_NAME, data), storage_options=storage_options
     )
+
+
+def fetch_shard(
+    url: str,
+    cache: str | os.PathLike | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Path:
+    """A local, checked copy of the one remote shard file ``url`` (``.../seq<N>/00000_00000.arrow``),
+    checked against its folder's manifest like :func:`fetch_shards` but without downloading the
+    folder's other shards; returns the local file. The copy's folder gets no manifest (it is not a
+    whole shard folder). :class:`~longctx.packer.format.ShardError` when the folder has no manifest
+    or the manifest does not list the file."""
+    folder, _, name = url.rstrip("/").rpartition("/")
+    data, origin = read_manifest_bytes(folder, storage_options)
+    expected = {entry.file: entry.xxh3_128 for entry in parse_manifest(data, origin).shards}
+    if name not in expected:
+        raise ShardError(f"{url}: not a shard listed in {origin}")
+    dest = remote.cache_folder(folder, remote.default_cache() if cache is None else cache)
+    remote.fetch_files(folder, dest, {name: expected[name]}, file_checksum, storage_options=storage_options)
+    return dest / name
+
+
+def shard_folder_urls(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The URLs of the finished ``seq<N>`` folders (those with a manifest) directly under the remote
+    shards folder ``url``, by ascending ``N``; :class:`~longctx.core.remote.RemoteError` when ``url``
+    does not exist."""
+    fs, root = remote.filesystem(url, storage_options)
+    with remote.remote_errors(url, "listing"):
+        fs.invalidate_cache(root)
+        names = [p.rstrip("/").rpartition("/")[2] for p in fs.ls(root, detail=False)]
+        lengths = sorted(
+            int(n[len(SHARD_FOLDER_PREFIX) :])
+            for n in names
+            if n.startswith(SHARD_FOLDER_PREFIX) and n[len(SHARD_FOLDER_PREFIX) :].isdigit()
+        )
+        return [
+            folder
+            for folder in (remote.join(url, f"{SHARD_FOLDER_PREFIX}{n}") for n in lengths)
+            if fs.exists(f"{root.rstrip('/')}/{folder.rpartition('/')[2]}/{MANIFEST_NAME}")
+        ]
+
+
+def is_shard_file(url: str) -> bool:
+    """Whether ``url`` names one shard file rather than a folder (by its ``.arrow`` suffix)."""
+    return url.rstrip("/").endswith(SHARD_SUFFIX)
 
 
 def publish_shards(

@@ -1,5 +1,6 @@
 """The pack job: plan on the driver, then two datatrove stages for the window lengths still to pack.
 
+0. With ``pack.input``, a checked copy of the published curation is made (:mod:`longctx.packer.curated`).
 1. Plan (driver, reads no text): check the output folder, resolve the tokenizer's special tokens,
    read document ids and token counts, decide the mix (refusing one that drops too much of a
    source), refuse early when no document can reach ``context.original``, and check the request
@@ -33,6 +34,7 @@ from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
+from longctx.packer.curated import adopt_tokenizer, curated_source
 from longctx.packer.format import ShardHeader, TokenizerInfo
 from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
 from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
@@ -60,6 +62,7 @@ class PackPlan:
     planned_tokens: dict[str, int]
     report: MixReport | None
     data: dict[str, Any]
+    documents: Path
 
     def only(self, seq_lens: list[int]) -> PackPlan:
         """The same plan for some of its window lengths."""
@@ -70,6 +73,7 @@ class PackPlan:
             self.planned_tokens,
             self.report,
             self.data,
+            self.documents,
         )
 
 
@@ -101,12 +105,15 @@ def check_planned_coverage(
             raise CoverageError(refusal)
 
 
-def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> PackPlan:
-    """Validate inputs and settings and decide the mix; a :class:`ConfigError` says what is wrong."""
-    if not layout.tokenizer.is_file():
-        raise ConfigError(f"no tokenizer at {layout.tokenizer}; run `longctx curate` first")
-    info: TokenizerInfo = tokenizer_info(layout.tokenizer, pack)
-    catalogs = read_catalog(layout.documents)
+def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout, source: RunLayout | None = None) -> PackPlan:
+    """Validate inputs and settings and decide the mix; a :class:`ConfigError` says what is wrong.
+    ``source`` is the curated run whose documents and tokenizer are packed (default: ``layout``)."""
+    source = layout if source is None else source
+    documents = source.documents
+    if not source.tokenizer.is_file():
+        raise ConfigError(f"no tokenizer at {source.tokenizer}; run `longctx curate` first")
+    info: TokenizerInfo = tokenizer_info(source.tokenizer, pack)
+    catalogs = read_catalog(documents)
     specials = 1 + (info.bos_id is not None)
     mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
@@ -138,9 +145,9 @@ def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout) -> Pa
     data = {f"pack.{key}": value for key, value in pack.data_fields().items()} | {
         "context": shared_context,
         "tokenizer_sha256": info.sha256,
-        "documents": documents_fingerprint(layout.documents, document_files(layout.documents)),
+        "documents": documents_fingerprint(documents, document_files(documents)),
     }
-    return PackPlan(configs, headers, mix, planned, report, data)
+    return PackPlan(configs, headers, mix, planned, report, data, documents)
 
 
 def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
@@ -151,8 +158,8 @@ def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
         unknown = {name for name, n in plan.planned_tokens.items() if n < 0}
         text_bytes = sum(
             text_size(f)
-            for f in document_files(layout.documents)
-            if source_of(layout.documents, f) in unknown
+            for f in document_files(plan.documents)
+            if source_of(plan.documents, f) in unknown
         )
         tokens += text_bytes // CHARS_PER_TOKEN
     written = sum(
@@ -172,7 +179,7 @@ def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
 def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``, for the lengths of ``plan``."""
     steps: list[PipelineStep] = [
-        CuratedDocumentReader(layout.documents, pack.batch_size, progress=pack.executor.kind == "local")
+        CuratedDocumentReader(plan.documents, pack.batch_size, progress=pack.executor.kind == "local")
     ]
     if plan.mix is not None:
         steps.append(MixSampler(plan.mix))
@@ -192,15 +199,17 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
 def run_pack(
     pack: PackConfig, *, context: ContextConfig, output: Path, verbose: bool = False
 ) -> dict[int, Manifest] | None:
-    """Run (or resume, or extend with new window lengths) packing of ``<output>/documents`` into
-    ``<output>/shards/seq<N>/``; outputs already finished are kept as they are.
+    """Run (or resume, or extend with new window lengths) packing of ``<output>/documents`` (or of
+    the published curation ``pack.input``) into ``<output>/shards/seq<N>/``; outputs already
+    finished are kept as they are.
 
     Returns the manifest of each requested window length once the stages have run (local and Ray
     executors), or None when they were submitted to Slurm.
     """
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
-    plan = make_plan(pack, context, layout)
+    source = curated_source(pack, layout)
+    plan = make_plan(pack, context, layout, source)
     if pack.output is not None:
         local = not remote.is_remote(pack.output)
         if local and Path(pack.output.removeprefix("file://")).resolve() == layout.shards.resolve():
@@ -210,6 +219,7 @@ def run_pack(
     outputs = plan_outputs(layout, plan.data, {n: pack.window_fields() for n in seq_lens})
     todo = plan.only(outputs.to_pack)
     check_output_folder(layout.shards, needed_bytes=estimated_output_bytes(layout, todo), key="output")
+    adopt_tokenizer(source, layout)
     write_record(layout, outputs)
     for n in outputs.kept:
         print(f"{layout.shard_folder(n)}: already packed, kept as it is", flush=True)

@@ -171,7 +171,14 @@ class CurateConfig(StrictModel):
         default=None,
         description="a folder (local path or fsspec URL) with books/, papers/ and code/ subfolders, each read as its source",
     )
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for input")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for input and output (credentials, endpoint_url...)"
+    )
+    output: str | None = Field(
+        default=None,
+        description="also publish the finished curation here (documents/, tokenizer, ledger, stats, then "
+        "curation.json): an fsspec URL (s3://bucket/run) or a folder, which pack.input reads",
+    )
     sources: list[SourceConfig] = Field(default_factory=list)
     min_fraction_of_target: float = Field(default=0.5, ge=0.0)
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")

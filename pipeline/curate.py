@@ -18,6 +18,9 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
    built over the kept documents, written as one more source for the packer to mix.
 
+With ``curate.output``, the finished curation is then published there (:mod:`longctx.pipeline.publish`);
+a job submitted to Slurm publishes when ``longctx curate`` is run again after it finished.
+
 Before any of it, and before anything is written, the run is checked: the output folder (not a
 file, writable), every source (it exists, locally or in object storage), the tokenizer (a file, a
 folder or a hub id) and the special tokens pack will frame documents with, and the run's identity
@@ -39,6 +42,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 
+from longctx.core import remote
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
@@ -62,6 +66,7 @@ from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolve
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
+from longctx.pipeline.publish import publish_curation
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
@@ -437,6 +442,8 @@ def run_curation(
     output = Path(output)
     layout = RunLayout(output, "curate")
     check_output_folder(output)
+    if curate.output is not None:
+        check_publish_destination(curate.output, layout, curate.storage_options)
     sources = resolve_sources(curate, layout)
     files = find_tokenizer(tokenizer)
     resolved_specials = check_specials(files, dict(specials or {}))
@@ -468,4 +475,16 @@ def run_curation(
         if fault is None:
             raise
         raise fault from None
+    if curate.output is not None:
+        sent = publish_curation(layout, curate.output, curate.storage_options)
+        print(f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
+
+
+def check_publish_destination(url: str, layout: RunLayout, storage_options: dict[str, Any]) -> None:
+    """Refuse, before any work, a ``curate.output`` inside the run folder or whose bucket is missing."""
+    if not remote.is_remote(url):
+        target = Path(url.removeprefix("file://")).resolve()
+        if target == layout.root.resolve() or layout.root.resolve() in target.parents:
+            raise ConfigError(f"curate.output {url} is inside the run folder {layout.root}; leave it unset")
+    remote.check_destination(url, storage_options)

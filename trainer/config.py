@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
+from longctx.core.remote import is_remote
 from longctx.trainer.rope_keys import check_rope_scaling
 
 
@@ -262,7 +263,17 @@ class EvalConfig(StrictModel):
     """
 
     models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
-    shards: Path | None = Field(default=None, description="windows to score; default the training shards")
+    shards: str | None = Field(
+        default=None,
+        description="windows to score: a shard folder or an fsspec URL of one (s3://bucket/run/shards/seq65536), "
+        "copied into train.cache (default <output>/cache) and checked first; default the training shards",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        exclude=True,  # may hold credentials: never written to evaluation results
+        repr=False,
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default train.storage_options",
+    )
     rows: int = Field(
         default=8, gt=0, description="windows scored for loss by position: the held-out ones (train.holdout_rows) first"
     )
@@ -270,7 +281,15 @@ class EvalConfig(StrictModel):
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
 
-    _exists = field_validator("shards")(must_exist)
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _local_shards_exist(cls, value: Any) -> Any:
+        """A local folder must exist when the config is loaded; a URL is checked when eval reads it."""
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if isinstance(value, str) and not is_remote(value):
+            must_exist(Path(value))
+        return value
 
     @field_validator("models")
     @classmethod

@@ -16,6 +16,7 @@ from longctx.core.atomic import new_numbered_folder, write_json, write_text
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import EvalConfig, TrainConfig
 from longctx.trainer.model import Transformer
@@ -34,6 +35,11 @@ def _haystack(documents: Path, limit_chars: int) -> list[str]:
             if total >= limit_chars:
                 return texts
     return texts
+
+
+def _location(shards: str | Path) -> str | Path:
+    """A shard folder as a comparable value: a URL as it is, a local folder as a :class:`Path`."""
+    return shards if is_remote(shards) else Path(shards)
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,12 @@ def run_eval(
     output: Path,
     train: TrainConfig | None = None,
     tokenizer: Path | None = None,
+    documents: Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate every model of ``eval.models`` and return what was written.
+
+    ``documents`` are the curated documents needles are hidden in (default ``<output>/documents``;
+    the copy of ``pack.input`` when the run packed a published curation).
 
     ``train`` is the run's training section, when it has one: it defines the ``base`` model, its
     shards are the default windows to score, and its held-out windows are scored first.
@@ -119,8 +129,8 @@ def run_eval(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = eval.precision == "bf16" or (eval.precision == "auto" and device.type == "cuda")
     tok_path = tokenizer_file(layout, tokenizer)
-    trained_on = shards_folder(train, layout, context.target) if train else None
-    shards = eval.shards or trained_on or layout.shard_folder(context.target)
+    trained_on = _location(shards_folder(train, layout, context.target)) if train else None
+    shards = _location(eval.shards) if eval.shards else trained_on or layout.shard_folder(context.target)
     holdout = train.holdout_rows if train and shards == trained_on else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
     seed = train.seed if train and holdout else eval.seed
@@ -130,7 +140,7 @@ def run_eval(
         seed=seed,
         holdout_rows=holdout,
         cache=(train.cache if train else None) or layout.cache,
-        storage_options=train.storage_options if train else None,
+        storage_options=eval.storage_options or (train.storage_options if train else None),
     )
     held_out = dataset.heldout_rows()[: eval.rows]
     if len(held_out) < eval.rows:
@@ -144,9 +154,10 @@ def run_eval(
     needle, examples, tok, eos = eval.needle, [], None, []
     if needle is not None:  # the same needles for every model, built before any model is loaded
         tok = load_tokenizer(tok_path)
-        haystack = _haystack(layout.documents, 8 * max(needle.lengths) + 10_000)
+        documents = layout.documents if documents is None else documents
+        haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
         if not haystack:
-            raise ConfigError(f"no curated documents under {layout.documents} to build needle haystacks from")
+            raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
         try:
             examples = needle_examples(haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples)
         except ValueError as err:

@@ -4,20 +4,38 @@ Before anything is loaded, ``longctx train`` computes this estimate for its own 
 GPU, refuses to start when it exceeds the device's memory (:func:`check_fits`); ``longctx plan``
 prints the same figures and whether they fit a given ``--gpu-memory``. Nothing here imports torch.
 
-What one rank holds at the peak of a step (symbols as in ``longctx.trainer.flops``; ``b = L / cp``
-tokens per rank, ``S`` ranks the model state is sharded over, ``c`` bytes per element of the compute
-dtype, 2 for bf16):
+Symbols as in ``longctx.trainer.flops``; ``b = L / cp`` tokens per rank, ``S`` ranks the model state is
+sharded over, ``c`` bytes per element of the compute dtype (2 for bf16), ``r`` bytes per element of the
+residual stream: ``c`` under FSDP2 (parameters gathered in the compute dtype), 4 for one unsharded
+process, which keeps float32 parameters and computes under bf16 autocast, so the hidden states between
+blocks, the checkpointed block inputs and the RMSNorms stay float32.
 
-* model states ``16 P / S``: float32 master weights, gradients and AdamW moments (FSDP2 shards all four);
-* gathered parameters, FSDP2's unsharded working copies (0 when ``S = 1``): two decoder blocks (the
-  running one and the prefetched one) with their unsharded gradients and float32 reduce buffers,
-  ``2 P_block (2c + 4)``, and the root's output projection, gathered from the end of forward to its
-  gradient's reduction, ``V h (2c + 4)``;
-* activations of ``b`` tokens (:func:`activation_bytes`, by activation-checkpointing mode);
-* one chunk of the loss's logits: ``min(b, LOGITS_CHUNK_ELEMENTS / V) x V x (4 + 4 + c)`` bytes (float32
-  logits, their gradient and the compute-dtype product);
-* ring buffers, the backward peak of one layer (``longctx.trainer.attention.ring``): the held and the
-  arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32.
+A step has two peaks, and the estimate is the larger (:attr:`RankMemory.total`):
+
+* **backward**, the sum of
+  * model states: float32 weights and AdamW moments ``12 P / S``, plus the gradients present at the
+    peak (``4 P / S`` in all, produced block by block as backward runs);
+  * gathered parameters, FSDP2's unsharded working copies (0 when ``S = 1``): two decoder blocks (the
+    running one and the prefetched one) with their unsharded gradients and float32 reduce buffers,
+    ``2 P_block (2c + 4)``, and the root's output projection, gathered from the end of forward to its
+    gradient's reduction, ``V h (2c + 4)``;
+  * activations: what every block keeps for backward (by activation-checkpointing mode,
+    :func:`held_bytes_per_token`) plus the working set of the one block being recomputed and
+    backpropagated (:func:`working_bytes_per_token`). Backward frees a block's held activations as it
+    adds that block's gradients, so the peak is at its start (every block's activations, the output
+    projection's gradient) or at its end (one block's activations, every gradient), whichever holds more;
+  * one chunk of the loss's logits: ``min(b, LOGITS_CHUNK_ELEMENTS / V) x V x (4 + 4 + c)`` bytes
+    (float32 logits, their gradient and the compute-dtype product);
+  * ring buffers, the backward peak of one layer (``longctx.trainer.attention.ring``): the held and the
+    arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32;
+* **optimizer step**: weights, gradients, moments and the temporary AdamW's multi-tensor update makes of
+  the second moments' square roots, ``20 P / S``.
+
+Measured on one H200 (``tests/benchmarks/gpu_suite.py``, a 1.1B Llama-shaped model, one unsharded process,
+reports under ``tests/benchmarks/results/``): the peak allocated memory is 0.92x this estimate with full
+checkpointing at 32K-256K tokens (1.00x at 16K, where the optimizer step is the peak), 0.91-0.98x with
+selective checkpointing at 16K-128K, 1.04-1.06x without checkpointing at 8K-16K. The earlier model, which
+kept the residual stream in bf16 and every gradient at the peak, was exceeded by up to 1.57x (256K).
 
 A device also needs room for the CUDA context, communication buffers, kernel workspaces and allocator
 fragmentation, which this model does not derive: a setting fits when the estimate stays below
@@ -37,13 +55,19 @@ ACTIVATION_BYTES = 2
 GRAD_ACCUM_BYTES = 4
 """Bytes per element of the dK/dV accumulators riding the ring in backward (fp32, see ``ring.py``)."""
 
-MODEL_STATE_BYTES_PER_PARAM = 16
-"""Weights, gradients and AdamW moments per parameter: fp32 weight 4 + fp32 gradient 4 + fp32 m 4 + fp32 v 4.
+WEIGHT_AND_MOMENT_BYTES_PER_PARAM = 12
+"""float32 weight 4 + AdamW's float32 moments 4 + 4, held all the time (gradients are counted apart).
 
-``longctx train`` keeps fp32 parameters (FSDP2 gathers them in bf16 for compute), which is exactly this;
-the other common layout (bf16 weight 2 + bf16 gradient 2 + fp32 master 4 + m 4 + v 4) is also 16.
+``longctx train`` keeps float32 parameters (FSDP2 gathers them in bf16 for compute); the other common
+layout (bf16 weight 2 + fp32 master 4 + m 4 + v 4, bf16 gradients) holds the same 16 bytes with gradients.
 """
 
+GRAD_BYTES = 4
+"""Bytes per parameter of a gradient (float32, like the parameters)."""
+
+OPTIMIZER_TEMP_BYTES_PER_PARAM = 4
+"""The temporary AdamW's multi-tensor (``foreach``) update allocates: the square roots of the second
+moments of a whole parameter group at once."""
 
 LOGITS_CHUNK_ELEMENTS = 2**27
 """Largest ``tokens x vocab`` block of logits the loss materializes at once (512 MiB in float32):
@@ -103,49 +127,87 @@ def kv_block_bytes(
 
 
 
-def selective_bytes_per_token(model: ModelShape) -> float:
-    """Bytes a block keeps per token with selective checkpointing: its input ``2h``, the rotated
-    queries, keys and values and the attention output ``2(2q + 2k)``, and the fp32 log-sum-exp ``4a``."""
-    return ACTIVATION_BYTES * (model.hidden_size + 2 * model.q_dim + 2 * model.kv_dim) + 4.0 * model.num_heads
+def held_bytes_per_token(
+    model: ModelShape, mode: str, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
+) -> float:
+    """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode.
 
-
-def activation_bytes(model: ModelShape, tokens: int, length: int, mode: str) -> float:
-    """Activations one rank keeps for backward for ``tokens`` tokens of a window of ``length``.
-
-    ``none``: every layer's activations ``n b A`` (:func:`activation_bytes_per_token`, FlashAttention-style
-    blocks: ring attention never materializes scores); ``full``: every layer's input ``n b 2h`` plus one
-    layer's activations ``b A`` while it is recomputed; ``selective``: ``n b S``
-    (:func:`selective_bytes_per_token`) plus one layer's ``b A``.
+    ``full``: its input, ``r h``; ``selective``: its input, the rotated queries and keys, the values, the
+    attention output twice (see :func:`saved_bytes_per_token`), ``c(3q + 2k)``, and the fp32
+    log-sum-exp ``4a`` (the attention, the costly part, is not recomputed); ``none``: everything its
+    backward reads (:func:`saved_bytes_per_token`).
     """
-    per_token = activation_bytes_per_token(model, length, flash=True)
     if mode == "none":
-        return float(model.num_layers * tokens * per_token)
+        return saved_bytes_per_token(model, compute_bytes, residual_bytes)
     if mode == "full":
-        return float(model.num_layers * tokens * ACTIVATION_BYTES * model.hidden_size + tokens * per_token)
+        return float(residual_bytes * model.hidden_size)
     if mode == "selective":
-        return float(model.num_layers * tokens * selective_bytes_per_token(model) + tokens * per_token)
+        return residual_bytes * model.hidden_size + compute_bytes * (3 * model.q_dim + 2 * model.kv_dim) + 4.0 * model.num_heads
     raise ConfigError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {mode!r}")
+
+
+def saved_bytes_per_token(
+    model: ModelShape, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
+) -> float:
+    """Bytes per token a block's forward saves for its backward: :func:`activation_bytes_per_token`'s
+    accounting in the compute dtype, with the RMSNorms' inputs and outputs (``4h``) in the residual
+    stream's dtype, and two copies this model keeps beyond it:
+
+    * the attention output twice (``cq``): the ring keeps its own, in the ring's token order, and the
+      output projection keeps its input, in the row's order;
+    * when the residual stream is wider than the compute dtype (bf16 autocast), the compute-dtype casts
+      of the normed inputs of the five input projections, q, k, v, gate and up (``5ch``): autocast casts
+      an activation anew for every matmul that reads it.
+    """
+    h = model.hidden_size
+    saved = compute_bytes * (3 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size) + 4.0 * model.num_heads
+    saved += residual_bytes * 4 * h
+    if residual_bytes > compute_bytes:
+        saved += compute_bytes * 5 * h
+    return saved
+
+
+def working_bytes_per_token(
+    model: ModelShape, mode: str, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
+) -> float:
+    """Bytes per token of the one block being backpropagated, beyond what it held since forward.
+
+    With recomputation (``full``, ``selective``) its forward runs again, so it holds everything
+    :func:`saved_bytes_per_token` counts; in every mode its backward adds gradients that live beside
+    those activations: of the MLP's gate, up and gated product ``3ci`` and of the block's input and
+    output ``2rh``.
+    """
+    transient = compute_bytes * 3 * model.intermediate_size + residual_bytes * 2 * model.hidden_size
+    if mode == "none":
+        return float(transient)
+    return saved_bytes_per_token(model, compute_bytes, residual_bytes) + transient
 
 
 @dataclass(frozen=True)
 class RankMemory:
-    """Memory one rank holds at the peak of a training step, in bytes (see the module docstring)."""
+    """Memory one rank holds at the peaks of a training step, in bytes (see the module docstring)."""
 
     model_states: float
     gathered_params: float
     activations: float
     logits: float
     ring_buffers: float
+    optimizer_step: float
+
+    @property
+    def backward(self) -> float:
+        """The backward peak: the sum of every part but the optimizer step."""
+        return self.model_states + self.gathered_params + self.activations + self.logits + self.ring_buffers
 
     @property
     def total(self) -> float:
-        """The sum of every part."""
-        return self.model_states + self.gathered_params + self.activations + self.logits + self.ring_buffers
+        """The larger of the two peaks, backward and optimizer step."""
+        return max(self.backward, self.optimizer_step)
 
     def parts(self) -> dict[str, float]:
-        """Label -> bytes, in the order they are printed."""
+        """Label -> bytes of the backward peak's parts, in the order they are printed."""
         return {
-            "model states (weights, gradients, AdamW)": self.model_states,
+            "weights, AdamW moments and gradients": self.model_states,
             "gathered parameters (FSDP)": self.gathered_params,
             "activations": self.activations,
             "loss logits chunk": self.logits,
@@ -161,16 +223,22 @@ def rank_memory(
     state_shards: int = 1,
     activation_checkpointing: str | bool = "none",
     compute_bytes: int = ACTIVATION_BYTES,
+    residual_bytes: int | None = None,
 ) -> RankMemory:
     """Per-rank memory for one window of ``length`` tokens split over ``cp`` ranks (``b = L / cp``),
     with the model state sharded over ``state_shards`` ranks (FSDP2 over ``dp_shard x cp``; 1 for a
     single process). ``activation_checkpointing`` is ``none``/``full``/``selective`` (``True``/``False``
-    mean full/none); ``compute_bytes`` is 2 for bf16 compute and 4 for float32, which doubles activations.
+    mean full/none); ``compute_bytes`` is 2 for bf16 compute and 4 for float32. ``residual_bytes`` is the
+    residual stream's width, by default ``compute_bytes`` when the state is sharded (FSDP2) and 4 for
+    one unsharded process (float32 parameters under bf16 autocast).
     """
     if isinstance(activation_checkpointing, bool):
         activation_checkpointing = "full" if activation_checkpointing else "none"
+    if residual_bytes is None:
+        residual_bytes = compute_bytes if state_shards > 1 else 4
+    widths = (compute_bytes, residual_bytes)
     block = length // cp
-    scale = compute_bytes / ACTIVATION_BYTES
+    params = param_count(model)
     projection = model.vocab_size * model.hidden_size
     gathered = 0.0
     if state_shards > 1:
@@ -178,13 +246,25 @@ def rank_memory(
     buffers = (
         2 * (kv_block_bytes(model, block) + kv_block_bytes(model, block, GRAD_ACCUM_BYTES)) if cp > 1 else 0.0
     )
+    held = block * held_bytes_per_token(model, activation_checkpointing, *widths)
+    gradients = GRAD_BYTES * params / state_shards
+    # backward's start: every block's activations, the output projection's gradient; its end: one
+    # block's activations, every gradient (a block's activations go as its gradients come)
+    at_start = model.num_layers * held + GRAD_BYTES * projection / state_shards
+    at_end = held + gradients
+    held_part, gradient_part = (held * model.num_layers, at_start - held * model.num_layers)
+    if at_end > at_start:
+        held_part, gradient_part = held, gradients
     chunk = min(block, logits_chunk_tokens(model.vocab_size))
     return RankMemory(
-        model_states=MODEL_STATE_BYTES_PER_PARAM * param_count(model) / state_shards,
+        model_states=WEIGHT_AND_MOMENT_BYTES_PER_PARAM * params / state_shards + gradient_part,
         gathered_params=float(gathered),
-        activations=scale * activation_bytes(model, block, length, activation_checkpointing),
+        activations=held_part + block * working_bytes_per_token(model, activation_checkpointing, *widths),
         logits=float(chunk * model.vocab_size * (8 + compute_bytes)),
         ring_buffers=buffers,
+        optimizer_step=(WEIGHT_AND_MOMENT_BYTES_PER_PARAM + GRAD_BYTES + OPTIMIZER_TEMP_BYTES_PER_PARAM)
+        * params
+        / state_shards,
     )
 
 
@@ -208,6 +288,7 @@ def check_fits(memory: RankMemory, device_bytes: float, *, where: str, settings:
     if fits(memory, device_bytes):
         return
     breakdown = ", ".join(f"{label} {gib(value)}" for label, value in memory.parts().items())
+    breakdown += f"; the optimizer step {gib(memory.optimizer_step)}"
     raise ConfigError(
         f"the run does not fit {where}: about {gib(memory.total)} per rank ({breakdown}) against "
         f"{gib(usable_bytes(device_bytes))} usable of {gib(device_bytes)}, with {settings}. "

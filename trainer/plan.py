@@ -32,7 +32,7 @@ from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-export
     ACTIVATION_BYTES,
     ACTIVATION_CHECKPOINTING,
     GRAD_ACCUM_BYTES,
-    MODEL_STATE_BYTES_PER_PARAM,
+    WEIGHT_AND_MOMENT_BYTES_PER_PARAM,
     RankMemory,
     activation_bytes_per_token,
     fits,

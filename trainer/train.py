@@ -137,6 +137,7 @@ def check_memory(tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: Pa
         state_shards=state.shape.shard_size,
         activation_checkpointing=tcfg.activation_checkpointing,
         compute_bytes=2 if bf16 else 4,
+        residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
     )
     where = torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else str(state.device)
     check_fits(

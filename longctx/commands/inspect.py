@@ -22,11 +22,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Summarize packed shards: rows, tokens, padding, tokens per source, and histograms of position "
             "ids and segment lengths, all recomputed from the rows. PATH is an output folder "
             "(<output>/shards/seq<N>, with its manifest.json), the shards folder above several of them, or a "
-            "single .arrow shard."
+            "single .arrow shard; locally or as an fsspec URL (s3://bucket/run/shards/seq<N>), which is first "
+            "copied into a local cache, every shard checked against its manifest. Credentials and endpoint "
+            "come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)."
         ),
     )
     parser.add_argument(
-        "path", type=Path, metavar="PATH", help="output folder, shards folder, or one .arrow file"
+        "path", metavar="PATH", help="output folder, shards folder, or one .arrow file; a path or a URL"
     )
     parser.add_argument(
         "--validate",
@@ -48,6 +50,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--max-chars", type=int, default=2000, help="characters shown per segment with --show"
     )
     parser.add_argument("--max-errors", type=int, default=20, help="violations reported by --validate")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="where a PATH given as a URL is copied and checked (default $LONGCTX_CACHE or ~/.cache/longctx)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -60,6 +67,27 @@ def _targets(path: Path) -> list[Path]:
         return [path]
     found = [folder for folder in shard_folders(path) if (folder / MANIFEST_NAME).is_file()]
     return found or [path]
+
+
+def _remote_targets(url: str, cache: Path | None) -> list[tuple[str, Path]]:
+    """``(URL, checked local copy)`` of the remote output folders (or single shard) that PATH names:
+    a folder with a manifest, else the ``seq<N>`` folders under it; none found is a one-line error."""
+    from longctx.core.remote import RemoteError
+    from longctx.packer.format import ShardError
+    from longctx.packer.remote import fetch_shard, fetch_shards, is_shard_file, shard_folder_urls
+
+    if is_shard_file(url):
+        return [(url, fetch_shard(url, cache))]
+    try:
+        return [(url, fetch_shards(url, cache))]
+    except ShardError:  # no manifest here: a shards folder above seq<N> folders, or nothing
+        try:
+            folders = shard_folder_urls(url)
+        except RemoteError:
+            folders = []
+        if not folders:
+            raise
+    return [(folder, fetch_shards(folder, cache)) for folder in folders]
 
 
 def _default_tokenizer(target: Path) -> Path | None:
@@ -101,7 +129,7 @@ def _open(target: Path) -> _Opened:
     return _Opened(manifest.header, manifest.config, manifest.shards, shards, shard_set.row, len(shard_set))
 
 
-def _validate(target: Path, tokenizer: Path | None, max_errors: int) -> bool:
+def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int) -> bool:
     from longctx.packer.validate import validate_file, validate_folder
 
     violations = (
@@ -112,9 +140,9 @@ def _validate(target: Path, tokenizer: Path | None, max_errors: int) -> bool:
     for violation in violations:
         print(f"INVALID {violation}")
     if violations:
-        print(f"{target}: {len(violations)} violation(s) shown (at most --max-errors={max_errors})")
+        print(f"{label}: {len(violations)} violation(s) shown (at most --max-errors={max_errors})")
         return False
-    print(f"{target}: valid (every invariant holds)")
+    print(f"{label}: valid (every invariant holds)")
     return True
 
 
@@ -134,14 +162,14 @@ def _show(opened: _Opened, row: int, tokenizer_path: Path | None, max_chars: int
     print(format_row(opened.row(row), row, tokenizer, max_chars))
 
 
-def _inspect(target: Path, args: argparse.Namespace) -> int:
+def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from longctx.packer.manifest import build_manifest
     from longctx.packer.report import format_manifest, plot_manifest, stats_from_shards
 
     tokenizer_path = args.tokenizer or _default_tokenizer(target)
-    if args.validate and not _validate(target, tokenizer_path, args.max_errors):
+    if args.validate and not _validate(target, label, tokenizer_path, args.max_errors):
         return 1
     opened = _open(target)
     shards = tqdm(
@@ -149,7 +177,7 @@ def _inspect(target: Path, args: argparse.Namespace) -> int:
     )
     stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
     summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
-    print(format_manifest(summary, title=str(target)))
+    print(format_manifest(summary, title=label))
     if args.plot:
         plot_manifest(summary, args.plot)
         print(f"histograms written to {args.plot}")
@@ -159,16 +187,20 @@ def _inspect(target: Path, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.core.remote import is_remote
     from longctx.packer.format import ShardError
 
     status = 0
-    targets = _targets(args.path)
+    if is_remote(args.path):
+        targets = _remote_targets(args.path, args.cache)
+    else:
+        targets = [(str(t), t) for t in _targets(Path(args.path))]
     plot = args.plot
-    for target in targets:
+    for label, target in targets:
         if plot is not None and len(targets) > 1:  # one figure per output folder
             args.plot = plot.with_name(f"{plot.stem}_{target.name}{plot.suffix}")
         try:
-            status = max(status, _inspect(target, args))
+            status = max(status, _inspect(target, label, args))
         except (ShardError, IndexError) as err:
             print(f"longctx inspect: {err}", file=sys.stderr)
             status = max(status, 2)

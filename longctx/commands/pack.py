@@ -19,7 +19,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "pack.allow_short_positions is set. "
             "Killed runs resume where they stopped when run again, and produce the same bytes. With "
             "pack.output (or --publish) each finished folder is also uploaded to <pack.output>/seq<N>/, its "
-            "manifest last, e.g. to s3:// (needs s3fs: pip install 'longctx[s3]')."
+            "manifest last, e.g. to s3:// (needs s3fs: pip install 'longctx[s3]'). With pack.input (or "
+            "--input) the documents and tokenizer come from a curation published elsewhere (curate.output), "
+            "copied into <output>/cache and checked first."
         ),
     )
     parser.add_argument(
@@ -27,6 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+    )
+    parser.add_argument(
+        "--input",
+        metavar="URL",
+        help="pack the curation published at URL (curate.output, e.g. s3://bucket/run) instead of "
+        "<output>/documents (overrides pack.input)",
     )
     parser.add_argument(
         "--publish",
@@ -54,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "output": str(args.output) if args.output else None,
             "pack.output": args.publish,
+            "pack.input": args.input,
             "pack.executor.tasks": args.tasks,
             "pack.executor.workers": args.workers,
         },

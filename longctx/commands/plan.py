@@ -229,7 +229,10 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
         ("backward step: compute", lambda p: human_seconds(p.ring.backward_compute_s)),
         ("backward step: communication (+fp32 dK/dV)", lambda p: human_seconds(p.ring.backward_comm_s)),
         ("communication hidden", lambda p: "yes" if p.ring.hidden else "NO"),
-        (f"rank: model states (/{settings.state_shards})", lambda p: human_bytes(p.memory.model_states)),
+        (
+            f"rank: weights, AdamW, gradients at the peak (/{settings.state_shards})",
+            lambda p: human_bytes(p.memory.model_states),
+        ),
         ("rank: gathered parameters (FSDP)", lambda p: human_bytes(p.memory.gathered_params)),
         (
             f"rank: activations (checkpointing {settings.activation_checkpointing})",
@@ -237,7 +240,9 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
         ),
         ("rank: loss logits chunk", lambda p: human_bytes(p.memory.logits)),
         ("rank: ring buffers", lambda p: human_bytes(p.memory.ring_buffers)),
-        ("rank: total", lambda p: human_bytes(p.memory.total)),
+        ("rank: backward peak (the sum above)", lambda p: human_bytes(p.memory.backward)),
+        ("rank: optimizer step peak", lambda p: human_bytes(p.memory.optimizer_step)),
+        ("rank: total (the larger peak)", lambda p: human_bytes(p.memory.total)),
         ("train FLOP/token", lambda p: human_flops(p.train_flops_per_token)),
     ]
     if settings.gpu_memory_bytes is not None:
@@ -358,6 +363,7 @@ def csv_rows(
                 "rank_activation_bytes": p.memory.activations,
                 "rank_logits_bytes": p.memory.logits,
                 "rank_ring_buffer_bytes": p.memory.ring_buffers,
+                "rank_optimizer_step_bytes": p.memory.optimizer_step,
                 "rank_total_bytes": p.memory.total,
                 "train_flops_per_token": p.train_flops_per_token,
             }

@@ -6,11 +6,13 @@
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
+      curation.json            the curated files and their checksums, when curation publishes them
       shards/seq<N>/           packed windows of N tokens and their manifest.json
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
                                and tensorboard/ and wandb/ when those trackers are on
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
+                               and of published curations (pack.input given as a URL)
       work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
 Every path of an output folder is built here, and nowhere else.
@@ -91,6 +93,12 @@ class RunLayout:
         return self.root / "stats.png"
 
     @property
+    def curation_manifest(self) -> Path:
+        """The list of a finished curation's files with their checksums, uploaded last when curation
+        publishes them (``longctx.pipeline.publish``)."""
+        return self.root / "curation.json"
+
+    @property
     def shards(self) -> Path:
         return self.root / "shards"
 
@@ -137,7 +145,8 @@ class RunLayout:
 
     @property
     def cache(self) -> Path:
-        """Local copies of remote shard folders (``longctx.core.remote.cache_folder`` under it)."""
+        """Local copies of remote shard folders and published curations
+        (``longctx.core.remote.cache_folder`` under it)."""
         return self.root / "cache"
 
     @property

@@ -7,7 +7,9 @@ mapped, which object storage cannot do, and a local write is atomic where a remo
 - :func:`publish_folder` uploads every file of a local folder, the ``last`` file (a manifest) after
   all others, so a reader that waits for the manifest never sees part of a folder. A remote manifest
   that differs from the local one is deleted first, so the folder reads as unfinished while it is
-  being replaced. Running it again resumes: files already uploaded whole are not sent again.
+  being replaced. Running it again resumes: files already uploaded whole are not sent again (S3's
+  ETag of the object, a single-part MD5 or a multipart MD5 of part MD5s, computed locally with the
+  part size the upload used).
 - :func:`fetch_files` copies listed files into a local folder, each checked against its expected
   checksum before it is renamed into place; cached files whose checksum matches are reused. It holds
   a lock on the folder, so several processes (the ranks of one job) can fetch into it at once.
@@ -23,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +133,18 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> by
         return fs.cat_file(path)
 
 
+PART_SIZE = 50 * 2**20
+"""Bytes per part of a multipart upload (s3fs's default); files of two parts or more are sent in parts."""
+MAX_PARTS = 10_000
+"""S3's limit on the parts of one upload: larger files get larger parts."""
+
+
+def part_size(size: int, preferred: int = PART_SIZE) -> int:
+    """The part size :func:`publish_folder` uploads a file of ``size`` bytes with: ``preferred``,
+    or larger when that would take more than :data:`MAX_PARTS` parts."""
+    return max(preferred, math.ceil(size / MAX_PARTS))
+
+
 def _md5(path: Path) -> str:
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as f:
@@ -138,14 +153,38 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _uploaded(local: Path, info: Mapping[str, Any] | None) -> bool:
-    """Whether the remote object described by ``info`` is a whole copy of ``local``: same size and,
-    as S3 reports for single-part uploads, an ETag equal to the file's MD5. Without such an ETag
-    (multipart uploads, other stores) the file is sent again."""
-    if info is None or info.get("size") != local.stat().st_size:
+def multipart_etag(path: Path, part: int) -> str:
+    """The ETag S3 gives ``path`` uploaded in parts of ``part`` bytes: the MD5 of the parts' MD5s,
+    then ``-`` and the number of parts."""
+    digests = []
+    with open(path, "rb") as f:
+        while chunk := f.read(part):
+            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
+
+
+def _uploaded(local: Path, info: Mapping[str, Any] | None, preferred_part: int = PART_SIZE) -> bool:
+    """Whether the remote object described by ``info`` is a whole copy of ``local``: same size and
+    the ETag S3 computed from the bytes it received, a single upload's MD5 or, for a multipart
+    upload, the MD5 of the part MD5s with the part size :func:`publish_folder` uses. Without such an
+    ETag (other stores, other part sizes) the file is sent again."""
+    size = local.stat().st_size
+    if info is None or info.get("size") != size:
         return False
     etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
-    return len(etag) == 32 and "-" not in etag and etag == _md5(local)
+    if "-" in etag:
+        return etag == multipart_etag(local, part_size(size, preferred_part))
+    return len(etag) == 32 and etag == _md5(local)
+
+
+def _put_file(fs: AbstractFileSystem, local: Path, path: str, preferred_part: int) -> None:
+    """Upload ``local`` to ``path``; on S3 in parts of :func:`part_size` bytes (what
+    :func:`_uploaded` expects of a multipart ETag)."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if any(p in ("s3", "s3a") for p in protocols):
+        fs.put_file(str(local), path, chunksize=part_size(local.stat().st_size, preferred_part))
+    else:
+        fs.put_file(str(local), path)
 
 
 def publish_folder(
@@ -154,12 +193,18 @@ def publish_folder(
     *,
     last: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    preferred_part: int = PART_SIZE,
+    files: Iterable[str] | None = None,
 ) -> list[str]:
-    """Upload every file under the local folder ``local`` to ``url`` (same relative paths), the file
-    named ``last`` after all others; returns the relative paths sent (files already there whole are
-    skipped, so an interrupted publish resumes)."""
+    """Upload every file under the local folder ``local`` (or only the relative paths ``files``) to
+    ``url`` (same relative paths), the file named ``last`` after all others; returns the relative
+    paths sent (files already there whole are skipped, so an interrupted publish resumes). Files of
+    two parts of ``preferred_part`` bytes or more go to S3 as multipart uploads (see :func:`part_size`)."""
     local = Path(local)
-    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    if files is None:
+        files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    else:
+        files = sorted(set(files) | ({last} if last is not None and (local / last).is_file() else set()))
     if last is not None and last not in files:
         raise RemoteError(f"{local}: no {last} to publish (the folder is not finished)")
     fs, root = filesystem(url, storage_options)
@@ -170,15 +215,15 @@ def publish_folder(
     remote = {PurePosixPath(p).relative_to(base).as_posix(): i for p, i in remote.items()}
     sent = []
     with remote_errors(url, "uploading"):
-        if last is not None and last in remote and not _uploaded(local / last, remote[last]):
+        if last is not None and last in remote and not _uploaded(local / last, remote[last], preferred_part):
             fs.rm_file(f"{root.rstrip('/')}/{last}")  # the folder reads as unfinished while it changes
             remote.pop(last)
         for name in [f for f in files if f != last] + ([last] if last else []):
-            if _uploaded(local / name, remote.get(name)):
+            if _uploaded(local / name, remote.get(name), preferred_part):
                 continue
             if not is_remote(url):
                 fs.makedirs(f"{root.rstrip('/')}/{PurePosixPath(name).parent}", exist_ok=True)
-            fs.put_file(str(local / name), f"{root.rstrip('/')}/{name}")
+            _put_file(fs, local / name, f"{root.rstrip('/')}/{name}", preferred_part)
             sent.append(name)
     return sent
 

@@ -7,20 +7,23 @@ rows, in the same shuffled order, with:
 - **baseline**: ``pa.memory_map`` + ``pa.ipc.open_stream`` of each shard (two shards per length,
   as the packer writes up to 64M tokens per shard), and for every row a copy
   of its ``input_ids``, ``position_ids``, ``loss_mask`` and ``cu_seqlens`` into fresh arrays (what
-  any loader must at least do: touch the bytes and hand out memory it owns);
+  any loader must at least do: touch the bytes and hand out memory it owns); the columns are the
+  record batch's own arrays, zero-copy from the map;
 - **verification alone**: the checksum of every shard and the row checks of every row (the
   trust this loader adds), without building tensors;
 - ``torch.utils.data.DataLoader(PackedDataset, collate_fn=collate_packed)`` with ``num_workers=0``;
 - ``PackedLoader`` (a DataLoader with an exact resume position) with ``num_workers`` 0 and 2.
 
 Every loader run opens the folder afresh, so it includes the checksum of every shard and the row
-checks of every row. Printed per case: wall and CPU seconds (this process plus its worker
-processes), median and spread (min-max) over ``--reps`` repetitions, tokens/s, and the ratio of the
-baseline's median to the case's (throughput relative to the plain read; the goal is >= 0.3). Worker
-processes are started for every pass, which dominates a pass this short: the wall-clock rate after
-the first batch (workers running) is printed too.
+checks of every row. Repetitions are interleaved (each runs every case once, in turn). Printed per
+case: wall and CPU seconds (this process plus its worker processes), median and spread (min-max)
+over ``--reps`` repetitions, tokens/s, and the ratio of the baseline's median to the case's
+(throughput relative to the plain read; the goal is >= 0.3). Worker processes are started for every
+pass, which dominates a pass this short (hundreds of milliseconds on a busy 2-core machine, against
+tens for the whole baseline pass): the wall-clock rate after the first batch (workers running) is
+printed too, and it is the figure that says what training sees.
 
-    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 48] [--reps 5]
+    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 96] [--reps 5]
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader
 
-from longctx.packer.dataset import PackedDataset, PackedLoader, collate_packed
+from longctx.packer.dataset import PackedDataset, collate_packed
+from longctx.packer.loader import PackedLoader
 from longctx.packer.format import ShardHeader, TokenizerInfo, checksum, open_shard, shard_schema, write_shard
 from longctx.packer.manifest import build_manifest, write_manifest
 from longctx.packer.reader import ShardColumns
@@ -103,17 +107,22 @@ def write_folder(folder: Path, seq_len: int, rows: int, rows_per_shard: int, see
     write_manifest(folder, build_manifest(header, {}, entries, stats, None))
 
 
-def measure(run: Callable[[], int], reps: int) -> tuple[list[float], list[float], int]:
-    """Wall and CPU seconds (this process and its reaped children) per repetition, and tokens read."""
-    walls, cpus, tokens = [], [], 0
+def measure(cases: dict[str, Callable[[], int]], reps: int) -> dict[str, tuple[list[float], list[float], int]]:
+    """Wall and CPU seconds (this process and its reaped children) of every case per repetition, and
+    tokens read. Repetitions are interleaved (each runs every case once), so that a change in the
+    machine's load during the run affects every case alike."""
+    results: dict[str, tuple[list[float], list[float], int]] = {name: ([], [], 0) for name in cases}
     for _ in range(reps):
-        before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.perf_counter()
-        tokens = run()
-        walls.append(time.perf_counter() - started)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(time.process_time() - before + (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime))
-    return walls, cpus, tokens
+        for name, run in cases.items():
+            walls, cpus, _ = results[name]
+            before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            tokens = run()
+            walls.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(time.process_time() - before + (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime))
+            results[name] = (walls, cpus, tokens)
+    return results
 
 
 def plain_read(folder: Path, order: np.ndarray, starts: np.ndarray, files: list[str]) -> int:
@@ -121,9 +130,10 @@ def plain_read(folder: Path, order: np.ndarray, starts: np.ndarray, files: list[
     views = []
     for t in tables:
         seq_len = t.schema.field("input_ids").type.list_size
-        cu = t.column("cu_seqlens").combine_chunks()
+        # the record batch's own arrays, zero-copy from the map (combine_chunks would copy them)
+        cu = t.column("cu_seqlens").chunk(0)
         views.append(
-            [t.column(n).combine_chunks().flatten().to_numpy().reshape(-1, seq_len) for n in ("input_ids", "position_ids", "loss_mask")]
+            [t.column(n).chunk(0).flatten().to_numpy().reshape(-1, seq_len) for n in ("input_ids", "position_ids", "loss_mask")]
             + [cu.offsets.to_numpy(), cu.values.to_numpy()]
         )
     tokens = 0
@@ -155,7 +165,7 @@ def verification_only(folder: Path, order: np.ndarray) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
-    parser.add_argument("--rows", type=int, default=48, help="windows per length (x 4 at 16K)")
+    parser.add_argument("--rows", type=int, default=96, help="windows at 64K (x 2 at 16K)")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -197,7 +207,7 @@ def main() -> None:
                 "PackedLoader, workers 0": dataloader(0, packed=True),
                 "PackedLoader, workers 2": dataloader(2, packed=True),
             }
-            results = {name: measure(run, args.reps) for name, run in cases.items()}
+            results = measure(cases, args.reps)
             base_wall, base_cpu, _ = results["plain memory-mapped read (baseline)"]
             print(f"\nseq_len {seq_len}: {rows} rows, {rows * seq_len / 1e6:.1f}M tokens per repetition")
             for name, (wall, cpu, tokens) in results.items():

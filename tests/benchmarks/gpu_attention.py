@@ -245,11 +245,43 @@ def ring_virtual_zigzag(
 
 
 # Exactness -------------------------------------------------------------------------------------------------
+def not_installed(backend: str) -> bool:
+    """Whether ``backend`` needs a package this machine lacks (the only acceptable reason to skip it)."""
+    return backend == "flash_attn_varlen" and importlib.util.find_spec("flash_attn") is None
+
+
 def unavailable_reason(backend: str, exc: Exception) -> str:
     """Why a pinned backend cannot run here, in one line."""
-    if backend == "flash_attn_varlen" and importlib.util.find_spec("flash_attn") is None:
+    if not_installed(backend):
         return "flash-attn is not installed"
     return f"{type(exc).__name__}: {exc}"
+
+
+def probe_kernels(settings, emit: Emit) -> list[str]:
+    """Each pinned backend's own start-up probe on every head shape of ``settings.probe_shapes``.
+
+    The ring drops a kernel that disagrees with the math kernel on its probe (with a warning), so a
+    wrong kernel would make training slower, not wrong, and the ring checks below would never see it.
+    Here such a rejection is a failure; only a backend whose package is not installed is skipped.
+    Returns the failures.
+    """
+    failures = []
+    for dtype in settings.exact_dtypes:
+        for head_dim, heads, kv_heads in settings.probe_shapes:
+            for backend in settings.exact_backends:
+                if backend in ("auto", "math"):
+                    continue
+                case = {"dtype": str(dtype), "backend": backend, "probe_shape": [head_dim, heads, kv_heads]}
+                try:
+                    select_kernels(settings.device, dtype, head_dim, heads, kv_heads, backend)
+                except (RuntimeError, ValueError) as exc:
+                    status = "unavailable" if not_installed(backend) else "FAIL"
+                    emit({**case, "status": status, "reason": unavailable_reason(backend, exc)})
+                    if status == "FAIL":
+                        failures.append(f"{dtype} {backend} probe at head_dim/heads/kv {head_dim}/{heads}/{kv_heads}")
+                    continue
+                emit({**case, "status": "ok"})
+    return failures
 
 
 def compare(actual: Sequence[Tensor], expected: Sequence[Tensor], dtype: torch.dtype) -> dict:
@@ -285,7 +317,7 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
         str(dtype): [k.name for k in select_kernels(device, dtype, head_dim, heads, kv_heads)]
         for dtype in settings.exact_dtypes
     }
-    failures, checked, skipped = [], 0, 0
+    failures, checked, skipped = probe_kernels(settings, emit), 0, 0
     estimate_s = settings.exact_case_estimate_s  # then the last layout's time, with a margin
     for dtype in settings.exact_dtypes:
         for seed, (layout, lengths) in enumerate(exactness_layouts(tokens).items()):
@@ -304,12 +336,15 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
                 try:
                     kernels = select_kernels(device, dtype, head_dim, heads, kv_heads, backend)
                 except (RuntimeError, ValueError) as exc:
+                    status = "unavailable" if not_installed(backend) else "FAIL"
+                    if status == "FAIL":
+                        failures.append(f"{dtype} {layout} {backend}: rejected")
                     emit(
                         {
                             "dtype": str(dtype),
                             "layout": layout,
                             "backend": backend,
-                            "status": "unavailable",
+                            "status": status,
                             "reason": unavailable_reason(backend, exc),
                         }
                     )

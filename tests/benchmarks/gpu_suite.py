@@ -15,6 +15,11 @@ stopped by a timeout still leaves what it measured):
    own model and optimizer at world size 1 with activation checkpointing: tokens/s, MFU, peak memory
    against ``longctx plan`` (goal: within 15%).
 4. ``longest``: one training step at 64K, 128K and 256K tokens until one runs out of memory.
+5. ``memory``: the memory model under selective and no checkpointing: a step's peak against
+   ``longctx plan`` (goal: within 15%).
+
+Section 1 also runs each kernel's start-up probe on several head shapes: the ring silently drops a kernel
+that disagrees with the math kernel there (it would train slower, not wrong), so a rejection is a failure.
 
 Usage::
 
@@ -43,7 +48,9 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import datetime
+import hashlib
 import os
 import platform
 import subprocess
@@ -60,7 +67,7 @@ from gpu_measure import Deadline, free_memory
 from longctx.core.atomic import write_json
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("exactness", "speed", "training", "longest")
+SECTIONS = ("exactness", "speed", "training", "longest", "memory")
 SOURCE_FOLDERS = {"longctx.trainer": "trainer", "longctx.packer": "packer", "longctx.core": "longctx/core"}
 
 
@@ -77,6 +84,7 @@ class Settings:
     exact_dtypes: tuple[torch.dtype, ...]
     exact_backends: tuple[str, ...]
     exact_case_estimate_s: float
+    probe_shapes: tuple[tuple[int, int, int], ...]
     speed_tokens: tuple[int, ...]
     speed_dtype: torch.dtype
     speed_mean_document: int
@@ -87,6 +95,7 @@ class Settings:
     train_steps: int
     longest_tokens: tuple[int, ...]
     longest_max_document: int
+    memory_cases: tuple[tuple[str, int], ...]
     caps: dict[str, float]
     budget_s: float
     speed_goal: float = 0.7
@@ -110,6 +119,8 @@ def gpu_settings(device: torch.device, budget_s: float, exact_tokens: int | None
         exact_dtypes=(torch.bfloat16,),
         exact_backends=("auto", "flash_attn_varlen", "torch_flash_varlen", "torch_efficient", "math"),
         exact_case_estimate_s=12.0,
+        # (head_dim, heads, kv_heads): the exactness shape, the training model's, MHA, and smaller heads
+        probe_shapes=((128, 32, 8), (128, 16, 4), (128, 16, 16), (64, 32, 8), (64, 8, 1)),
         speed_tokens=(8192, 32768, 131072),
         speed_dtype=torch.bfloat16,
         speed_mean_document=2048,
@@ -129,7 +140,8 @@ def gpu_settings(device: torch.device, budget_s: float, exact_tokens: int | None
         train_steps=5,
         longest_tokens=(65536, 131072, 262144),
         longest_max_document=32768,
-        caps={"exactness": 120.0, "speed": 110.0, "training": 80.0, "longest": 130.0},
+        memory_cases=(("selective", 32768), ("selective", 65536), ("none", 16384)),
+        caps={"exactness": 120.0, "speed": 110.0, "training": 80.0, "longest": 130.0, "memory": 90.0},
         budget_s=budget_s,
         reps={8192: (3, 10), 32768: (2, 6)},
     )
@@ -147,6 +159,7 @@ def smoke_settings(budget_s: float) -> Settings:
         exact_dtypes=(torch.float32, torch.bfloat16),
         exact_backends=("auto", "cpu_flash", "math"),
         exact_case_estimate_s=0.0,
+        probe_shapes=((16, 4, 2), (16, 4, 4)),
         speed_tokens=(256, 512),
         speed_dtype=torch.bfloat16,
         speed_mean_document=32,
@@ -165,6 +178,7 @@ def smoke_settings(budget_s: float) -> Settings:
         train_steps=2,
         longest_tokens=(256, 512, 1024),
         longest_max_document=128,
+        memory_cases=(("selective", 256), ("none", 256)),
         caps={name: 60.0 for name in SECTIONS},
         budget_s=budget_s,
         reps={1 << 30: (1, 2)},
@@ -217,6 +231,16 @@ def third_party_imports() -> list[str]:
     return sorted(name for name in names & loaded if name not in sys.stdlib_module_names)
 
 
+def source_digest() -> str:
+    """SHA-256 over the checkout's longctx sources (paths and bytes): names the code that ran even where
+    the copy's git metadata is not this tree's (the device tool sends files, and git may lag behind)."""
+    digest = hashlib.sha256()
+    for folder in sorted(SOURCE_FOLDERS.values()):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def environment(device: torch.device) -> dict:
     """What ran: device, library versions, the checkout's commit where git can tell."""
     info: dict = {
@@ -236,6 +260,7 @@ def environment(device: torch.device) -> dict:
             memory_gib=props.total_memory / 2**30,
             cudnn=torch.backends.cudnn.version(),
         )
+    info["source_sha256"] = source_digest()
     try:
         info["commit"] = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"],
@@ -280,13 +305,14 @@ class Report:
 def run_sections(settings: Settings, names: list[str], report: Report) -> bool:
     """Run the chosen sections in order under the suite's budget; whether every check passed."""
     from gpu_attention import run_exactness, run_speed
-    from gpu_training import run_longest_context, run_training
+    from gpu_training import run_longest_context, run_memory_model, run_training
 
     runners = {
         "exactness": lambda d, e, s: run_exactness(settings, d, e),
         "speed": lambda d, e, s: run_speed(settings, d, e),
         "training": lambda d, e, s: run_training(settings, d, e, s),
         "longest": lambda d, e, s: run_longest_context(settings, d, e, s),
+        "memory": lambda d, e, s: run_memory_model(settings, d, e, s),
     }
     suite = Deadline.after(settings.budget_s)
     shared: dict = {}
@@ -350,13 +376,23 @@ def table(data: dict) -> str:
                 {
                     f"{c['backend']} ({c['reason']})"
                     for c in section["cases"]
-                    if c.get("status") == "unavailable"
+                    if c.get("status") == "unavailable" and "probe_shape" not in c
                 }
             )
             lines.append(
                 f"{head}  {summary['checked']} checks, worst error {worst:.1e}; auto chain "
                 + "; ".join(f"{d}: {' > '.join(c)}" for d, c in summary["auto_kernel_chain"].items())
             )
+            probes = [c for c in section["cases"] if "probe_shape" in c]
+            if probes:
+                rejected = [c for c in probes if c["status"] == "FAIL"]
+                lines.append(
+                    f"    kernel probes: {len(probes) - len(rejected)} of {len(probes)} accepted"
+                    + "".join(
+                        f"; REJECTED {c['backend']} at {'/'.join(map(str, c['probe_shape']))}: {c['reason']}"
+                        for c in rejected
+                    )
+                )
             for case in cases:
                 lines.append(
                     f"    {case['dtype'][6:]:8s} {case['backend']:18s} {case['mode']:11s} "
@@ -407,12 +443,38 @@ def table(data: dict) -> str:
                     )
                 parts.append(label)
             lines.append(f"{head}  " + "; ".join(parts))
+        elif name == "memory" and summary:
+            parts = [
+                f"{c['mode']} {_tokens(c['tokens'])} "
+                + (
+                    f"{_gib((c['peak_memory'] or {}).get('peak_allocated_gib'))} vs plan "
+                    f"{_gib(c['plan_estimate']['total_gib'])}"
+                    + (f" ({c['peak_over_plan']:.2f}x)" if "peak_over_plan" in c else "")
+                    if c["status"] == "measured"
+                    else c["status"]
+                )
+                for c in section["cases"]
+            ]
+            lines.append(f"{head}  " + "; ".join(parts))
         else:
             lines.append(head + ("  " + section.get("reason", "") if section.get("reason") else ""))
     return "\n".join(lines)
 
 
 # Main ------------------------------------------------------------------------------------------------------
+def memory_cases(text: str) -> tuple[tuple[str, int], ...]:
+    """``MODE:TOKENS,...`` -> ``((mode, tokens), ...)``, for ``--memory-cases``."""
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        mode, _, tokens = item.partition(":")
+        if mode not in ("none", "full", "selective") or not tokens.isdigit() or int(tokens) <= 0:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected MODE:TOKENS with MODE none, full or selective")
+        cases.append((mode, int(tokens)))
+    if not cases:
+        raise argparse.ArgumentTypeError("no case given")
+    return tuple(cases)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -433,6 +495,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="window of the exactness checks on a GPU (default 2560; a multiple of 8; the float64 CPU "
         "reference's time grows as its square)",
+    )
+    parser.add_argument(
+        "--memory-cases",
+        type=memory_cases,
+        default=None,
+        help="the memory section's cases as MODE:TOKENS,... (e.g. none:8192,selective:131072; default "
+        "selective:32768,selective:65536,none:16384)",
     )
     parser.add_argument(
         "--budget-s",
@@ -478,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = torch.device("cuda", torch.cuda.current_device())
         settings = gpu_settings(device, args.budget_s or 450.0, args.exact_tokens)
+    if args.memory_cases:
+        settings = dataclasses.replace(settings, memory_cases=args.memory_cases)
     started = time.perf_counter()
     report = Report(
         out,

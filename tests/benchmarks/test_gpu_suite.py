@@ -45,13 +45,16 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     assert "not GPU figures" in run.stdout
     sections = report["sections"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(
-        ("exactness", "speed", "training", "longest"), "passed"
+        ("exactness", "speed", "training", "longest", "memory"), "passed"
     )
     exact = sections["exactness"]["summary"]
     # dtypes x kernels (auto, cpu_flash, math) x (layouts x ring modes + one strided layout)
     assert exact["checked"] == 2 * 3 * (4 * 2 + 1)
-    assert all(c["passed"] for c in sections["exactness"]["cases"])
-    assert {tuple(sorted(c["kernels_used"])) for c in sections["exactness"]["cases"]} == {
+    ring_cases = [c for c in sections["exactness"]["cases"] if "probe_shape" not in c]
+    assert all(c["passed"] for c in ring_cases)
+    probes = [c for c in sections["exactness"]["cases"] if "probe_shape" in c]
+    assert len(probes) == 2 * 2 and {c["status"] for c in probes} == {"ok"}  # dtypes x head shapes, cpu_flash
+    assert {tuple(sorted(c["kernels_used"])) for c in ring_cases} == {
         ("cpu_flash",),
         ("math",),
     }
@@ -61,6 +64,9 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     assert training["steps_timed"] == 2 and training["losses_finite"] and training["tokens_per_s"] > 0
     assert training["plan_estimate"]["total_gib"] > 0
     assert sections["longest"]["summary"]["fits"] == [256, 512, 1024]
+    memory_cases = sections["memory"]["cases"]
+    assert [(c["mode"], c["status"]) for c in memory_cases] == [("selective", "measured"), ("none", "measured")]
+    assert all(c["plan_estimate"]["total_gib"] > 0 and c["loss"] > 0 for c in memory_cases)
     # Everything the suite's code imports is on the GPU machine or travels as a wheel.
     from importlib.metadata import packages_distributions
 
@@ -125,7 +131,8 @@ def test_time_cap_skips_cases_and_fails_the_section() -> None:
     emitted: list[dict] = []
     summary = gpu_attention.run_exactness(settings, Deadline.after(-1.0), emitted.append)
     assert not summary["passed"] and summary["checked"] == 0
-    assert emitted and all(case["status"] == "skipped" for case in emitted)
+    ring_cases = [case for case in emitted if "probe_shape" not in case]  # probes take no time; they run
+    assert ring_cases and all(case["status"] == "skipped" for case in ring_cases)
 
 
 def test_longest_context_stops_at_the_first_out_of_memory() -> None:

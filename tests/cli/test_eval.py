@@ -23,6 +23,7 @@ from longctx.config import parse_config
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import make_run
 from tests.readme import code_blocks
+from tests.s3server import s3  # noqa: F401  (the fixture)
 
 transformers = pytest.importorskip("transformers")
 
@@ -137,3 +138,31 @@ def test_bad_models_are_refused_before_any_work(trained_run, tmp_path: Path, cap
     assert "no trained model at" in capsys.readouterr().err
     after = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
     assert after == before and not (tmp_path / "empty").exists()
+
+
+def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: Path) -> None:  # noqa: F811
+    """``eval.shards`` given as an ``s3://`` URL (published from the run's shards) scores exactly the
+    windows and losses of the same folder read locally, from a checked copy in the run's cache;
+    its storage options never reach the results."""
+    import shutil
+
+    from longctx.core.remote import cache_folder, publish_folder
+
+    root, config, _ = trained_run
+    local = tmp_path / "seq256"  # a copy: not the training folder, so no held-out rows either way
+    shutil.copytree(root / "shards" / f"seq{SEQ_LEN}", local)
+    url = f"s3://{s3.bucket()}/elsewhere/seq{SEQ_LEN}"
+    publish_folder(local, url, last="manifest.json", storage_options=s3.storage_options)
+    settings = yaml.safe_load(config.read_text())
+    settings["eval"] = {"models": ["trained"], "rows": 3, "needle": None, "shards": str(local)}
+    by_local = jobs.evaluate(parse_config(settings))
+    settings["eval"] |= {"shards": url, "storage_options": s3.storage_options}
+    by_url = jobs.evaluate(parse_config(settings))
+    expected = json.loads((Path(by_local["folder"]) / "loss_by_position.json").read_text())
+    got = json.loads((Path(by_url["folder"]) / "loss_by_position.json").read_text())
+    assert got["shards"] == url and expected["shards"] == str(local)
+    assert got["rows"] == expected["rows"] and got["models"] == expected["models"]
+    assert (cache_folder(url, root / "cache") / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+    assert s3.endpoint not in (Path(by_url["folder"]) / "summary.json").read_text()
+    with pytest.raises(Exception, match=r"eval\.shards.*path does not exist"):
+        parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}})

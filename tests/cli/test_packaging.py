@@ -29,6 +29,7 @@ import longctx.trainer, longctx.trainer.attention
 # the trainer's modules, the dataloader, and what evaluation reads of the pipeline
 names = [
     "longctx.packer.dataset",
+    "longctx.packer.loader",
     "longctx.packer.reader",
     "longctx.pipeline.documents",
     "longctx.pipeline.synthetic.tasks",
@@ -82,7 +83,7 @@ def test_trainer_imports_without_datatrove(tmp_path: Path) -> None:
     imported = int(_python(_NO_DATATROVE, cwd=tmp_path))
     # every module and subpackage of the trainer, the dataloader, and what evaluation reads
     modules = [p for p in (REPO / "trainer").rglob("*.py") if p.parent.name != "trainer" or p.stem != "__init__"]
-    assert imported == len(modules) + 4
+    assert imported == len(modules) + 5
 
 
 @pytest.mark.parametrize("where", ["repo", "elsewhere"])

@@ -199,3 +199,66 @@ def test_ranks_fetching_into_one_cache_at_once_get_one_intact_copy(published, s3
     folders = {(tmp_path / f"r{i}").read_text() for i in range(2)}
     assert len(folders) == 1
     assert local_files(Path(folders.pop())) == local_files(root / "shards" / f"seq{SEQ_LEN}")
+
+
+@pytest.fixture()
+def endpoint_env(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """What a user of the CLI sets: the endpoint in the environment (credentials already are)."""
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    s3fs.S3FileSystem.clear_instance_cache()  # no file system made before the variable was set
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_inspect_reads_s3_shards_as_the_local_ones(published, endpoint_env, tmp_path: Path, capsys) -> None:
+    """``longctx inspect URL --validate`` (a shards folder above seq<N> folders, and one shard file)
+    prints what inspecting the local pack prints, the URL in place of the path, from a checked copy."""
+    from longctx.cli import main
+
+    root, url = published
+    assert main(["inspect", str(root / "shards"), "--validate"]) == 0
+    local = capsys.readouterr().out
+    assert main(["inspect", url, "--validate", "--cache", str(tmp_path)]) == 0
+    got = capsys.readouterr().out
+    assert local.count("valid (every invariant holds)") == len(SEQ_LENS)
+    assert got == local.replace(str(root / "shards"), url)
+    for n in SEQ_LENS:
+        assert local_files(cache_folder(f"{url}/seq{n}", tmp_path)) == local_files(root / "shards" / f"seq{n}")
+
+    shard = sorted((root / "shards" / f"seq{SEQ_LEN}").glob("*.arrow"))[1]
+    assert main(["inspect", str(shard), "--validate", "--show", "1"]) == 0
+    local = capsys.readouterr().out
+    one = ["--validate", "--show", "1", "--tokenizer", str(root / "tokenizer.json"), "--cache", str(tmp_path / "one")]
+    assert main(["inspect", f"{url}/seq{SEQ_LEN}/{shard.name}", *one]) == 0
+    assert capsys.readouterr().out == local.replace(str(shard), f"{url}/seq{SEQ_LEN}/{shard.name}")
+    copied = cache_folder(f"{url}/seq{SEQ_LEN}", tmp_path / "one")
+    assert [p.name for p in copied.iterdir()] == [shard.name]  # only that shard, and no manifest
+
+
+def test_inspect_refuses_missing_and_damaged_remote_shards_in_one_line(
+    published, endpoint_env, s3: S3, tmp_path: Path, capsys  # noqa: F811
+) -> None:
+    from longctx.cli import main
+
+    root, url = published
+    for missing in (f"{url}/seq999", "s3://no-such-bucket/shards", f"{url}/seq{SEQ_LEN}/99999_00000.arrow"):
+        assert main(["inspect", missing, "--cache", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"longctx inspect: {missing}"), err
+    damaged_url = url.replace("/run/", "/inspect-damaged/")
+    source = root / "shards" / f"seq{SEQ_LEN}"
+    publish_folder(source, f"{damaged_url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options)
+    victim = sorted(source.glob("*.arrow"))[0].name
+    data = bytearray(source.joinpath(victim).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    s3.fs().pipe_file(f"{damaged_url.removeprefix('s3://')}/seq{SEQ_LEN}/{victim}", bytes(data))
+    for target in (damaged_url, f"{damaged_url}/seq{SEQ_LEN}/{victim}"):
+        assert main(["inspect", target, "--validate", "--cache", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"longctx inspect: {damaged_url}/seq{SEQ_LEN}/{victim}: checksum differs from the manifest's (the remote "
+            "file was modified or damaged); re-publish it"
+        )
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name == victim]

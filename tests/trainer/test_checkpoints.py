@@ -178,7 +178,7 @@ def test_memory_beyond_the_device_is_refused_before_loading(packed: Path, tmp_pa
     from longctx.trainer import train as train_module
 
     monkeypatch.setattr(train_module, "device_memory", lambda device: 1_000_000)
-    with pytest.raises(ConfigError, match=r"does not fit .*per rank \(model states .*train.activation_checkpointing"):
+    with pytest.raises(ConfigError, match=r"does not fit .*per rank \(weights, AdamW moments and gradients .*train.activation_checkpointing"):
         run(config(packed, tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 

@@ -137,14 +137,28 @@ def test_overlap_threshold_reduces_to_ring_attentions_f_over_b() -> None:
 
 
 def test_rank_memory(toy: plan.ModelShape) -> None:
+    """FSDP2 over 2 ranks, no checkpointing: every part counted by hand for the toy shape."""
     params = 2 * (64 * 192 + 3 * 64 * 176 + 2 * 64) + 64 + 2 * 100 * 64
     assert params == 105_280
     memory = plan.rank_memory(toy, 1024, 4, state_shards=2)
-    assert memory.model_states == 16 * params / 2
-    assert memory.activations == 2 * 256 * 2_320
+    # per token a block saves c(3q + 2k + 4i) + 4a + r 4h = 2 * 960 + 16 + 2 * 256 (bf16 residual under
+    # FSDP; the attention output twice, the ring's and the output projection's input)
+    saved = 2_448
+    held = 256 * saved  # one block, 256 tokens per rank
+    # backward's start holds more than its end: both blocks' activations and the output projection's gradient
+    assert 2 * held + 4 * 6_400 / 2 > held + 4 * params / 2
+    assert memory.model_states == 12 * params / 2 + 4 * 6_400 / 2
+    # plus the block in backward's gradients: MLP gate, up, product 3ci and the block's input and output 2rh
+    assert memory.activations == 2 * held + 256 * (2 * 3 * 176 + 2 * 2 * 64)
     assert memory.ring_buffers == 2 * (2 * 256 * 32 * 2) + 2 * (2 * 256 * 32 * 4)
-    recomputed = plan.rank_memory(toy, 1024, 4, activation_checkpointing=True)
-    assert recomputed.activations == 2 * 256 * 2 * 64 + 256 * 2_320
+    assert memory.optimizer_step == 20 * params / 2
+    assert memory.total == memory.backward
+    recomputed = plan.rank_memory(toy, 1024, 4, state_shards=2, activation_checkpointing=True)
+    # with recomputation a block holds only its input, 2h: every gradient outweighs both blocks' inputs,
+    # so the peak is backward's end, with one block's input left
+    assert 2 * 256 * 2 * 64 + 4 * 6_400 / 2 < 256 * 2 * 64 + 4 * params / 2
+    assert recomputed.model_states == 16 * params / 2
+    assert recomputed.activations == 256 * 2 * 64 + 256 * (saved + 2 * 3 * 176 + 2 * 2 * 64)
 
 
 def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
@@ -152,19 +166,50 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
     params = 105_280
     block = 64 * 192 + 3 * 64 * 176 + 2 * 64  # h(2q + 2k) + 3hi + 2h
     memory = plan.rank_memory(toy, 1024, 4, state_shards=4, activation_checkpointing="selective")
-    assert memory.model_states == 16 * params / 4
+    assert memory.model_states == 12 * params / 4 + 4 * 6_400 / 4
     # two blocks and the output projection, gathered in bf16 with bf16 gradients and fp32 reduce buffers
     assert memory.gathered_params == (2 * block + 100 * 64) * (2 + 2 + 4)
-    # per token per layer: input 2h + rotated q, k, v and attention output 2(2q + 2k) + fp32 lse 4a,
-    # plus one layer's full activations (2_320 bytes per token) while it is recomputed
-    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (2 * 64 + 2 * 32) + 4 * 4) + 256 * 2_320
+    # per token per layer: input 2h + rotated q, k, v and the attention output twice 2(3q + 2k) + fp32
+    # lse 4a, plus one layer's saved activations (2_448 bytes per token) and gradients while recomputed
+    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (3 * 64 + 2 * 32) + 4 * 4) + 256 * (2_448 + 1_312)
     # all 256 tokens of the rank fit one chunk: fp32 logits and gradient plus the bf16 product
     assert memory.logits == 256 * 100 * (4 + 4 + 2)
     assert memory.total == pytest.approx(
         memory.model_states + memory.gathered_params + memory.activations + memory.logits + memory.ring_buffers
     )
-    unsharded = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
-    assert unsharded.gathered_params == 0 and unsharded.activations == 2 * 2 * 256 * 2_320  # fp32 doubles them
+    fp32 = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
+    # float32 throughout: c = r = 4 in the per-token terms above
+    assert fp32.gathered_params == 0 and fp32.activations == 2 * 256 * (4 * 960 + 16 + 4 * 256) + 256 * (
+        4 * 3 * 176 + 4 * 2 * 64
+    )
+
+
+def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelShape) -> None:
+    """bf16 autocast over float32 parameters: block inputs, norms and their gradients are float32 (r = 4),
+    and autocast casts the norms' outputs to bf16 once for each of the five input projections (5h more)."""
+    autocast = plan.rank_memory(toy, 1024, 1, activation_checkpointing="full")
+    sharded = plan.rank_memory(toy, 1024, 1, state_shards=2, activation_checkpointing="full")
+    saved = 2 * 960 + 16 + 4 * 4 * 64 + 2 * 5 * 64
+    # at backward's end (every gradient outweighs the other block's input): one block's float32 input for
+    # 1024 tokens, the recomputed block's saved activations and gradients
+    assert autocast.activations == 1024 * 4 * 64 + 1024 * (saved + 2 * 3 * 176 + 4 * 2 * 64)
+    assert autocast.activations > sharded.activations
+    assert plan.rank_memory(toy, 1024, 1, activation_checkpointing="full", residual_bytes=2).activations == (
+        1024 * 2 * 64 + 1024 * (2_448 + 1_312)
+    )
+
+
+def test_the_peak_moves_to_the_end_of_backward_and_to_the_optimizer_step(toy: plan.ModelShape) -> None:
+    """Short windows: every gradient outweighs the blocks' activations (the peak is backward's end), and
+    AdamW's step, 20 bytes per parameter, outweighs all of backward."""
+    from longctx.trainer.memory import working_bytes_per_token
+
+    params = 105_280
+    memory = plan.rank_memory(toy, 8, 1, activation_checkpointing="full")
+    held = 8 * 4 * 64  # one block's float32 input for 8 tokens
+    assert memory.model_states == 12 * params + 4 * params
+    assert memory.activations == held + 8 * working_bytes_per_token(toy, "full", 2, 4)
+    assert memory.backward < memory.optimizer_step == 20 * params == memory.total
 
 
 def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelShape) -> None:
@@ -173,7 +218,7 @@ def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelSh
     memory = plan.rank_memory(toy, 1024, 4, state_shards=4)
     assert usable_bytes(80e9) == 0.9 * 80e9 - 2 * GiB
     check_fits(memory, 80e9, where="an 80 GB GPU", settings="toy")
-    with pytest.raises(ConfigError, match=r"does not fit a tiny GPU: about .* per rank \(model states .*activations"):
+    with pytest.raises(ConfigError, match=r"does not fit a tiny GPU: about .* per rank \(weights, AdamW moments and gradients .*activations.*optimizer step"):
         check_fits(memory, memory.total, where="a tiny GPU", settings="toy")  # the headroom is missing
 
 

@@ -267,6 +267,10 @@ class TorchEfficientKernel(BlockKernel):
         scale: float,
     ) -> tuple[Tensor, Tensor, Tensor]:
         n_heads, n_kv_heads, rows = q.shape[1], k.shape[1], q.shape[0]
+        # Given an output laid out heads-first (as the math kernel returns it), this backward returns wrong
+        # gradients (relative errors of 1-2, or NaN, on an H200): it is handed tokens-first contiguous
+        # tensors, the layout PyTorch's own forward returns, so inside the ring nothing is copied.
+        out, dout = out.contiguous(), dout.contiguous()
         width = math.ceil(rows / self._LSE_ALIGNMENT) * self._LSE_ALIGNMENT
         lse_padded = torch.zeros(1, n_heads, width, dtype=torch.float32, device=q.device)
         lse_padded[0, :, :rows] = lse

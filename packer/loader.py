@@ -1,0 +1,208 @@
+"""Batches of a :class:`~longctx.packer.dataset.PackedDataset` from DataLoader worker processes,
+with the dataset's resume position exact and each batch handed across processes as one block.
+
+torch's DataLoader sends every tensor a worker returns through its own shared-memory segment,
+created, passed by file descriptor and mapped again for each tensor; with five tensors per batch that
+costs milliseconds per batch, more than reading a 64K window. :class:`PackedLoader` instead gives the
+workers a ring of shared-memory slots allocated once per pass: a worker writes several batches
+(:data:`TRANSFER_TOKENS` tokens at least) into one slot with
+:func:`~longctx.packer.dataset.write_batch` and sends only their offsets; the training process copies
+each batch out of the slot into memory it owns (one copy, no conversion) and splits it into views.
+Every row is still checked in the worker that reads it (:meth:`ShardSet.tokens
+<longctx.packer.reader.ShardSet.tokens>`), before any of it is written to a slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from longctx.packer.dataset import Batch, PackedDataset, Sample, batch_views, collate_packed, tokens_to_batch, write_batch
+
+TRANSFER_TOKENS = 1 << 18
+"""Tokens a worker writes into one slot per message at least (whole batches): the per-message cost of
+the DataLoader's queues (about a millisecond on a busy 2-core machine) is then small against the work."""
+
+_HEADER = 64  # a slot starts with the number of the item it holds (-1 while it is being written)
+_ALIGN = 64
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class _BatchStream(IterableDataset):
+    """The batches of one pass of :class:`PackedLoader` from a fixed start, grouped into items of
+    ``per_item`` consecutive batches: worker ``w`` of ``W`` builds items ``w, w + W, ...``, which
+    DataLoader hands out in order (it takes one result from each worker in turn), so the stream is the
+    same for any number of workers.
+
+    An item is what one worker message carries: with ``slots`` (shared memory, one slot per item the
+    DataLoader can have in flight), the item's batches are written into slot ``item % len(slots)`` and
+    the message is ``(item, [(offset, rows, cu_len, max_seqlen), ...])``; without, it is the batch
+    itself (``collate`` of the rows' samples, or :func:`tokens_to_batch` when ``collate`` is None)."""
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        batch_size: int,
+        drop_last: bool,
+        collate: Callable[[list[Sample]], Any] | None,
+        per_item: int = 1,
+        slots: torch.Tensor | None = None,
+    ) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.collate = collate
+        self.per_item = per_item
+        self.slots = slots
+        self.epoch, self.start = dataset.epoch, dataset.consumed
+
+    def sizes(self) -> list[int]:
+        """Rows of each batch of the pass (the last may be short unless ``drop_last``)."""
+        left = len(self.dataset) - self.start
+        full, rest = divmod(left, self.batch_size)
+        return [self.batch_size] * full + ([rest] if rest and not self.drop_last else [])
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        order = self.dataset.order(self.epoch)[self.start :]
+        batches = len(self.sizes())
+        slots = None if self.slots is None else self.slots.numpy()
+        for item in range(worker, -(-batches // self.per_item), workers):
+            first = item * self.per_item
+            rows = [
+                order[j * self.batch_size : (j + 1) * self.batch_size]
+                for j in range(first, min(first + self.per_item, batches))
+            ]
+            if self.collate is not None:
+                yield self.collate([self.dataset[int(r)] for r in rows[0]])
+            elif slots is None:
+                yield tokens_to_batch([self.dataset.shards.tokens(int(r)) for r in rows[0]])
+            else:
+                yield item, self._write(slots[item % len(slots)], item, rows)
+
+    def _write(self, slot: np.ndarray, item: int, batches: list[np.ndarray]) -> list[tuple[int, int, int, int]]:
+        """Write ``batches`` (rows checked as they are read) into ``slot``; their places in it."""
+        header = slot[:8].view(np.int64)
+        header[0] = -1
+        places, offset = [], _HEADER
+        for rows in batches:
+            tokens = [self.dataset.shards.tokens(int(r)) for r in rows]
+            arrays, longest = write_batch(tokens, slot[offset:])
+            cu_len = len(arrays["cu_seqlens"])
+            places.append((offset, len(rows), cu_len, longest))
+            offset += _aligned(25 * len(rows) * self.dataset.seq_len + 4 * cu_len)
+        header[0] = item
+        return places
+
+
+class PackedLoader:
+    """Batches of a :class:`PackedDataset`, loaded by ``torch.utils.data.DataLoader`` (optionally in
+    ``num_workers`` worker processes), with the dataset's position exact for checkpoints.
+
+    Each pass yields the rest of the dataset's current epoch, ``batch_size`` rows at a time (the
+    batches never cross an epoch), in the same order as iterating the dataset in-process, whatever
+    ``num_workers``. The dataset's position moves in this process when a batch is handed out, not
+    when a worker prefetches it, so ``dataset.state_dict()`` taken between batches resumes exactly.
+    Other keyword arguments (``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``...) go to
+    the DataLoader; workers are started for each pass (not persistent: each pass starts from the
+    dataset's position at that time).
+
+    With the default ``collate_fn`` (:func:`collate_packed`), batches are built directly from the
+    shard's columns into one buffer each, and workers hand them over through shared-memory slots (see
+    the module's docstring); each batch the loader yields owns its memory. A custom ``collate_fn``
+    gets the rows' samples and its batches travel the DataLoader's usual way.
+    """
+
+    def __init__(
+        self,
+        dataset: PackedDataset,
+        *,
+        batch_size: int = 1,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        collate_fn: Callable[[list[Sample]], Any] = collate_packed,
+        **loader_kwargs: Any,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if loader_kwargs.get("persistent_workers"):
+            raise ValueError("PackedLoader starts its workers for each pass; persistent_workers is not supported")
+        if loader_kwargs.get("in_order") is False:
+            raise ValueError("PackedLoader hands out batches in order; in_order=False is not supported")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.loader_kwargs = loader_kwargs
+
+    def __len__(self) -> int:
+        """Batches left in the current pass."""
+        return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes())
+
+    def __iter__(self) -> Iterator[Any]:
+        kwargs = dict(self.loader_kwargs)
+        custom = None if self.collate_fn is collate_packed else self.collate_fn
+        epoch = self.dataset.epoch
+        if custom is not None or self.num_workers == 0:
+            stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom)
+            batches: Iterator[tuple[int, Any]] = zip(stream.sizes(), self._loader(stream, kwargs), strict=True)
+        else:
+            batches = self._through_slots(kwargs)
+        for size, batch in batches:
+            self.dataset._advance(size)
+            yield batch
+        if self.drop_last and self.dataset.epoch == epoch:
+            self.dataset._advance(len(self.dataset) - self.dataset.consumed)  # the dropped rows end the epoch
+
+    def _loader(self, stream: _BatchStream, kwargs: dict[str, Any]) -> DataLoader:
+        return DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
+
+    def _through_slots(self, kwargs: dict[str, Any]) -> Iterator[tuple[int, Batch]]:
+        """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and copied out."""
+        seq_len = self.dataset.seq_len
+        per_item = max(1, TRANSFER_TOKENS // (self.batch_size * seq_len))
+        # the largest batch: every segment one token long
+        largest = _aligned(25 * self.batch_size * seq_len + 4 * (self.batch_size * seq_len + 1))
+        # in flight: the item being copied out and prefetch_factor items per worker
+        count = kwargs.get("prefetch_factor") or 2
+        count = count * self.num_workers + 1
+        slots = torch.empty(count, _HEADER + per_item * largest, dtype=torch.uint8).share_memory_()
+        pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+        if pin:
+            kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
+        stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, None, per_item, slots)
+        expected = stream.sizes()
+        ring = slots.numpy()
+        handed = 0
+        for item, places in self._loader(stream, kwargs):
+            slot = ring[item % count]
+            for offset, rows, cu_len, longest in places:
+                own = torch.empty(25 * rows * seq_len + 4 * cu_len, dtype=torch.uint8, pin_memory=pin)
+                data = own.numpy()
+                np.copyto(data, slot[offset : offset + len(data)])
+                if int(slot[:8].view(np.int64)[0]) != item:
+                    raise RuntimeError(
+                        f"PackedLoader: slot {item % count} was overwritten while batch rows were copied out of it "
+                        "(more items in flight than prefetch_factor x num_workers); please report this"
+                    )
+                batch: Batch = {key: torch.from_numpy(value) for key, value in batch_views(data, rows, seq_len, cu_len).items()}
+                batch["max_seqlen"] = longest
+                if rows != expected[handed]:
+                    raise RuntimeError(f"PackedLoader: batch {handed} has {rows} rows, expected {expected[handed]}")
+                handed += 1
+                yield rows, batch
+        if handed != len(expected):
+            raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
