@@ -166,3 +166,18 @@ def test_the_readme_object_storage_config_is_valid(tmp_path: Path) -> None:
     (block,) = code_blocks("Object storage", "yaml")
     cfg = parse_config(yaml.safe_load(block) | {"output": str(tmp_path), "context": {"original": 64, "target": SEQ_LEN}})
     assert cfg.curate.output == cfg.pack.input and cfg.pack.output.startswith(cfg.pack.input)
+
+
+def test_a_curation_published_to_a_local_folder_packs_the_same(curated, tmp_path: Path) -> None:
+    """``curate.output`` and ``pack.input`` may be plain folders too (a shared file system): the
+    folder is read where it is, and the shards are the run's."""
+    from longctx.core.layout import RunLayout
+    from longctx.pipeline.publish import publish_curation
+
+    shared = tmp_path / "shared" / "run"
+    sent = publish_curation(RunLayout(curated["run"]), str(shared))
+    assert sent[-1] == "curation.json" and (shared / "documents").is_dir() and not (shared / "work").exists()
+    jobs.pack(parse_config(pack_settings(tmp_path / "out", input=str(shared))))
+    shards = f"shards/seq{SEQ_LEN}"
+    assert files_under(tmp_path / "out" / shards) == files_under(curated["run"] / shards)
+    assert not (tmp_path / "out" / "cache").exists()
