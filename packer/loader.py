@@ -5,7 +5,7 @@ torch's DataLoader sends every tensor a worker returns through its own shared-me
 created, passed by file descriptor and mapped again for each tensor; with five tensors per batch that
 costs milliseconds per batch, more than reading a 64K window. :class:`PackedLoader` instead gives the
 workers a ring of shared-memory slots allocated once per pass: a worker writes several batches
-(:data:`TRANSFER_TOKENS` tokens at least) into one slot with
+(up to :data:`TRANSFER_TOKENS` tokens, all slots within :data:`SLOT_MEMORY`) into one slot with
 :func:`~longctx.packer.dataset.write_batch` and sends only their offsets; the training process copies
 each batch out of the slot into memory it owns (one copy, no conversion) and splits it into views.
 Every row is still checked in the worker that reads it (:meth:`ShardSet.tokens
@@ -24,8 +24,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from longctx.packer.dataset import Batch, PackedDataset, Sample, batch_views, collate_packed, tokens_to_batch, write_batch
 
 TRANSFER_TOKENS = 1 << 18
-"""Tokens a worker writes into one slot per message at least (whole batches): the per-message cost of
-the DataLoader's queues (about a millisecond on a busy 2-core machine) is then small against the work."""
+"""Tokens a worker writes into one slot per message (whole batches, at least one): the per-message cost
+of the DataLoader's queues (about a millisecond on a busy 2-core machine) is then small against the
+work."""
+
+SLOT_MEMORY = 32 << 20
+"""Bytes of shared memory all slots of a pass take together at most (fewer batches per message when
+needed, but one batch at least): containers often give ``/dev/shm`` only 64 MB."""
 
 _HEADER = 64  # a slot starts with the number of the item it holds (-1 while it is being written)
 _ALIGN = 64
@@ -172,13 +177,11 @@ class PackedLoader:
 
     def _through_slots(self, kwargs: dict[str, Any]) -> Iterator[tuple[int, Batch]]:
         """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and copied out."""
-        seq_len = self.dataset.seq_len
-        per_item = max(1, TRANSFER_TOKENS // (self.batch_size * seq_len))
-        # the largest batch: every segment one token long
-        largest = _aligned(25 * self.batch_size * seq_len + 4 * (self.batch_size * seq_len + 1))
+        seq_len, tokens = self.dataset.seq_len, self.batch_size * self.dataset.seq_len
         # in flight: the item being copied out and prefetch_factor items per worker
-        count = kwargs.get("prefetch_factor") or 2
-        count = count * self.num_workers + 1
+        count = (kwargs.get("prefetch_factor") or 2) * self.num_workers + 1
+        largest = _aligned(25 * tokens + 4 * (tokens + 1))  # a batch whose segments are one token long
+        per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
         slots = torch.empty(count, _HEADER + per_item * largest, dtype=torch.uint8).share_memory_()
         pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         if pin:

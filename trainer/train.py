@@ -15,6 +15,7 @@ Around the loop: the mesh (``parallel``), the model built on the meta device and
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,10 +120,23 @@ def use_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of ``device`` when it is a GPU; None on CPU (no check there)."""
-    if device.type != "cuda":
+    """Bytes of memory one rank may count on: a GPU's own memory, or on the CPU this machine's physical
+    memory shared by the ranks it runs (``LOCAL_WORLD_SIZE``); None where the machine does not say."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
         return None
-    return torch.cuda.get_device_properties(device).total_memory
+    return physical // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def memory_name(device: torch.device) -> str:
+    """How a refusal names the memory it checked against."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return "this machine's memory" + (f" shared by {ranks} ranks" if ranks > 1 else "")
 
 
 def check_memory(tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool) -> None:
@@ -139,11 +153,10 @@ def check_memory(tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: Pa
         compute_bytes=2 if bf16 else 4,
         residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
     )
-    where = torch.cuda.get_device_name(state.device) if state.device.type == "cuda" else str(state.device)
     check_fits(
         estimate,
         device_bytes,
-        where=where,
+        where=memory_name(state.device),
         settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
         f"{tcfg.activation_checkpointing}",
     )

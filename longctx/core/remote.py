@@ -156,10 +156,14 @@ def _md5(path: Path) -> str:
 def multipart_etag(path: Path, part: int) -> str:
     """The ETag S3 gives ``path`` uploaded in parts of ``part`` bytes: the MD5 of the parts' MD5s,
     then ``-`` and the number of parts."""
-    digests = []
+    digests, size = [], path.stat().st_size
     with open(path, "rb") as f:
-        while chunk := f.read(part):
-            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+        for start in range(0, size, part):
+            digest, left = hashlib.md5(usedforsecurity=False), min(part, size - start)
+            while left and (chunk := f.read(min(left, 1 << 22))):  # 4 MiB reads, not a part in memory
+                digest.update(chunk)
+                left -= len(chunk)
+            digests.append(digest.digest())
     return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
 
 

@@ -7,6 +7,7 @@ References: an uninterrupted run (for the losses after a resume), the bytes of f
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -172,6 +173,23 @@ def test_shards_with_a_larger_vocabulary_than_the_model_are_refused(packed: Path
     with pytest.raises(ConfigError, match="use a vocabulary of 320 tokens but the model's embedding has 100 rows"):
         run(config(packed, tmp_path / "out", model={"hf_path": str(small)}))
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_beyond_this_machines_memory_is_refused_on_the_cpu(packed: Path, tmp_path: Path) -> None:
+    """No GPU: the estimate is checked against the machine's physical memory (here some 8 TB of states)."""
+    huge = {"tiny": {"hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 128,
+                     "num_attention_heads": 128, "num_key_value_heads": 8}}
+    with pytest.raises(ConfigError, match=r"does not fit this machine's memory: about .* per rank"):
+        run(config(packed, tmp_path / "out", model=huge))
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cpu_ranks_of_one_machine_share_its_memory(monkeypatch) -> None:
+    from longctx.trainer.train import device_memory
+
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert device_memory(torch.device("cpu")) == physical // 4
 
 
 def test_memory_beyond_the_device_is_refused_before_loading(packed: Path, tmp_path: Path, monkeypatch) -> None:
