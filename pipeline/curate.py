@@ -70,6 +70,7 @@ from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageD
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
 from longctx.pipeline.publish import publish_curation
+from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
@@ -287,9 +288,7 @@ class FinalizeCuration(PipelineStep):
 def summarize_file_decisions(decisions_file: Path, ledger) -> dict[str, Any]:
     """Files removed by file-level deduplication, by kind and by repository, and the repositories
     that became copies of another."""
-    import pyarrow.parquet as pq
-
-    decisions = pq.read_table(decisions_file).to_pylist()
+    decisions = read_parquet(decisions_file).to_pylist()
     by_repo: dict[str, int] = {}
     for row in decisions:
         by_repo[row["repo"]] = by_repo.get(row["repo"], 0) + 1

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
@@ -47,6 +46,7 @@ from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
+from longctx.pipeline.parquet import read_parquet
 
 FILE_INDEX_SCHEMA = pa.schema(
     [
@@ -270,7 +270,7 @@ class FileDuplicateResolver(PipelineStep):
             raise ValueError("FileDuplicateResolver runs as a single task")
         tables = []
         for path in sorted(self.index_folder.glob("*.parquet")):
-            table = pq.read_table(path, schema=FILE_INDEX_SCHEMA)
+            table = read_parquet(path, FILE_INDEX_SCHEMA)
             tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
         empty = FILE_INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
         index = pa.concat_tables(tables) if tables else empty
