@@ -227,7 +227,11 @@ def run_pack(
         if plan.report is not None:
             print(format_mix_report(plan.report), flush=True)
         stages = build_stages(pack, layout, todo)
-        if not run_stages(pack.executor, stages, pass_folder(layout, outputs.to_pack), "pack", verbose):
+        # pools fork their workers from this process, which has the job's modules imported already and
+        # never runs the tokenizer's thread pool (it only reads the vocabulary); in a process that has
+        # (a Python session that tokenized before packing), the tokenizer runs its workers on one thread
+        work = pass_folder(layout, outputs.to_pack)
+        if not run_stages(pack.executor, stages, work, "pack", verbose, start_method="fork"):
             return None
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:
