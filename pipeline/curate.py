@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import multiprocessing
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
+from longctx.core.lifetime import children_die_with_this_process
 from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
@@ -67,6 +70,7 @@ from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageD
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
 from longctx.pipeline.publish import publish_curation
+from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
@@ -219,13 +223,19 @@ def prepare_tokenizer(
                     shutil.copyfile(source, tmp)
         return layout.tokenizer
     if not layout.tokenizer.exists():
-        from longctx.pipeline.bpe import train_bpe
-
         print(f"training a {tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
-        train_bpe(
-            _sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, layout.tokenizer
-        )
+        # in a child process: the tokenizer's thread pool must not run in this one, whose pools fork
+        # their workers from it (see run_curation)
+        with children_die_with_this_process(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
+            child.submit(_train_tokenizer, sources, curate, tokenizer, layout.tokenizer).result()
     return layout.tokenizer
+
+
+def _train_tokenizer(sources: list[SourceConfig], curate: CurateConfig, tokenizer: TokenizerConfig, path: Path) -> None:
+    """Train the run's byte-level BPE on a sample of every source and save it at ``path``."""
+    from longctx.pipeline.bpe import train_bpe
+
+    train_bpe(_sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, path)
 
 
 def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int) -> Iterator[str]:
@@ -278,9 +288,7 @@ class FinalizeCuration(PipelineStep):
 def summarize_file_decisions(decisions_file: Path, ledger) -> dict[str, Any]:
     """Files removed by file-level deduplication, by kind and by repository, and the repositories
     that became copies of another."""
-    import pyarrow.parquet as pq
-
-    decisions = pq.read_table(decisions_file).to_pylist()
+    decisions = read_parquet(decisions_file).to_pylist()
     by_repo: dict[str, int] = {}
     for row in decisions:
         by_repo[row["repo"]] = by_repo.get(row["repo"], 0) + 1
@@ -468,7 +476,9 @@ def run_curation(
             "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
         }
         stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
-        if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
+        # pools fork their workers from this process, which has the job's modules imported already
+        # and never runs the tokenizer's thread pool (the BPE is trained in a child)
+        if not run_stages(curate.executor, stages, layout.work, "curate", verbose, start_method="fork"):
             return None
     except OSError as err:
         fault = disk_fault(err, None if err.filename else output)

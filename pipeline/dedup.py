@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
@@ -28,6 +27,7 @@ from datatrove.utils.binaryio import read_tuples_from_file
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.keep import document_rank
+from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.signatures import exact_hash
 
 INDEX_SCHEMA = pa.schema([("idx", pa.int64()), ("id", pa.string()), ("text_hash", pa.string())])
@@ -187,7 +187,7 @@ class DuplicateResolver(PipelineStep):
             raise ValueError("DuplicateResolver runs as a single task")
         tables = []
         for path in sorted(self.index_folder.glob("*.parquet")):
-            table = pq.read_table(path, schema=INDEX_SCHEMA)
+            table = read_parquet(path, INDEX_SCHEMA)
             tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
         index = pa.concat_tables(tables) if tables else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
         pairs: list[tuple[int, int, int, int]] = []
@@ -221,7 +221,7 @@ class DuplicateFilter(BaseFilter):
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         if self._decisions is None:
-            table = pq.read_table(self.decisions_file, schema=DECISIONS_SCHEMA)
+            table = read_parquet(self.decisions_file, DECISIONS_SCHEMA)
             self._decisions = {
                 i: (d, k) for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
             }

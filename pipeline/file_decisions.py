@@ -7,7 +7,8 @@ import os
 from collections import defaultdict
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from longctx.pipeline.parquet import read_parquet
 
 FILE_DECISIONS_SCHEMA = pa.schema(
     [
@@ -25,7 +26,7 @@ FILE_DECISIONS_SCHEMA = pa.schema(
 def load_file_decisions(path: str | os.PathLike) -> dict[str, list[dict]]:
     """The files each repository loses to file-level deduplication: repository id -> list of
     ``{"path", "duplicate_of", "of_path", "kind"}``, sorted by path."""
-    table = pq.read_table(path, schema=FILE_DECISIONS_SCHEMA)
+    table = read_parquet(path, FILE_DECISIONS_SCHEMA)
     found: dict[str, list[dict]] = defaultdict(list)
     for row in table.sort_by([("repo", "ascending"), ("path", "ascending")]).to_pylist():
         found[row["repo"]].append(

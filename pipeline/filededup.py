@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
@@ -42,11 +41,12 @@ from datatrove.utils.hashing import HashConfig
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.config import FileDedupConfig
-from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash
+from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, permuted_minima, shingle_set
 from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
+from longctx.pipeline.parquet import read_parquet
 
 FILE_INDEX_SCHEMA = pa.schema(
     [
@@ -122,19 +122,21 @@ class FileSignatureIndex(MinhashDedupSignature):
         self._signature: list[int] = []
 
     def get_shingles(self, text: str) -> np.ndarray:
-        shingles = super().get_shingles(text)
-        words = shingles.shape[0] + self.config.n_grams - 1 if shingles.shape[0] else 0
+        """The file's permuted minima as a (1, num_hashes) array (empty below ``min_words``), from
+        :func:`~longctx.pipeline.signatures.shingle_set`: datatrove's shingles and minima, at array
+        speed. Records the distinct n-gram count."""
+        count, unique = shingle_set(text, self.config)
+        words = count + self.config.n_grams - 1 if count else 0
         if words < self.min_words:
             self._ngrams = 0
-            return shingles[:0]
-        unique = np.unique(shingles)
+            return np.empty((0, 1), np.uint64)
         self._ngrams = int(unique.shape[0])
-        return unique.reshape(-1, 1)
+        return permuted_minima(unique, self.config).reshape(1, -1)
 
     def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
-        signature = super().get_signature(shingles)
-        self._signature = [value for band in signature for value in band]
-        return signature
+        mins = shingles.reshape(-1).astype(self.config.hash_config.np_dtype)
+        self._signature = mins.tolist()
+        return [part.tolist() for part in np.split(mins, self.config.num_buckets)]
 
     def _recording(self, data: DocumentsPipeline, rows: dict[str, list]) -> Iterator[Document]:
         """Pass documents to datatrove's signature loop, recording each one once it was hashed."""
@@ -268,7 +270,7 @@ class FileDuplicateResolver(PipelineStep):
             raise ValueError("FileDuplicateResolver runs as a single task")
         tables = []
         for path in sorted(self.index_folder.glob("*.parquet")):
-            table = pq.read_table(path, schema=FILE_INDEX_SCHEMA)
+            table = read_parquet(path, FILE_INDEX_SCHEMA)
             tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
         empty = FILE_INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
         index = pa.concat_tables(tables) if tables else empty

@@ -25,12 +25,12 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.parquet import ParquetWriter
 
 from longctx.core.atomic import write_table
+from longctx.pipeline.parquet import read_parquet
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -138,7 +138,7 @@ def read_parquet_folder(folder: Path, schema: pa.Schema) -> pa.Table:
     files = sorted(folder.rglob("*.parquet")) if folder.exists() else []
     if not files:
         return schema.empty_table()
-    return pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+    return pa.concat_tables([read_parquet(f, schema) for f in files])
 
 
 class LedgerMismatch(RuntimeError):

@@ -430,6 +430,24 @@ def minhash_minima(text: str, config: MinhashConfig) -> np.ndarray | None:
     return mins
 
 
+def shingle_set(text: str, config: MinhashConfig) -> tuple[int, np.ndarray]:
+    """The number of shingles (word n-grams, repeats included) datatrove's ``get_shingles`` gives
+    the text, and their distinct hashes (sorted), from the same pieces as :func:`minhash_minima`.
+    For texts such as source files, whose distinct n-grams are counted as well as hashed."""
+    count = 0
+    parts: list[np.ndarray] = []
+    carry = b""
+    for words in word_pieces(text, config.norm_config):
+        buf = carry + b" " + words if carry else words
+        hashes = shingle_hashes(buf, config)
+        count += int(hashes.size)
+        parts.append(distinct(hashes))
+        carry = _last_words(buf, config.n_grams - 1)
+    if not parts:
+        return 0, np.empty(0, U64)
+    return count, parts[0] if len(parts) == 1 else distinct(np.concatenate(parts))
+
+
 def minhash_signature(text: str, config: MinhashConfig | None = None) -> list[list[int]] | None:
     """datatrove's ``get_signature(get_shingles(text))`` with :class:`RegexWordTokenizer`:
     ``num_buckets`` lists of ``hashes_per_bucket`` ints; None for fewer than ``n_grams`` words."""

@@ -98,9 +98,9 @@ class _Reported:
 class ReportedLocalExecutor(_Reported, LocalPipelineExecutor):
     """datatrove's local executor with a console report, whose processes die with this one.
 
-    The manager server it forks dies with this process (see :mod:`longctx.core.lifetime`); each pool
-    worker arms the same when it picks up a task (its parent is the forkserver, which exits when this
-    process does).
+    The manager server it forks dies with this process (see :mod:`longctx.core.lifetime`), and so do
+    pool workers forked from it; a worker of a forkserver arms the same when it picks up a task (its
+    parent is the forkserver, which exits when this process does).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -145,9 +145,11 @@ def make_executor(
     job_name: str,
     depends: PipelineExecutor | None = None,
     report: StageReport | None = None,
+    start_method: str = "forkserver",
 ) -> PipelineExecutor:
     """One datatrove executor for one stage, run after ``depends``. Completed tasks are recorded in
-    ``logging_dir`` and skipped when the stage runs again."""
+    ``logging_dir`` and skipped when the stage runs again. ``start_method``: how the local
+    executor's pool starts its workers (see :func:`run_stages`)."""
     common: dict[str, Any] = dict(
         pipeline=pipeline, tasks=tasks, logging_dir=str(logging_dir), depends=depends
     )
@@ -165,14 +167,17 @@ def make_executor(
         )
     executor: ReportedLocalExecutor | ReportedRayExecutor
     if cfg.kind == "local":
-        executor = ReportedLocalExecutor(workers=concurrent_tasks(cfg, tasks), **common)
+        executor = ReportedLocalExecutor(workers=concurrent_tasks(cfg, tasks), start_method=start_method, **common)
     else:
         executor = ReportedRayExecutor(workers=tasks if cfg.workers == -1 else cfg.workers, **common)
     executor.report = report
     return executor
 
 
-def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, verbose: bool = False) -> bool:
+def run_stages(
+    cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, verbose: bool = False,
+    start_method: str = "forkserver",
+) -> bool:
     """Run a job's stages in order; True when they ran here, False when submitted to Slurm.
 
     The stages' executors are chained with ``depends=`` and the last one is run. Locally (and on
@@ -180,8 +185,13 @@ def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, v
     to ``work/logs/console.log`` (to the console instead with ``verbose``); a failure names the stage
     and shows the end of that log, except for user errors (:class:`LongctxError`, a full or read-only
     disk among them), which say what is wrong themselves. On Slurm the chain is submitted at once as
-    dependent job arrays. Locally, the worker processes import the job's modules once and keep their
-    temporary files in ``work/tmp`` (:mod:`longctx.core.workers`).
+    dependent job arrays. Locally, the worker processes keep their temporary files in ``work/tmp``
+    and import the job's modules once (:mod:`longctx.core.workers`). ``start_method`` is how pools
+    start them: ``"forkserver"`` (datatrove's default: workers forked from a server that preloads
+    the job's modules, ~2 s of CPU and of wall time before the first task) or ``"fork"`` (forked from
+    this process, which has them imported already: nothing to start). ``"fork"`` is only for a
+    driver that has not run a library's thread pool its workers will use, such as the tokenizer's
+    (whose workers would find it unusable after the fork, and run single-threaded).
     """
     console_log = work / "logs" / "console.log"
     last: PipelineExecutor | None = None
@@ -196,6 +206,7 @@ def run_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, v
             job_name=f"{job}_{name}",
             depends=last,
             report=report,
+            start_method=start_method,
         )
     if last is not None:
         pipelines = [pipeline for _, pipeline, _ in stages]

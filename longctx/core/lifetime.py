@@ -8,7 +8,8 @@ So every process started on the driver's behalf asks the kernel to kill it when 
 (Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere a thread that watches ``os.getppid()``):
 
 * processes the driver forks while :func:`children_die_with_this_process` is active (the manager
-  server) do it in an ``os.register_at_fork`` hook;
+  server, and the pool workers of a job run with ``start_method="fork"``) do it in an
+  ``os.register_at_fork`` hook;
 * pool workers (children of the forkserver, which exits by itself when the driver's end of its
   pipe closes) call :func:`die_with_parent` when they pick up a task, so the chain
   driver -> forkserver -> worker unwinds completely.

@@ -32,6 +32,14 @@ def stderr_to_file(path: Path) -> Iterator[None]:
             os.close(saved)
 
 
+# Held while the progress thread prints, and by os.fork() (a pool starting its workers meanwhile):
+# a child forked in the middle of a print would find sys.stdout's lock taken, for good.
+_print_lock = threading.Lock()
+os.register_at_fork(
+    before=_print_lock.acquire, after_in_parent=_print_lock.release, after_in_child=_print_lock.release
+)
+
+
 @contextlib.contextmanager
 def task_progress(label: str, completions: Path, total: int, interval: float = 1.0) -> Iterator[None]:
     """Print ``label: k/total tasks done`` whenever the number of completion markers changes."""
@@ -46,7 +54,8 @@ def task_progress(label: str, completions: Path, total: int, interval: float = 1
         while not stop.wait(interval):
             now = count()
             if now != last:
-                print(f"  {label}: {now}/{total} tasks done ({time.monotonic() - start:.0f} s)", flush=True)
+                with _print_lock:
+                    print(f"  {label}: {now}/{total} tasks done ({time.monotonic() - start:.0f} s)", flush=True)
                 last = now
 
     thread = threading.Thread(target=watch, daemon=True)

@@ -116,3 +116,58 @@ def test_local_stages_chain_in_order_and_resume(tmp_path: Path, capsys) -> None:
     assert "[job 1/3] a: 2 task(s), 2 done in an earlier run" in out
     assert "a" not in {line.split()[0] for line in log.read_text().splitlines()}  # not redone
     assert log.read_text().splitlines()[-2:] == ["c 0 start", "c 0 end"]
+
+
+class _Parent(PipelineStep):
+    """Writes the parent pid of the process that runs each task."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        import os
+
+        (self.folder / f"{rank}.ppid").write_text(str(os.getppid()))
+        yield from data or ()
+
+
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_pool_workers_start_as_asked(tmp_path: Path, start_method: str) -> None:
+    """With ``fork`` the pool's workers are children of this process; with ``forkserver`` children
+    of the server (datatrove's default); the stage runs either way."""
+    import os
+
+    assert run_stages(ExecutorConfig(tasks=2, workers=2), [("s", [_Parent(tmp_path)], 2)], tmp_path / "w", "job",
+                      start_method=start_method)
+    parents = {int((tmp_path / f"{rank}.ppid").read_text()) for rank in range(2)}
+    assert (parents == {os.getpid()}) == (start_method == "fork")
+
+
+def test_a_fork_waits_for_the_progress_line_being_printed() -> None:
+    """os.fork() takes the progress printer's lock, so a child never starts with it (and with
+    sys.stdout's lock) held by a thread it does not have."""
+    import os
+    import threading
+    import time
+
+    from longctx.core import progress
+
+    held = threading.Event()
+
+    def printer() -> None:
+        with progress._print_lock:
+            held.set()
+            time.sleep(0.3)
+
+    thread = threading.Thread(target=printer)
+    thread.start()
+    held.wait()
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # the child: the lock is free here
+        os._exit(0 if progress._print_lock.acquire(blocking=False) else 1)
+    waited = time.monotonic() - start
+    thread.join()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert waited >= 0.2

@@ -161,3 +161,52 @@ def test_vendored_and_forked_paths() -> None:
     vendored = file_rank(keep, repo="code/pip", rel="src/pip/_vendor/requests/api.py",
                          location="/c/pip/src/pip/_vendor/requests/api.py", chars=99)
     assert upstream < vendored
+
+
+@pytest.mark.parametrize("piece_chars", [None, 60])
+def test_file_index_equals_datatrove_shingles_and_signatures(tmp_path: Path, monkeypatch, piece_chars) -> None:
+    """Every file's n-gram count and signature in the index, and the bucket files, against
+    datatrove's own MinHash stage 1 (its ``get_shingles``, ``np.unique`` and ``get_signature``) with
+    the same word splitter: files around ``min_words``, repeated lines, non-ASCII identifiers, and
+    (``piece_chars``) texts hashed in many pieces."""
+    from datatrove.data import Document
+    from datatrove.pipeline.dedup.minhash import MinhashDedupSignature
+
+    from longctx.pipeline import signatures as sg
+
+    if piece_chars:
+        monkeypatch.setattr(sg, "PIECE_CHARS", piece_chars)
+    cfg = FileDedupConfig()
+    config = minhash_config(cfg)
+    texts = [module(s, n) for s, n in ((1, 30), (2, 1), (3, 5))]
+    texts += [module(4, 8) * 3, "x = 1\n", "", "def größe(ΣΑΣ):\n    return 'café' + ΣΑΣ  # ü\n" * 20]
+    texts += [" ".join(f"w{i}" for i in range(n)) for n in (cfg.min_words - 1, cfg.min_words, 48, 49)]
+    docs = [Document(text=t, id=f"code/r/{i}.py", metadata={"repo": "code/r", "rel": f"{i}.py", "location": f"/r/{i}.py"})
+            for i, t in enumerate(texts)]
+    FileSignatureIndex(tmp_path / "ours", tmp_path / "index", cfg).run(iter(docs), 0, 1)
+    theirs = MinhashDedupSignature(str(tmp_path / "theirs"), config=config, language=sg.RegexWordTokenizer())
+    rows = pq.read_table(tmp_path / "index" / "00000.parquet").to_pylist()
+    assert len(rows) == len(texts)
+    expected_docs = []
+    for row, text in zip(rows, texts):
+        shingles = theirs.get_shingles(text)
+        words = shingles.shape[0] + config.n_grams - 1 if shingles.shape[0] else 0
+        if words < cfg.min_words:
+            assert (row["ngrams"], row["signature"]) == (0, [])
+            continue
+        unique = np.unique(shingles).reshape(-1, 1)
+        expected_docs.append(Document(text=text, id=row["path"]))
+        assert row["ngrams"] == unique.shape[0]
+        assert row["signature"] == [v for band in theirs.get_signature(unique) for v in band]
+    assert 0 < len(expected_docs) < len(texts)  # both sides of min_words were present
+    # datatrove's run over the files that have a signature writes the same bucket records (the
+    # document index in each record counts every file, so compare signatures only)
+    for bucket in range(config.num_buckets):
+        ours = (tmp_path / "ours" / f"bucket_{bucket:03d}" / "00000.minhash.sig").read_bytes()
+        record = config.hashes_per_bucket * 4 + 4
+        sigs = sorted(ours[i : i + record - 4] for i in range(0, len(ours), record))
+        want = sorted(
+            np.array(theirs.get_signature(np.unique(theirs.get_shingles(d.text)).reshape(-1, 1))[bucket], np.uint32).tobytes()
+            for d in expected_docs
+        )
+        assert sigs == want
