@@ -80,6 +80,8 @@ def arrow_array(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array
     False. (``pa.array`` would do, but it imports pandas, 0.3-0.5 s of CPU in every pack worker, to
     check whether it was given a pandas object.)"""
     values = np.ascontiguousarray(values)
+    if values.dtype.kind not in "iuf":  # Arrow's booleans are bits, not numpy's bytes
+        raise TypeError(f"arrow_array takes numbers, not {values.dtype}")
     bitmap, nulls = None, 0
     if valid is not None:
         bitmap, nulls = pa.py_buffer(np.packbits(valid, bitorder="little")), len(valid) - int(valid.sum())

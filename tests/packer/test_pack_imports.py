@@ -31,6 +31,8 @@ def test_arrow_array_equals_pa_array(dtype: type) -> None:
         masked = arrow_array(values, valid=valid)
         assert masked.equals(pa.array(values, mask=~valid)), n
         assert masked.null_count == int((~valid).sum())
+    with pytest.raises(TypeError, match="not bool"):
+        arrow_array(np.ones(3, dtype=bool))
 
 
 def test_string_array_equals_pa_array() -> None:
