@@ -3,14 +3,22 @@
 :class:`ShardSet` trusts nothing it has not checked: the folder must have a manifest whose format
 version (and, when the caller says, tokenizer fingerprint) is the one expected; every shard's bytes
 are hashed against the manifest's ``xxh3_128`` and its header compared with the manifest's when it
-is first opened; and :meth:`ShardSet.tokens`, what the training loader reads, checks the cheap row
-invariants (:mod:`longctx.packer.rowcheck`) of every row it returns. Rows come back as numpy views of
-the mapped files. Every file access goes through :meth:`ShardSet._read`, the one place a remote
+is first opened; and :meth:`ShardSet.tokens`, what the training loader reads, returns only rows that
+passed the cheap row invariants (:mod:`longctx.packer.rowcheck`), checked a block of about
+:data:`CHECK_BLOCK_TOKENS` tokens at a time when a block is first read. Rows come back as numpy views
+of the mapped files. Every file access goes through :meth:`ShardSet._read`, the one place a remote
 storage backend has to replace.
+
+What has been verified (shards hashed, blocks checked) is kept in memory shared with the processes
+forked from the one holding the ShardSet, such as DataLoader workers: a shard one worker hashed, or a
+block it checked, is not hashed or checked again by the others, nor by the workers of the next pass,
+as long as the file is provably the one that was hashed (same device, inode, size, modification and
+change times before and after it is mapped).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +33,14 @@ from longctx.core.tokenizer import tokenizer_fingerprint
 from longctx.packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
 from longctx.packer.manifest import Manifest, load_manifest
 from longctx.packer.remote import fetch_shards
-from longctx.packer.rowcheck import RowTokens, check_row
+from longctx.packer.rowcheck import RowTokens, check_row, rows_are_valid
+
+CHECK_BLOCK_TOKENS = 1 << 20
+"""Rows are checked in blocks of consecutive rows of about this many tokens (at least one row): big
+enough that numpy's cost per call vanishes, small enough that a shard's first row is served without
+checking the whole shard, and that the checks' temporary arrays stay a few megabytes."""
+
+_UNCHECKED, _VALID, _ROW_BY_ROW = 0, 1, 2  # states of a block of rows
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,26 @@ class ShardColumns:
     def _tokens(self, name: str, seq_len: int) -> np.ndarray:
         return _single_chunk(self.table.column(name)).flatten().to_numpy(zero_copy_only=True).reshape(-1, seq_len)
 
+    @property
+    def block_rows(self) -> int:
+        """Rows per block of :meth:`block_is_valid`."""
+        return max(1, CHECK_BLOCK_TOKENS // self.meta.seq_len)
+
+    def block_is_valid(self, block: int, vocab_size: int) -> bool:
+        """Whether every row of block ``block`` passes :func:`~longctx.packer.rowcheck.check_row`."""
+        first = block * self.block_rows
+        end = min(first + self.block_rows, self.table.num_rows)
+        offsets = self.cu_offsets[first : end + 1]
+        return rows_are_valid(
+            self.input_ids[first:end],
+            self.position_ids[first:end],
+            self.loss_mask[first:end],
+            self.cu_values[offsets[0] : offsets[-1]],
+            offsets,
+            self.last_is_pad[first:end],
+            vocab_size,
+        )
+
     def segment_lengths(self) -> np.ndarray:
         """Lengths of every segment (padding included), row after row."""
         steps = np.diff(self.cu_values.astype(np.int64))
@@ -104,6 +139,17 @@ class ShardColumns:
         )
 
 
+def _identity(path: Path) -> list[int] | None:
+    """What tells a file apart from one written in its place: device, inode, size, modification and
+    change times (the change time moves on any write or metadata change and cannot be set back), as
+    unsigned 64-bit values; None when the file cannot be seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [v & 0xFFFF_FFFF_FFFF_FFFF for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)]
+
+
 def expected_fingerprint(tokenizer: str | os.PathLike) -> str:
     """A tokenizer fingerprint from a ``tokenizer.json`` path or a sha256 hex digest."""
     if Path(tokenizer).is_file():
@@ -127,8 +173,11 @@ class ShardSet:
     :func:`longctx.packer.remote.fetch_shards`), reusing the cached shards that are still intact;
     ``storage_options`` are fsspec's (credentials, endpoint). :attr:`source` keeps the URL.
 
-    A ShardSet can be pickled (e.g. to a DataLoader worker started with ``spawn``): the memory maps
-    are not sent, the worker maps the files again, and shards already hashed are not hashed again.
+    Processes forked from the one holding a ShardSet (DataLoader workers) share what it has
+    verified (see the module's docstring). A ShardSet can also be pickled (e.g. to a DataLoader
+    worker started with ``spawn``): the memory maps are not sent, the worker maps the files again,
+    and what was verified before pickling is not verified again (files unchanged); what the copy
+    verifies afterwards stays its own.
     """
 
     def __init__(
@@ -163,10 +212,31 @@ class ShardSet:
         rows = [shard.rows for shard in self.manifest.shards]
         self._starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)])
         self._open: dict[int, ShardColumns] = {}
-        self._hashed: set[int] = set()
+        block_rows = max(1, CHECK_BLOCK_TOKENS // header.seq_len)
+        blocks = [-(-r // block_rows) for r in rows]
+        self._first_block = np.concatenate([[0], np.cumsum(blocks, dtype=np.int64)])
+        self._share_state(None)
+
+    def _share_state(self, verified: bytes | None) -> None:
+        """Keep what is verified in an anonymous shared mapping (inherited by forked processes, no
+        file to clean up): per shard the identity of the file as hashed (:func:`_identity`, then 1
+        once hashed), then one state byte per block of rows."""
+        shards, blocks = len(self.manifest.shards), int(self._first_block[-1])
+        self._state = mmap.mmap(-1, 48 * shards + blocks + 1)
+        if verified is not None:
+            self._state[: len(verified)] = verified
+        self._hashed_as = np.ndarray((shards, 6), np.uint64, self._state)
+        self._blocks = np.ndarray(blocks, np.uint8, self._state, 48 * shards)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_open": {}}
+        shared = ("_state", "_hashed_as", "_blocks")
+        state = {key: value for key, value in self.__dict__.items() if key not in shared}
+        return {**state, "_open": {}, "_verified": bytes(self._state)}
+
+    def __setstate__(self, state: dict) -> None:
+        verified = state.pop("_verified")
+        self.__dict__.update(state)
+        self._share_state(verified)
 
     @property
     def seq_len(self) -> int:
@@ -176,12 +246,22 @@ class ShardSet:
         return int(self._starts[-1])
 
     def _read(self, index: int) -> tuple[ShardMetadata, pa.Table]:
-        """Map shard ``index`` and check its bytes against the manifest's checksum (once per
-        ShardSet and its pickled copies). The only place that touches the shard files."""
+        """Map shard ``index`` and check its bytes against the manifest's checksum, unless the file
+        is the one this ShardSet (or a process sharing its state) already hashed, with the same
+        identity before and after mapping it. The only place that touches the shard files."""
         entry = self.manifest.shards[index]
-        expected = None if index in self._hashed else entry.xxh3_128
-        meta, table = open_shard(self.folder / entry.file, expected)
-        self._hashed.add(index)
+        path = self.folder / entry.file
+        known = self._hashed_as[index]
+        if known[5] == 1 and _identity(path) == known[:5].tolist():
+            meta, table = open_shard(path)
+            if _identity(path) == known[:5].tolist():
+                return meta, table
+        before = _identity(path)
+        meta, table = open_shard(path, entry.xxh3_128)
+        if before is not None and _identity(path) == before:  # the file mapped is the file hashed
+            known[5] = 0
+            known[:5] = before
+            known[5] = 1
         return meta, table
 
     def shard(self, index: int) -> ShardColumns:
@@ -209,8 +289,31 @@ class ShardSet:
 
     def tokens(self, row: int) -> RowTokens:
         """The token columns of row ``row``, after checking its row invariants; a violation raises
-        :class:`ShardError` naming the file, the row inside it and the field."""
+        :class:`ShardError` naming the file, the row inside it and the field.
+
+        Rows are checked a block at a time (:meth:`ShardColumns.block_is_valid`) when their block is
+        first read; only in a block that fails is each row checked as it is served, so the rows
+        before a damaged one are served and the error names the damaged row."""
         index, local = self.locate(row)
-        tokens = self.shard(index).tokens(local)
-        check_row(tokens, self.vocab_size, self.manifest.shards[index].file, local, self.folder)
+        shard = self.shard(index)
+        block = int(self._first_block[index]) + local // shard.block_rows
+        state = self._blocks[block]
+        if state == _UNCHECKED:
+            valid = shard.block_is_valid(local // shard.block_rows, self.vocab_size)
+            state = self._blocks[block] = _VALID if valid else _ROW_BY_ROW
+        tokens = shard.tokens(local)
+        if state != _VALID:
+            check_row(tokens, self.vocab_size, self.manifest.shards[index].file, local, self.folder)
         return tokens
+
+    def verify(self) -> None:
+        """Hash every shard and check every row now, as reading them all would (e.g. before starting
+        DataLoader workers, which then share the result); raises :class:`ShardError` at the first
+        violation, naming the file, and for a row invariant the row and the field."""
+        for index in range(len(self.manifest.shards)):
+            shard, start = self.shard(index), int(self._starts[index])
+            for first in range(0, shard.table.num_rows, shard.block_rows):
+                self.tokens(start + first)  # checks the block
+                if self._blocks[int(self._first_block[index]) + first // shard.block_rows] != _VALID:
+                    for local in range(first + 1, min(first + shard.block_rows, shard.table.num_rows)):
+                        self.tokens(start + local)

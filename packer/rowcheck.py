@@ -1,10 +1,15 @@
 """The row invariants the training loader checks on every row it serves (``packer/FORMAT.md``).
 
 These are the checks cheap enough to run on each row at load time, each a few vectorized numpy
-passes over the row: segment boundaries, positions, token ids and the loss mask. Together with the
-shard checksum verified when a file is first opened, they mean the trainer never trains on bytes
-nobody checked. The complete, whole-folder validation (provenance, special tokens, manifest totals)
-is :mod:`longctx.packer.validate` (``longctx inspect --validate``).
+passes: segment boundaries, positions, token ids and the loss mask. Together with the shard checksum
+verified when a file is first opened, they mean the trainer never trains on bytes nobody checked.
+The complete, whole-folder validation (provenance, special tokens, manifest totals) is
+:mod:`longctx.packer.validate` (``longctx inspect --validate``).
+
+:func:`rows_are_valid` decides for a block of consecutive rows at once (a few whole-block passes:
+at 16K tokens a row's checks cost more in numpy calls than in arithmetic); :func:`check_row` checks
+one row and, when it fails, names the file, the row and the field. The loader checks blocks and
+falls back to :func:`check_row` row by row only in a block that fails.
 """
 
 from __future__ import annotations
@@ -71,6 +76,61 @@ def _row_is_valid(
     if int(ids.view(np.uint32).max()) >= vocab_size or mask.max() > 1:
         return False
     return not (padded and mask[cu[-2] :].any())
+
+
+def rows_are_valid(
+    ids: np.ndarray,
+    positions: np.ndarray,
+    mask: np.ndarray,
+    cu_values: np.ndarray,
+    cu_offsets: np.ndarray,
+    padded: np.ndarray,
+    vocab_size: int,
+) -> bool:
+    """Whether :func:`check_row` accepts every row of a block of consecutive rows, in a constant
+    number of numpy calls.
+
+    ``ids``, ``positions`` and ``mask`` are the block's ``[rows, seq_len]`` token columns
+    (C-contiguous, as a shard's columns are); ``cu_values`` the rows' ``cu_seqlens`` one after the
+    other, and ``cu_offsets`` (``rows + 1`` entries) where each row's entries start in it;
+    ``padded`` whether each row's last segment is padding. Flattened, the block is one long packed
+    sequence whose segments are the rows' segments shifted by ``row * seq_len`` (a row ends where the
+    next starts), so the per-row invariants become the same whole-array passes as for one row."""
+    rows, seq_len = ids.shape
+    offsets = cu_offsets.astype(np.int64) - int(cu_offsets[0])
+    counts = offsets[1:] - offsets[:-1]
+    if counts.min() < 2 or offsets[-1] != len(cu_values):
+        return False
+    cu = cu_values.astype(np.int64)
+    last = offsets[1:] - 1  # each row's last entry, which must be seq_len
+    if cu[offsets[:-1]].any() or (cu[last] != seq_len).any():
+        return False
+    rises = cu[1:] - cu[:-1]
+    rises[last[:-1]] = 1  # from one row's end to the next row's 0
+    if rises.min() <= 0:
+        return False
+    # every entry but a row's last is a segment start; row r's entries are shifted by r * seq_len
+    inner = np.ones(len(cu), bool)
+    inner[last] = False
+    starts = (cu + np.repeat(np.arange(rows, dtype=np.int64) * seq_len, counts))[inner]
+    lengths = np.diff(starts, append=rows * seq_len)
+    flat_pos, flat_mask = positions.reshape(-1), mask.reshape(-1)
+    if flat_pos[0] != 0 or flat_mask[starts].any():
+        return False
+    # the shortcut of _row_is_valid over the whole block: every step is 1 once the previous
+    # segment's length is added at each boundary, exactly when every segment starts at 0
+    steps = np.subtract(flat_pos[1:], flat_pos[:-1])
+    steps[starts[1:] - 1] += lengths[:-1]
+    if steps.min() != 1 or steps.max() != 1:
+        return False
+    if int(ids.reshape(-1).view(np.uint32).max()) >= vocab_size or flat_mask.max() > 1:
+        return False
+    if padded.any():
+        # the largest mask value of every segment; a padding segment (a padded row's last) must be 0
+        largest = np.maximum.reduceat(flat_mask, starts)
+        if largest[np.cumsum(counts - 1)[padded] - 1].any():
+            return False
+    return True
 
 
 def _name_violation(tokens: RowTokens, vocab_size: int, file: str, row: int, folder: str | os.PathLike) -> None:

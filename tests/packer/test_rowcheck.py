@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from longctx.packer.format import ShardError
-from longctx.packer.rowcheck import RowTokens, check_row
+from longctx.packer.rowcheck import RowTokens, check_row, rows_are_valid
 
 VOCAB = 50
 
@@ -94,3 +94,69 @@ def test_check_row_refuses_exactly_what_the_reference_refuses(seed: int) -> None
         with pytest.raises(ShardError, match=rf"^f\.arrow row {case}: {expected}: "):
             check_row(row, VOCAB, "f.arrow", case)
     assert refused > 500  # the damage mostly breaks an invariant
+
+
+def random_block(rng: np.random.Generator, damaged: float) -> tuple[list[RowTokens], int]:
+    """Rows of one length (a block of a shard), each valid or, with probability ``damaged``, damaged
+    in one of the ways of :func:`damage`, or by a block-only damage: positions carried on from the
+    previous row instead of restarting at 0."""
+    n = int(rng.integers(2, 40))
+    rows = []
+    for _ in range(int(rng.integers(1, 8))):
+        while True:
+            ids, positions, mask, cu, padded = valid_row(rng)
+            if len(ids) >= n:
+                break
+        # cut the row to n tokens: its segments up to n, the last one shortened
+        cu = [c for c in cu if c < n] + [n]
+        ids, mask = ids[:n].copy(), mask[:n].copy()
+        positions = np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]).astype(np.int32)
+        mask[cu[:-1]] = 0
+        if padded:
+            mask[cu[-2] :] = 0
+        if rng.random() < damaged:
+            kind = rng.random()
+            if kind < 0.1 and rows:  # carries on the previous row's positions instead of restarting at 0
+                positions[: cu[1]] = rows[-1].position_ids[-1] + 1 + np.arange(cu[1])
+            elif kind < 0.2 and rows and len(cu) > 2:  # ... and the row's first segment start dropped
+                cu = cu[1:]
+                positions[: cu[0]] = rows[-1].position_ids[-1] + 1 + np.arange(cu[0])
+            elif kind < 0.3 and padded and cu[-1] - cu[-2] > 1:  # a target inside the padding, not at its start
+                mask[int(rng.integers(cu[-2] + 1, cu[-1]))] = 1
+            else:
+                cu = damage(rng, ids, positions, mask, cu)
+        rows.append(RowTokens(ids, positions, mask, np.asarray(cu, dtype=np.int32), padded))
+    if rng.random() < damaged / 4:  # every segment of the block starts at the same wrong position
+        for row in rows:
+            row.position_ids[:] += 1
+    return rows, n
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_check_accepts_exactly_the_blocks_whose_rows_all_pass(seed: int) -> None:
+    """``rows_are_valid`` (the loader's check of many rows at once, in whole-block passes) against
+    ``check_row`` on each row of the block: random blocks of valid and damaged rows."""
+    rng = np.random.default_rng(100 + seed)
+    outcomes = {True: 0, False: 0}
+    for _ in range(1500):
+        rows, n = random_block(rng, damaged=float(rng.choice([0.0, 0.1, 0.5])))
+        expected = True
+        for k, row in enumerate(rows):
+            try:
+                check_row(row, VOCAB, "f.arrow", k)
+            except ShardError:
+                expected = False
+        cu_values = np.concatenate([row.cu_seqlens for row in rows])
+        cu_offsets = np.concatenate([[0], np.cumsum([len(row.cu_seqlens) for row in rows])]).astype(np.int32)
+        got = rows_are_valid(
+            np.stack([row.input_ids for row in rows]),
+            np.stack([row.position_ids for row in rows]),
+            np.stack([row.loss_mask for row in rows]),
+            cu_values,
+            cu_offsets,
+            np.array([row.padded for row in rows]),
+            VOCAB,
+        )
+        assert got == expected
+        outcomes[got] += 1
+    assert min(outcomes.values()) > 300  # both outcomes are common

@@ -9,6 +9,7 @@ writer would leave them (caught by the per-row invariants of ``longctx.packer.ro
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -162,3 +163,56 @@ def test_ids_beyond_the_models_vocabulary_are_refused(packed_run: PackedRun, tmp
     folder, _ = copy_folder(packed_run, tmp_path)
     with pytest.raises(ShardError, match=r"row \d+: input_ids: token \d+ has id \d+, outside the vocabulary \[0, 100\)"):
         serve_all(folder, packed_run, vocab_size=100)
+
+
+def test_workers_share_what_was_verified(packed_run: PackedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each shard is hashed and each block of rows checked once, by whichever process reads it
+    first: the workers of a later pass (forked again) and the training process reuse it."""
+    import longctx.packer.format as format_module
+    import longctx.packer.reader as reader_module
+
+    folder, manifest = copy_folder(packed_run, tmp_path)
+    calls = tmp_path / "calls.txt"  # appended to by the worker processes too
+
+    def counted(name: str, function: Callable) -> Callable:
+        def wrapper(*args: object) -> object:
+            with calls.open("a") as log:
+                log.write(name + "\n")
+            return function(*args)
+        return wrapper
+
+    monkeypatch.setattr(format_module, "checksum", counted("hash", format_module.checksum))
+    monkeypatch.setattr(reader_module, "rows_are_valid", counted("check", reader_module.rows_are_valid))
+    ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False)
+    blocks = sum(-(-entry["rows"] // max(1, reader_module.CHECK_BLOCK_TOKENS // SEQ_LEN)) for entry in manifest["shards"])
+    first = [batch["input_ids"] for batch in PackedLoader(ds, num_workers=1)]
+    logged = calls.read_text().split()
+    assert logged.count("hash") == len(manifest["shards"]) and logged.count("check") == blocks
+    second = [batch["input_ids"] for batch in PackedLoader(ds, num_workers=2)]
+    in_process = [ds[row]["input_ids"] for row in range(len(ds.shards))]
+    assert calls.read_text().split() == logged  # nothing hashed or checked again
+    assert all(a.equal(b) for a, b in zip(first, second, strict=True))
+    assert all(a[0].equal(b) for a, b in zip(first, in_process, strict=True))
+
+
+def test_a_file_replaced_after_it_was_verified_is_hashed_again(packed_run: PackedRun, tmp_path: Path) -> None:
+    """What was verified is trusted only for the very file that was hashed: a copy of the ShardSet
+    (as a spawned worker gets it) hashes a shard again when the file was rewritten, even with the
+    same size and modification time, and refuses it when its bytes changed."""
+    import pickle
+
+    folder, manifest = copy_folder(packed_run, tmp_path)
+    ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False)
+    ds.shards.verify()
+    path = folder / manifest["shards"][SHARD]["file"]
+    row = manifest["shards"][0]["rows"]  # the first row of shard SHARD
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one token id changed, still inside the vocabulary or not: the hash decides
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    copy = pickle.loads(pickle.dumps(ds.shards))
+    copy.tokens(0)  # shard 0 is unchanged: served without hashing it again
+    with pytest.raises(ShardError, match=rf"{path.name}: xxh3_128 differs from the manifest"):
+        copy.tokens(row)
