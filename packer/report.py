@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from longctx.core.atomic import write_figure
+from longctx.core.figures import new_figure, write_figure
 from longctx.core.buckets import bucket_bounds
 from longctx.packer.manifest import Manifest
 from longctx.packer.reader import PackedRow, ShardColumns
@@ -125,12 +125,8 @@ def format_row(row: PackedRow, index: int, tokenizer: Tokenizer | None, max_char
 
 def plot_manifest(manifest: Manifest, path: Path) -> None:
     """Two panels: position ids and segment lengths per power-of-two bucket, stacked by source."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig = new_figure(figsize=(13, 4.5))
+    axes = fig.subplots(1, 2)
     panels = (
         (
             "position_histogram",

@@ -43,7 +43,7 @@ from longctx.packer.record import documents_fingerprint, plan_outputs, write_rec
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
-from longctx.pipeline.documents import document_files, source_of
+from longctx.pipeline.documents import document_files, file_tokenizer, source_of
 
 SHARD_BYTES_PER_TOKEN = 10
 """Bytes a shard takes per window token: ``input_ids`` and ``position_ids`` (4 each), ``loss_mask``
@@ -176,6 +176,16 @@ def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
     return layout.work / "+".join(shard_folder(Path(), n).name for n in seq_lens)
 
 
+def worker_start_method(documents: Path, tokenizer_sha256: str) -> str:
+    """How local pools start the pack workers: ``"fork"`` (from this process, which has the job's
+    modules imported: nothing to start) when every curated file's stored ids are of the run's
+    tokenizer, so that no worker tokenizes; else ``"forkserver"`` (fresh workers), since the
+    tokenizer runs on one thread in a worker forked from a process that has used its thread pool
+    (a Python session that tokenized before packing)."""
+    files = document_files(documents)
+    return "fork" if all(file_tokenizer(f) == tokenizer_sha256 for f in files) else "forkserver"
+
+
 def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``, for the lengths of ``plan``."""
     steps: list[PipelineStep] = [
@@ -227,7 +237,9 @@ def run_pack(
         if plan.report is not None:
             print(format_mix_report(plan.report), flush=True)
         stages = build_stages(pack, layout, todo)
-        if not run_stages(pack.executor, stages, pass_folder(layout, outputs.to_pack), "pack", verbose):
+        start = worker_start_method(plan.documents, plan.headers[0].tokenizer.sha256)
+        work = pass_folder(layout, outputs.to_pack)
+        if not run_stages(pack.executor, stages, work, "pack", verbose, start_method=start):
             return None
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:

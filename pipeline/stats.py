@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from longctx.core.atomic import write_figure
+from longctx.core.figures import new_figure, write_figure
 from longctx.core.buckets import bucket_floor
 
 COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
@@ -51,13 +51,9 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
 
 def plot_summary(summary: dict[str, Any], path: Path) -> None:
     """Two panels: outcomes per source (stacked bars) and kept-length histograms (log2 buckets)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sources = list(summary["sources"])
-    fig, (ax_out, ax_len) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig = new_figure(figsize=(12, 4.5))
+    ax_out, ax_len = fig.subplots(1, 2)
     bottom = [0] * len(sources)
     for outcome, colour in (("kept", "tab:green"), ("filtered", "tab:orange"), ("duplicate", "tab:red"),
                             ("skipped", "tab:gray")):

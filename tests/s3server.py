@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -77,3 +78,15 @@ def s3() -> Iterator[S3]:
     finally:
         server.stop()
         patch.undo()
+
+
+def remote_files(s3: S3, url: str) -> dict[str, bytes]:
+    """Every object under ``url`` (``s3://bucket/prefix``), by its path below the prefix."""
+    fs = s3.fs()
+    prefix = url.removeprefix("s3://")
+    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
+
+
+def local_files(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder``, by its POSIX path below it (comparable with :func:`remote_files`)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}

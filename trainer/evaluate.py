@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from longctx.core.atomic import write_figure
+from longctx.core.figures import new_figure, write_figure
 from longctx.trainer.coverage import position_edges
 from longctx.trainer.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
@@ -177,19 +177,10 @@ def needle_accuracy(results: Sequence[NeedleResult]) -> dict[str, Any]:
     }
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: int, path: Path) -> None:
     """Mean loss against position (log2 x axis), one line per model, the original context marked."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = new_figure(figsize=(7, 4))
+    ax = fig.subplots()
     for label, rows in tables.items():
         points = [(max(1, (r["start"] + r["end"]) / 2), r["mean_loss"]) for r in rows if r["mean_loss"] is not None]
         ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=label)
@@ -206,15 +197,14 @@ def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: 
 def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Path) -> None:
     """Accuracy per (context length, depth) over task kinds and samples (each cell says correct/total):
     one panel per model."""
-    plt = _pyplot()
     labels = list(results)
     every = [r for rs in results.values() for r in rs]
     lengths = sorted({r.context_tokens for r in every})
     depths = sorted({r.depth for r in every})
-    fig, axes = plt.subplots(
-        1, len(labels), figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), squeeze=False,
-        layout="constrained",
+    fig = new_figure(
+        figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), layout="constrained"
     )
+    axes = fig.subplots(1, len(labels), squeeze=False)
     image = None
     for ax, label in zip(axes[0], labels):
         grid = [[float("nan")] * len(lengths) for _ in depths]

@@ -106,19 +106,6 @@ def write_table(path: Path, table: pa.Table) -> None:
         pq.write_table(table, tmp)
 
 
-def write_figure(path: Path, figure: Any, *, dpi: int = 100) -> None:
-    """Save a matplotlib ``figure`` at ``path`` atomically (format from the suffix, PNG when there is
-    none) and close it."""
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    try:
-        with atomic_path(path) as tmp:
-            figure.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
-    finally:
-        plt.close(figure)
-
-
 def _remove_abandoned(parent: Path) -> None:
     """Remove ``<N>.tmp`` folders under ``parent`` that no live writer holds (killed writers')."""
     for tmp in parent.glob("*" + TEMP_SUFFIX):

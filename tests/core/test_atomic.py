@@ -13,7 +13,6 @@ from longctx.core.atomic import (
     atomic_path,
     temporary_path,
     write_bytes,
-    write_figure,
     write_json,
     write_table,
     write_text,
@@ -65,22 +64,6 @@ def test_folders_are_replaced_whole_and_stale_temporaries_removed(tmp_path: Path
             (tmp / "partial").mkdir(parents=True)
             raise ValueError
     assert sorted(p.name for p in target.iterdir()) == ["new"] and not stale.exists()
-
-
-def test_figures_take_their_format_from_the_suffix(tmp_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots()
-    ax.plot([0, 1], [1, 0])
-    write_figure(tmp_path / "plot.png", fig)
-    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    fig, _ = plt.subplots()
-    write_figure(tmp_path / "plot.svg", fig)
-    assert b"<svg" in (tmp_path / "plot.svg").read_bytes()[:500]
-    assert not plt.get_fignums()  # closed
 
 
 def test_numbered_folders_never_replace_earlier_ones(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from longctx.core.errors import ConfigError
 from longctx.core.remote import RemoteError, cache_folder, publish_folder
 from longctx.pipeline.bpe import train_bpe
 from tests.pipeline.test_curate import build_input, make_config, prose, python_module
-from tests.s3server import S3, s3  # noqa: F401  (the fixture)
+from tests.s3server import S3, local_files, remote_files, s3  # noqa: F401  (the fixture)
 
 SEQ_LEN = 256
 PUBLISHED = {"tokenizer.json", "tokenizer_config.json", "ledger.parquet", "stats.json", "stats.png"}
@@ -51,19 +51,9 @@ def curated(s3: S3, tmp_path_factory) -> dict:  # noqa: F811
     return {"root": root, "run": root / "curated", "url": url, "config": cfg}
 
 
-def remote_files(s3: S3, url: str) -> dict[str, bytes]:  # noqa: F811
-    fs = s3.fs()
-    prefix = url.removeprefix("s3://")
-    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
-
-
-def files_under(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
 def test_the_published_curation_is_the_run_folders_files(curated, s3: S3) -> None:  # noqa: F811
     run, objects = curated["run"], remote_files(s3, curated["url"])
-    documents = {f"documents/{k}" for k in files_under(run / "documents")}
+    documents = {f"documents/{k}" for k in local_files(run / "documents")}
     assert documents and set(objects) == PUBLISHED | documents | {"curation.json"}
     assert all(objects[name] == (run / name).read_bytes() for name in objects)  # no corpus/, work/ or shards/
     listed = json.loads(objects["curation.json"])["files"]
@@ -81,11 +71,11 @@ def test_packing_the_published_curation_elsewhere_equals_packing_the_run(curated
     assert main(["pack", "--config", str(config), "--input", curated["url"]]) == 0
     out = tmp_path / "out"
     shards = f"shards/seq{SEQ_LEN}"
-    assert files_under(out / shards) == files_under(curated["run"] / shards)
+    assert local_files(out / shards) == local_files(curated["run"] / shards)
     assert (out / "tokenizer.json").read_bytes() == (curated["run"] / "tokenizer.json").read_bytes()
     assert not (out / "documents").exists()
     copy = cache_folder(curated["url"], out / "cache")
-    assert files_under(copy) == remote_files(s3, curated["url"])
+    assert local_files(copy) == remote_files(s3, curated["url"])
     # again: the cached copy is reused and the finished output kept
     stamp = (copy / "ledger.parquet").stat().st_mtime_ns
     assert main(["pack", "--config", str(config), "--input", curated["url"]]) == 0
@@ -179,5 +169,5 @@ def test_a_curation_published_to_a_local_folder_packs_the_same(curated, tmp_path
     assert sent[-1] == "curation.json" and (shared / "documents").is_dir() and not (shared / "work").exists()
     jobs.pack(parse_config(pack_settings(tmp_path / "out", input=str(shared))))
     shards = f"shards/seq{SEQ_LEN}"
-    assert files_under(tmp_path / "out" / shards) == files_under(curated["run"] / shards)
+    assert local_files(tmp_path / "out" / shards) == local_files(curated["run"] / shards)
     assert not (tmp_path / "out" / "cache").exists()

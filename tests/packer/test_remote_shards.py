@@ -18,7 +18,7 @@ from longctx.packer import PackedDataset, ShardError
 from longctx.packer.manifest import load_manifest
 from longctx.packer.remote import fetch_shards
 from tests.packer.test_pack_helpers import SEQ_LENS, PackedRun, make_config, make_run
-from tests.s3server import S3, s3  # noqa: F401  (the fixture)
+from tests.s3server import S3, local_files, remote_files, s3  # noqa: F401  (the fixture)
 
 pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture
 
@@ -34,16 +34,6 @@ def published(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     cfg = make_config(root, output=url, storage_options=s3.storage_options)
     assert jobs.pack(cfg) is not None
     return root, url
-
-
-def remote_files(s3: S3, url: str) -> dict[str, bytes]:  # noqa: F811
-    fs = s3.fs()
-    prefix = url.removeprefix("s3://")
-    return {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
-
-
-def local_files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 def test_published_shards_are_the_local_packs_bytes(published, packed_run: PackedRun, s3: S3) -> None:  # noqa: F811

@@ -1,0 +1,97 @@
+"""Every plot of the product (curation's ``stats.png``, ``longctx inspect --plot``, the evaluation's
+loss-by-position and needle plots), drawn without pyplot, has the pixels pyplot draws from the same
+drawing code: the reference replaces :func:`~longctx.core.figures.new_figure` with ``pyplot.figure``
+and :func:`~longctx.core.figures.write_figure` with a plain ``savefig``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.packer.test_pack_helpers import PackedRun
+
+pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture
+
+SEQ_LEN = 256
+
+
+def pyplot_reference(monkeypatch: pytest.MonkeyPatch, module: ModuleType) -> None:
+    """Make ``module`` draw with pyplot, as the plots did before."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def save(path: Path, figure, *, dpi: int = 100) -> None:
+        figure.savefig(path, dpi=dpi, format=Path(path).suffix.lstrip(".") or "png")
+        plt.close(figure)
+
+    monkeypatch.setattr(module, "new_figure", lambda **kwargs: plt.figure(**kwargs))
+    monkeypatch.setattr(module, "write_figure", save)
+
+
+def same_as_pyplot(
+    monkeypatch: pytest.MonkeyPatch, module: ModuleType, plot: Callable[[Path], None], folder: Path
+) -> np.ndarray:
+    """The plot's pixels, after checking them against the pyplot reference's."""
+    plot(folder / "ours.png")
+    with monkeypatch.context() as patch:
+        pyplot_reference(patch, module)
+        plot(folder / "pyplot.png")
+    ours, reference = (np.asarray(Image.open(folder / n).convert("RGBA")) for n in ("ours.png", "pyplot.png"))
+    assert ours.shape == reference.shape
+    assert np.array_equal(ours, reference)
+    return ours
+
+
+def test_curation_summary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from longctx.pipeline import stats
+
+    summary = {
+        "sources": {
+            name: {"kept": k, "filtered": f, "duplicate": d, "skipped": s, "length_histogram": hist}
+            for name, k, f, d, s, hist in (
+                ("books", 16, 0, 3, 0, {"32768": 1, "65536": 3, "131072": 12}),
+                ("code", 15, 2, 0, 1, {"2048": 1, "8192": 3, "16384": 11}),
+            )
+        }
+    }
+    image = same_as_pyplot(monkeypatch, stats, lambda p: stats.plot_summary(summary, p), tmp_path)
+    assert image.shape == (450, 1200, 4)  # figsize (12, 4.5) at 100 dpi
+
+
+def test_inspect_plot(monkeypatch: pytest.MonkeyPatch, packed_run: PackedRun, tmp_path: Path) -> None:
+    from longctx.packer import report
+
+    manifest = packed_run.manifests[SEQ_LEN]
+    image = same_as_pyplot(monkeypatch, report, lambda p: report.plot_manifest(manifest, p), tmp_path)
+    assert image.shape == (540, 1560, 4)  # figsize (13, 4.5) at 120 dpi
+
+
+def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from longctx.trainer import evaluate
+
+    table = [{"start": 2**i, "end": 2 ** (i + 1), "tokens": 10, "mean_loss": 3.0 - 0.2 * i} for i in range(8)]
+    tables = {"base": table, "extended": [dict(r, mean_loss=r["mean_loss"] - 0.3) for r in table]}
+    (tmp_path / "loss").mkdir()
+    image = same_as_pyplot(
+        monkeypatch, evaluate, lambda p: evaluate.plot_loss_by_position(tables, 64, p), tmp_path / "loss"
+    )
+    assert image.shape == (400, 700, 4)  # figsize (7, 4) at 100 dpi
+
+    results = {
+        label: [
+            evaluate.NeedleResult(n, d, "single_needle", s, "42", "42" if (n + s) % 3 else "7", bool((n + s) % 3))
+            for n in (256, 512)
+            for d in (0.0, 0.5, 1.0)
+            for s in range(2)
+        ]
+        for label in ("base", "extended")
+    }
+    (tmp_path / "needle").mkdir()
+    same_as_pyplot(monkeypatch, evaluate, lambda p: evaluate.plot_needle_heatmap(results, p), tmp_path / "needle")
