@@ -18,6 +18,7 @@ the loading in DataLoader worker processes while the position stays exact.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from longctx.core.errors import ConfigError
-from longctx.packer.format import FORMAT_VERSION
+from longctx.packer.format import FORMAT_VERSION, ShardError
 from longctx.packer.reader import PackedRow, ShardSet
 from longctx.packer.rowcheck import RowTokens
 
@@ -37,74 +38,164 @@ Sample = dict[str, torch.Tensor]
 Batch = dict[str, torch.Tensor | int]
 
 
-def batch_nbytes(rows: Sequence[RowTokens | PackedRow]) -> int:
-    """Bytes of the one buffer :func:`write_batch` fills for ``rows``: three int64 and one bool
-    ``[batch, seq_len]`` arrays and the batch's int32 ``cu_seqlens``."""
-    return 25 * len(rows) * len(rows[0].input_ids) + 4 * (1 + sum(len(row.cu_seqlens) - 1 for row in rows))
+CHUNK_TOKENS = 1 << 18
+"""Rows are read and built this many tokens at a time (at least one row): by :meth:`PackedDataset.__iter__`
+into the samples it yields, by :class:`~longctx.packer.loader.PackedLoader` into the batches of one
+DataLoader item. At 16K tokens a row costs more in Python and numpy calls than in bytes; built
+together, the calls per row drop to three."""
 
 
-def write_batch(rows: Sequence[RowTokens | PackedRow], buffer: np.ndarray) -> tuple[dict[str, np.ndarray], int]:
-    """Write the training arrays of ``rows`` into ``buffer`` (uint8, at least :func:`batch_nbytes`
-    long) and return numpy views of them, keyed like a batch of :func:`collate_packed`
-    (``[batch, seq_len]`` arrays; ``cu_seqlens`` the segments of the flattened batch), and
-    ``max_seqlen``. One buffer per batch: one allocation, and one block to hand across processes.
+class Buffers:
+    """Memory for the items one pass builds, reused once nothing refers to an item any more.
 
-    Labels follow the module's shifted convention; each array is written in one or two passes from
-    the shard's columns (no intermediate copies). Positions are widened without being checked here:
-    serve only rows that passed :func:`~longctx.packer.rowcheck.check_row`."""
-    batch, seq_len = len(rows), len(rows[0].input_ids)
-    arrays = batch_views(buffer, batch, seq_len, 1 + sum(len(row.cu_seqlens) - 1 for row in rows))
-    ids, labels, positions = arrays["input_ids"], arrays["labels"], arrays["position_ids"]
-    targets, cu = arrays["loss_mask"], arrays["cu_seqlens"]
-    k, longest = 0, 0
-    for b, row in enumerate(rows):
-        ids[b] = row.input_ids
-        positions[b] = row.position_ids
+    A new item buffer of megabytes comes from the operating system as fresh pages, each zeroed on
+    first write (tens of thousands of page faults per pass measured at 64K windows); reusing the
+    buffer of an item whose arrays and tensors are all gone avoids it. Every numpy view of a buffer,
+    and every tensor made from one, holds a reference to the buffer itself (numpy points views at
+    the array that owns the memory), so a buffer that only this pool refers to is free. At most
+    ``keep`` buffers are kept; beyond that (items the caller holds) new ones are allocated.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._kept: list[np.ndarray] = []
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A uint8 array of ``nbytes`` that nothing else refers to."""
+        for k in range(len(self._kept)):
+            # 2: the pool's list and getrefcount's own argument
+            if sys.getrefcount(self._kept[k]) == 2 and len(self._kept[k]) >= nbytes:
+                return self._kept[k][:nbytes]
+        base = np.empty(-(-nbytes // (1 << 16)) << 16, dtype=np.uint8)  # room for items a little larger
+        if len(self._kept) < self.keep:
+            self._kept.append(base)
+        return base[:nbytes]
+
+
+def batches_nbytes(batches: Sequence[Sequence[RowTokens | PackedRow]]) -> int:
+    """Bytes of the buffer :func:`write_batches` fills for ``batches``."""
+    rows = sum(len(batch) for batch in batches)
+    cu_len = sum(1 + sum(len(row.cu_seqlens) - 1 for row in batch) for batch in batches)
+    return 25 * rows * len(batches[0][0].input_ids) + 4 * cu_len
+
+
+def write_batches(
+    batches: Sequence[Sequence[RowTokens | PackedRow]], buffer: np.ndarray
+) -> tuple[dict[str, np.ndarray], list[tuple[int, int, int]]]:
+    """Write the training arrays of several batches into ``buffer`` (uint8, at least
+    :func:`batches_nbytes` long), laid out as :func:`batch_views` of all their rows, with each
+    batch's ``cu_seqlens`` after the previous batch's. Returns the views of all rows and, per batch,
+    ``(rows, len(cu_seqlens), max_seqlen)``: batch ``k`` is rows ``[r_k, r_k + rows)`` of every
+    ``[rows, seq_len]`` array and entries ``[c_k, c_k + len)`` of ``cu_seqlens`` (:func:`split_batches`).
+
+    Labels follow the module's shifted convention. Three numpy calls per row (ids, positions and the
+    mask, each written in one pass from the shard's columns) and a constant number per call.
+    Positions are widened without being checked here: serve only rows that passed
+    :func:`~longctx.packer.rowcheck.check_row`."""
+    rows = [row for batch in batches for row in batch]
+    sizes = np.array([len(batch) for batch in batches])
+    count, seq_len = len(rows), len(rows[0].input_ids)
+    cus = [row.cu_seqlens for row in rows]
+    entries = np.fromiter(map(len, cus), np.int64, count)
+    first_row = np.cumsum(sizes) - sizes
+    ends = np.cumsum(entries)
+    # a batch's cu_seqlens: its rows' boundaries shifted by the row's place in the batch, each row's
+    # end dropped (it is the next row's start) except the batch's last
+    cu_lens = 1 + np.add.reduceat(entries - 1, first_row)
+    arrays = batch_views(buffer, count, seq_len, int(cu_lens.sum()))
+    ids, labels, positions, targets = arrays["input_ids"], arrays["labels"], arrays["position_ids"], arrays["loss_mask"]
+    for j, row in enumerate(rows):
+        np.copyto(ids[j], row.input_ids)
+        np.copyto(positions[j], row.position_ids)
         # labels[i] = ids[i + 1] where token i + 1 is a target of the same segment, else IGNORE_INDEX
-        np.not_equal(row.loss_mask[1:], 0, out=targets[b, :-1])
-        targets[b, -1] = False
-        labels[b, :-1] = ids[b, 1:]
-        labels[b, -1] = IGNORE_INDEX
-        np.copyto(labels[b], IGNORE_INDEX, where=~targets[b])
-        row_cu = row.cu_seqlens
-        part = row_cu if b == batch - 1 else row_cu[:-1]  # a row's end is the next row's start
-        np.add(part, b * seq_len, out=cu[k : k + len(part)], casting="unsafe")
-        k += len(part)
-        longest = max(longest, int((row_cu[1:] - row_cu[:-1]).max()))
-    return arrays, longest
+        np.not_equal(row.loss_mask[1:], 0, out=targets[j, :-1])
+    targets[:, -1] = False
+    labels[:, :-1] = ids[:, 1:]
+    labels[:, -1] = IGNORE_INDEX
+    np.copyto(labels, IGNORE_INDEX, where=~targets)
+    flat = np.concatenate(cus) if count > 1 else cus[0]
+    in_batch = np.arange(count) - np.repeat(first_row, sizes)
+    keep = np.ones(len(flat), bool)
+    last = np.zeros(count, bool)
+    last[first_row + sizes - 1] = True
+    keep[ends[~last] - 1] = False
+    np.copyto(arrays["cu_seqlens"], (flat + np.repeat(in_batch * seq_len, entries))[keep], casting="unsafe")
+    # longest segment per batch: steps across a row boundary are negative and never the largest
+    longest = np.maximum.reduceat(np.diff(flat), (ends - entries)[first_row])
+    return arrays, list(zip(sizes.tolist(), cu_lens.tolist(), longest.tolist()))
+
+
+def split_batches(arrays: Mapping[str, torch.Tensor], places: Sequence[tuple[int, int, int]]) -> list[Batch]:
+    """The batches of :func:`write_batches` as tensors: views of ``arrays`` (its output as tensors)."""
+    batches, r, c = [], 0, 0
+    for rows, cu_len, longest in places:
+        batch: Batch = {key: arrays[key][r : r + rows] for key in ("input_ids", "labels", "position_ids", "loss_mask")}
+        batch["cu_seqlens"] = arrays["cu_seqlens"][c : c + cu_len]
+        batch["max_seqlen"] = longest
+        batches.append(batch)
+        r, c = r + rows, c + cu_len
+    return batches
 
 
 def batch_views(buffer: np.ndarray, batch: int, seq_len: int, cu_len: int) -> dict[str, np.ndarray]:
-    """The arrays of a batch laid out in ``buffer`` by :func:`write_batch` (``cu_len`` entries of
+    """The arrays of a batch laid out in ``buffer`` by :func:`write_batches` (``cu_len`` entries of
     ``cu_seqlens``): int64 ``input_ids``, ``labels``, ``position_ids``, int32 ``cu_seqlens``, bool
     ``loss_mask``, in that order of bytes."""
     n, shape = batch * seq_len, (batch, seq_len)
     return {
-        "input_ids": buffer[: 8 * n].view(np.int64).reshape(shape),
-        "labels": buffer[8 * n : 16 * n].view(np.int64).reshape(shape),
-        "position_ids": buffer[16 * n : 24 * n].view(np.int64).reshape(shape),
-        "loss_mask": buffer[24 * n + 4 * cu_len : 25 * n + 4 * cu_len].view(np.bool_).reshape(shape),
-        "cu_seqlens": buffer[24 * n : 24 * n + 4 * cu_len].view(np.int32),
+        "input_ids": np.ndarray(shape, np.int64, buffer, 0),
+        "labels": np.ndarray(shape, np.int64, buffer, 8 * n),
+        "position_ids": np.ndarray(shape, np.int64, buffer, 16 * n),
+        "loss_mask": np.ndarray(shape, np.bool_, buffer, 24 * n + 4 * cu_len),
+        "cu_seqlens": np.ndarray(cu_len, np.int32, buffer, 24 * n),
     }
 
 
 def tokens_to_sample(row: RowTokens | PackedRow) -> Sample:
     """Training tensors of one window (int64 tokens, labels and positions, int32 ``cu_seqlens``,
     bool mask), in the shifted label convention of this module; views of one new buffer."""
-    buffer = np.empty(batch_nbytes([row]), dtype=np.uint8)
-    arrays, _ = write_batch([row], buffer)
-    return {key: torch.from_numpy(value[0] if value.ndim == 2 else value) for key, value in arrays.items()}
+    return tokens_to_samples([row])[0]
 
 
-def tokens_to_batch(rows: Sequence[RowTokens | PackedRow]) -> Batch:
-    """``collate_packed([tokens_to_sample(row) for row in rows])``, built in one buffer in one step."""
-    arrays, longest = write_batch(rows, np.empty(batch_nbytes(rows), dtype=np.uint8))
-    batch: Batch = {key: torch.from_numpy(value) for key, value in arrays.items()}
-    batch["max_seqlen"] = longest
-    return batch
+def tokens_to_samples(rows: Sequence[RowTokens | PackedRow], buffers: Buffers | None = None) -> list[Sample]:
+    """:func:`tokens_to_sample` of each of ``rows``, built together into one buffer (new, or free in
+    ``buffers``), each sample a view of its own part of it."""
+    batches = [[row] for row in rows]
+    nbytes = batches_nbytes(batches)
+    buffer = np.empty(nbytes, dtype=np.uint8) if buffers is None else buffers.take(nbytes)
+    arrays, places = write_batches(batches, buffer)
+    tensors = {key: torch.from_numpy(value) for key, value in arrays.items()}
+    samples, c = [], 0
+    for j, (_, cu_len, _) in enumerate(places):
+        sample = {key: tensors[key][j] for key in ("input_ids", "labels", "position_ids", "loss_mask")}
+        sample["cu_seqlens"] = tensors["cu_seqlens"][c : c + cu_len]
+        samples.append(sample)
+        c += cu_len
+    return samples
+
+
+def tokens_to_batches(batches: Sequence[Sequence[RowTokens | PackedRow]], buffers: Buffers | None = None) -> list[Batch]:
+    """``collate_packed`` of the samples of each of ``batches`` (lists of rows), built together into one buffer (new, or free
+    in ``buffers``), each batch a view of its own part of it."""
+    nbytes = batches_nbytes(batches)
+    buffer = np.empty(nbytes, dtype=np.uint8) if buffers is None else buffers.take(nbytes)
+    arrays, places = write_batches(batches, buffer)
+    return split_batches({key: torch.from_numpy(value) for key, value in arrays.items()}, places)
 
 
 row_to_sample = tokens_to_sample  # the name earlier code imports
+
+
+def read_rows(shards: ShardSet, rows: Sequence[int]) -> tuple[list[RowTokens], ShardError | None]:
+    """The checked token columns of ``rows`` (global indices) up to the first that cannot be served,
+    and the error that stopped there (None when all could)."""
+    tokens: list[RowTokens] = []
+    try:
+        for row in rows:
+            tokens.append(shards.tokens(int(row)))
+    except ShardError as error:
+        return tokens, error
+    return tokens, None
 
 
 def collate_packed(samples: list[Sample]) -> Batch:
@@ -113,14 +204,15 @@ def collate_packed(samples: list[Sample]) -> Batch:
     seq_len = samples[0]["input_ids"].numel()
     keys = ("input_ids", "labels", "position_ids", "loss_mask")
     if len(samples) == 1:  # views, not copies: a batch of one row is the common case in training
-        batch: Batch = {key: samples[0][key][None] for key in keys}
+        batch: Batch = {key: samples[0][key].unsqueeze(0) for key in keys}
         cu_seqlens = samples[0]["cu_seqlens"]
     else:
         batch = {key: torch.stack([s[key] for s in samples]) for key in keys}
         cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
         cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
     batch["cu_seqlens"] = cu_seqlens
-    batch["max_seqlen"] = int(torch.diff(cu_seqlens).max())
+    bounds = cu_seqlens.numpy()  # numpy: a few microseconds less per batch than torch.diff
+    batch["max_seqlen"] = int((bounds[1:] - bounds[:-1]).max())
     return batch
 
 
@@ -268,10 +360,17 @@ class PackedDataset(IterableDataset):
                 "Use longctx.packer.PackedLoader(dataset, num_workers=N) for worker processes"
             )
         order = self.order(self.epoch)
-        for k in range(self.consumed, len(order)):
-            # the state moves before the row is handed out, so it always names the next row
-            self._advance(1)
-            yield self[int(order[k])]
+        chunk, buffers = max(1, CHUNK_TOKENS // self.seq_len), Buffers()
+        for first in range(self.consumed, len(order), chunk):
+            # rows are read and built a chunk at a time; a damaged row ends the chunk after the rows
+            # before it are served
+            tokens, error = read_rows(self.shards, order[first : first + chunk])
+            for sample in tokens_to_samples(tokens, buffers) if tokens else []:
+                # the state moves before the row is handed out, so it always names the next row
+                self._advance(1)
+                yield sample
+            if error is not None:
+                raise error
 
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands, plus what it depends on (checked by :meth:`load_state_dict`).

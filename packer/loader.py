@@ -4,12 +4,13 @@ with the dataset's resume position exact and each batch handed across processes 
 torch's DataLoader sends every tensor a worker returns through its own shared-memory segment,
 created, passed by file descriptor and mapped again for each tensor; with five tensors per batch that
 costs milliseconds per batch, more than reading a 64K window. :class:`PackedLoader` instead gives the
-workers a ring of shared-memory slots allocated once per pass: a worker writes several batches
-(up to :data:`TRANSFER_TOKENS` tokens, all slots within :data:`SLOT_MEMORY`) into one slot with
-:func:`~longctx.packer.dataset.write_batch` and sends only their offsets; the training process copies
-each batch out of the slot into memory it owns (one copy, no conversion) and splits it into views.
-Every row is still checked in the worker that reads it (:meth:`ShardSet.tokens
-<longctx.packer.reader.ShardSet.tokens>`), before any of it is written to a slot.
+workers a ring of shared-memory slots allocated once per pass: a worker builds several batches
+(an *item*: up to :data:`TRANSFER_TOKENS` tokens, all slots within :data:`SLOT_MEMORY`) together
+into one slot with :func:`~longctx.packer.dataset.write_batches` and sends only their sizes; the
+training process copies the item out of the slot into memory it owns (one copy, no conversion) and
+splits it into its batches, views of that memory. Without workers, items are built the same way,
+straight into memory the training process owns. Every row is still checked in the process that reads
+it (:meth:`ShardSet.tokens <longctx.packer.reader.ShardSet.tokens>`), before any of it is written.
 """
 
 from __future__ import annotations
@@ -21,12 +22,23 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from longctx.packer.dataset import Batch, PackedDataset, Sample, batch_views, collate_packed, tokens_to_batch, write_batch
+from longctx.packer.dataset import (
+    Batch,
+    Buffers,
+    PackedDataset,
+    Sample,
+    batch_views,
+    collate_packed,
+    read_rows,
+    split_batches,
+    tokens_to_batches,
+    write_batches,
+)
 
 TRANSFER_TOKENS = 1 << 18
-"""Tokens a worker writes into one slot per message (whole batches, at least one): the per-message cost
-of the DataLoader's queues (about a millisecond on a busy 2-core machine) is then small against the
-work."""
+"""Tokens of one item (whole batches, at least one), what one DataLoader step carries: the cost per
+step of the DataLoader (and with workers, of its queues: about a millisecond on a busy 2-core
+machine) and of numpy's calls is then small against the work."""
 
 SLOT_MEMORY = 32 << 20
 """Bytes of shared memory all slots of a pass take together at most (fewer batches per message when
@@ -50,10 +62,12 @@ class _BatchStream(IterableDataset):
     DataLoader hands out in order (it takes one result from each worker in turn), so the stream is the
     same for any number of workers.
 
-    An item is what one worker message carries: with ``slots`` (shared memory, one slot per item the
+    An item is what one DataLoader step carries: with ``slots`` (shared memory, one slot per item the
     DataLoader can have in flight), the item's batches are written into slot ``item % len(slots)`` and
-    the message is ``(item, [(offset, rows, cu_len, max_seqlen), ...])``; without, it is the batch
-    itself (``collate`` of the rows' samples, or :func:`tokens_to_batch` when ``collate`` is None)."""
+    the message is ``(item, places)`` (:func:`write_batches`); without, it is the list of batches
+    itself (:func:`tokens_to_batches`, or with ``collate`` a list of one ``collate`` of the rows'
+    samples). A row that cannot be served ends its item after the batches before it; the next step
+    raises its error."""
 
     def __init__(
         self,
@@ -82,32 +96,31 @@ class _BatchStream(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         order = self.dataset.order(self.epoch)[self.start :]
-        batches = len(self.sizes())
+        sizes = self.sizes()
+        rows_per_item, total = self.per_item * self.batch_size, sum(sizes)
         slots = None if self.slots is None else self.slots.numpy()
-        for item in range(worker, -(-batches // self.per_item), workers):
-            first = item * self.per_item
-            rows = [
-                order[j * self.batch_size : (j + 1) * self.batch_size]
-                for j in range(first, min(first + self.per_item, batches))
-            ]
+        buffers = Buffers()
+        for item in range(worker, -(-len(sizes) // self.per_item), workers):
+            rows = order[item * rows_per_item : min((item + 1) * rows_per_item, total)]
             if self.collate is not None:
-                yield self.collate([self.dataset[int(r)] for r in rows[0]])
-            elif slots is None:
-                yield tokens_to_batch([self.dataset.shards.tokens(int(r)) for r in rows[0]])
-            else:
-                yield item, self._write(slots[item % len(slots)], item, rows)
+                yield [self.collate([self.dataset[int(r)] for r in rows])]
+                continue
+            tokens, error = read_rows(self.dataset.shards, rows)
+            if error is not None:  # only the whole batches before the row that cannot be served
+                tokens = tokens[: len(tokens) - len(tokens) % self.batch_size]
+            batches = [tokens[k : k + self.batch_size] for k in range(0, len(tokens), self.batch_size)]
+            if batches and slots is None:
+                yield tokens_to_batches(batches, buffers)
+            elif batches:
+                yield item, self._write(slots[item % len(slots)], item, batches)
+            if error is not None:
+                raise error
 
-    def _write(self, slot: np.ndarray, item: int, batches: list[np.ndarray]) -> list[tuple[int, int, int, int]]:
-        """Write ``batches`` (rows checked as they are read) into ``slot``; their places in it."""
+    def _write(self, slot: np.ndarray, item: int, batches: list[list]) -> list[tuple[int, int, int]]:
+        """Write ``batches`` (checked rows) into ``slot`` after its header; their places."""
         header = slot[:8].view(np.int64)
         header[0] = -1
-        places, offset = [], _HEADER
-        for rows in batches:
-            tokens = [self.dataset.shards.tokens(int(r)) for r in rows]
-            arrays, longest = write_batch(tokens, slot[offset:])
-            cu_len = len(arrays["cu_seqlens"])
-            places.append((offset, len(rows), cu_len, longest))
-            offset += _aligned(25 * len(rows) * self.dataset.seq_len + 4 * cu_len)
+        _, places = write_batches(batches, slot[_HEADER:])
         header[0] = item
         return places
 
@@ -124,10 +137,12 @@ class PackedLoader:
     the DataLoader; workers are started for each pass (not persistent: each pass starts from the
     dataset's position at that time).
 
-    With the default ``collate_fn`` (:func:`collate_packed`), batches are built directly from the
-    shard's columns into one buffer each, and workers hand them over through shared-memory slots (see
-    the module's docstring); each batch the loader yields owns its memory. A custom ``collate_fn``
-    gets the rows' samples and its batches travel the DataLoader's usual way.
+    With the default ``collate_fn`` (:func:`collate_packed`), the batches of an item (about
+    :data:`TRANSFER_TOKENS` tokens) are built directly from the shard's columns into one buffer of
+    the training process, and workers hand them over through shared-memory slots (see the module's
+    docstring); each batch is a view of its own part of that buffer (a batch kept alive keeps its
+    item's buffer). A custom ``collate_fn`` gets the rows' samples and its batches travel the
+    DataLoader's usual way.
     """
 
     def __init__(
@@ -162,8 +177,10 @@ class PackedLoader:
         custom = None if self.collate_fn is collate_packed else self.collate_fn
         epoch = self.dataset.epoch
         if custom is not None or self.num_workers == 0:
-            stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom)
-            batches: Iterator[tuple[int, Any]] = zip(stream.sizes(), self._loader(stream, kwargs), strict=True)
+            per_item = 1 if custom is not None else max(1, TRANSFER_TOKENS // (self.batch_size * self.dataset.seq_len))
+            stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom, per_item)
+            items = (batch for item in self._loader(stream, kwargs) for batch in item)
+            batches: Iterator[tuple[int, Any]] = zip(stream.sizes(), items, strict=True)
         else:
             batches = self._through_slots(kwargs)
         for size, batch in batches:
@@ -180,32 +197,33 @@ class PackedLoader:
         seq_len, tokens = self.dataset.seq_len, self.batch_size * self.dataset.seq_len
         # in flight: the item being copied out and prefetch_factor items per worker
         count = (kwargs.get("prefetch_factor") or 2) * self.num_workers + 1
-        largest = _aligned(25 * tokens + 4 * (tokens + 1))  # a batch whose segments are one token long
+        largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
         per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
-        slots = torch.empty(count, _HEADER + per_item * largest, dtype=torch.uint8).share_memory_()
+        slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
         pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
         if pin:
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
         stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, None, per_item, slots)
         expected = stream.sizes()
-        ring = slots.numpy()
+        ring, buffers = slots.numpy(), Buffers()
         handed = 0
         for item, places in self._loader(stream, kwargs):
             slot = ring[item % count]
-            for offset, rows, cu_len, longest in places:
-                own = torch.empty(25 * rows * seq_len + 4 * cu_len, dtype=torch.uint8, pin_memory=pin)
-                data = own.numpy()
-                np.copyto(data, slot[offset : offset + len(data)])
-                if int(slot[:8].view(np.int64)[0]) != item:
-                    raise RuntimeError(
-                        f"PackedLoader: slot {item % count} was overwritten while batch rows were copied out of it "
-                        "(more items in flight than prefetch_factor x num_workers); please report this"
-                    )
-                batch: Batch = {key: torch.from_numpy(value) for key, value in batch_views(data, rows, seq_len, cu_len).items()}
-                batch["max_seqlen"] = longest
-                if rows != expected[handed]:
-                    raise RuntimeError(f"PackedLoader: batch {handed} has {rows} rows, expected {expected[handed]}")
+            rows, cu_len = sum(place[0] for place in places), sum(place[1] for place in places)
+            nbytes = 25 * rows * seq_len + 4 * cu_len
+            data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy() if pin else buffers.take(nbytes)
+            np.copyto(data, slot[_HEADER : _HEADER + len(data)])
+            if int(slot[:8].view(np.int64)[0]) != item:
+                raise RuntimeError(
+                    f"PackedLoader: slot {item % count} was overwritten while batch rows were copied out of it "
+                    "(more items in flight than prefetch_factor x num_workers); please report this"
+                )
+            arrays = {key: torch.from_numpy(value) for key, value in batch_views(data, rows, seq_len, cu_len).items()}
+            for batch in split_batches(arrays, places):
+                size = batch["input_ids"].shape[0]
+                if size != expected[handed]:
+                    raise RuntimeError(f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}")
                 handed += 1
-                yield rows, batch
+                yield size, batch
         if handed != len(expected):
             raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")

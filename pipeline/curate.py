@@ -33,9 +33,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import multiprocessing
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,6 @@ from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
-from longctx.core.lifetime import children_die_with_this_process
 from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
@@ -223,19 +220,13 @@ def prepare_tokenizer(
                     shutil.copyfile(source, tmp)
         return layout.tokenizer
     if not layout.tokenizer.exists():
+        from longctx.pipeline.bpe import train_bpe
+
         print(f"training a {tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
-        # in a child process: the tokenizer's thread pool must not run in this one, whose pools fork
-        # their workers from it (see run_curation)
-        with children_die_with_this_process(), ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as child:
-            child.submit(_train_tokenizer, sources, curate, tokenizer, layout.tokenizer).result()
+        train_bpe(
+            _sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, layout.tokenizer
+        )
     return layout.tokenizer
-
-
-def _train_tokenizer(sources: list[SourceConfig], curate: CurateConfig, tokenizer: TokenizerConfig, path: Path) -> None:
-    """Train the run's byte-level BPE on a sample of every source and save it at ``path``."""
-    from longctx.pipeline.bpe import train_bpe
-
-    train_bpe(_sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, path)
 
 
 def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int) -> Iterator[str]:
@@ -476,9 +467,9 @@ def run_curation(
             "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
         }
         stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
-        # pools fork their workers from this process, which has the job's modules imported already
-        # and never runs the tokenizer's thread pool (the BPE is trained in a child)
-        if not run_stages(curate.executor, stages, layout.work, "curate", verbose, start_method="fork"):
+        # workers from a forkserver (the default): with "fork", one of ~14 two-task runs under load
+        # failed (the next stage's Manager found work/curate/tmp gone); cause not found
+        if not run_stages(curate.executor, stages, layout.work, "curate", verbose):
             return None
     except OSError as err:
         fault = disk_fault(err, None if err.filename else output)

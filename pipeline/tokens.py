@@ -140,10 +140,9 @@ def limit_tokenizer_threads(threads: int) -> None:
     calling thread (``TOKENIZERS_PARALLELISM=false``: no pool threads waiting beside it).
 
     ``tokenizers`` sizes its pool (``RAYON_NUM_THREADS``) when it first encodes in parallel, so this
-    must come before the process's first encode: curation's pool workers are forked from a driver
-    that never encodes (or started fresh by a forkserver), so it does. A single worker runs its task
-    in the calling process,
-    which may already have a pool; that task is alone and may use every core anyway.
+    must come before the process's first encode: curation's pool workers are started fresh by a
+    forkserver, so it does. A single worker runs its task in the calling process, which may already
+    have a pool; that task is alone and may use every core anyway.
     """
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     if threads == 1:

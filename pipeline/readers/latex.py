@@ -41,6 +41,7 @@ _BEGIN_VERBATIM_RE = re.compile(
     r"\\begin\s*\{(" + "|".join(re.escape(env) for env in VERBATIM_ENVS) + r")\}"
 )
 _INLINE_VERBATIM_RE = re.compile(r"\\(verb\*?|lstinline)(?![A-Za-z@])")
+_SPECIAL_RE = re.compile(r"[%\\]")  # where a line of code can change state: a comment, a control sequence
 _DOCUMENTCLASS_RE = re.compile(r"\\documentclass(?![A-Za-z@])")
 # \input{x}, \include{x}, \subfile{x}, and the primitive form ``\input x`` (name ends at a space).
 _INCLUDE_RE = re.compile(
@@ -120,21 +121,18 @@ def _scan_code_line(line: str) -> tuple[int | None, re.Match[str] | None]:
     ``\\\\%`` the pair ``\\\\`` is a line break and the ``%`` starts a comment.
     """
     i = 0
-    while i < len(line):
-        char = line[i]
-        if char == "%":
+    while (special := _SPECIAL_RE.search(line, i)) is not None:  # other characters change nothing
+        i = special.start()
+        if line[i] == "%":
             return i, None
-        if char == "\\":
-            begin = _BEGIN_VERBATIM_RE.match(line, i)
-            if begin:
-                return None, begin
-            inline = _INLINE_VERBATIM_RE.match(line, i)
-            if inline:
-                i = _skip_inline_verbatim(line, inline.end(), options=inline.group(1) == "lstinline")
-                continue
-            i += 2
+        begin = _BEGIN_VERBATIM_RE.match(line, i)
+        if begin:
+            return None, begin
+        inline = _INLINE_VERBATIM_RE.match(line, i)
+        if inline:
+            i = _skip_inline_verbatim(line, inline.end(), options=inline.group(1) == "lstinline")
             continue
-        i += 1
+        i += 2
     return None, None
 
 

@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from longctx.packer import IGNORE_INDEX, PackedDataset, PackedLoader, collate_packed
+from longctx.packer import dataset as dataset_module
 from longctx.packer import loader as loader_module
 from tests.packer.test_pack_helpers import PackedRun
 
@@ -113,3 +114,29 @@ def test_a_custom_collate_gets_the_samples(packed_run: PackedRun) -> None:
             expected = reference_batch([rows[int(r)]])
             assert_same({**{k: v[None] for k, v in sample.items() if k != "cu_seqlens"},
                          "cu_seqlens": sample["cu_seqlens"], "max_seqlen": expected["max_seqlen"]}, expected)
+
+
+@pytest.mark.usefixtures("small_transfers")
+@pytest.mark.parametrize("source", ["dataset", "loader-workers-0", "loader-workers-2"])
+def test_reused_memory_never_changes_a_batch_still_held(packed_run: PackedRun, source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Items are built into memory reused once nothing refers to an earlier item: every batch is right
+    when it arrives (most are dropped at once, so memory is reused), and the batches the caller keeps
+    are still right at the end of the pass."""
+    monkeypatch.setattr(dataset_module, "CHUNK_TOKENS", 2 * SEQ_LEN)
+    folder = packed_run.folder(SEQ_LEN)
+    rows = arrow_rows(folder)
+    ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, seed=7)
+    order = ds.order(0)
+    if source == "dataset":
+        batches = DataLoader(ds, batch_size=1, collate_fn=collate_packed)
+    else:
+        batches = PackedLoader(ds, batch_size=1, num_workers=int(source[-1]))
+    kept = []
+    for k, batch in enumerate(batches):
+        expected = reference_batch([rows[int(order[k])]])
+        assert_same(batch, expected)
+        if k % 3 == 0:
+            kept.append((batch, expected))
+    assert k + 1 == len(order) > 12
+    for batch, expected in kept:
+        assert_same(batch, expected)

@@ -417,31 +417,3 @@ def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None
     assert (ledger["books/huge.txt"]["outcome"], ledger["books/huge.txt"]["reason"]) == ("filtered", "too_large")
     assert ledger["books/ok.txt"]["outcome"] == "kept"
 
-
-def test_the_bpe_is_trained_in_a_child_process(tmp_path: Path, monkeypatch) -> None:
-    """Without tokenizer.path the BPE is trained in another process (so the driver, which forks its
-    pool workers, never runs the tokenizer's thread pool) and equals the BPE trained here on the
-    same sample."""
-    from longctx.core.layout import RunLayout
-    from longctx.pipeline import bpe
-    from longctx.pipeline.curate import _sample_texts, prepare_tokenizer, resolve_sources
-
-    build_input(tmp_path / "in")
-    cfg = parse_config({"output": str(tmp_path / "out"), "context": {"original": 8, "target": 16},
-                        "curate": {"input": str(tmp_path / "in")},
-                        "tokenizer": {"train_vocab_size": 300}})
-    layout = RunLayout(tmp_path / "out", "curate")
-    sources = resolve_sources(cfg.curate, layout)
-    pids = tmp_path / "pids"
-    real = bpe.train_bpe
-
-    def recorded(*args, **kwargs):
-        pids.write_text(str(os.getpid()))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(bpe, "train_bpe", recorded)  # inherited by the forked child
-    path = prepare_tokenizer(cfg.tokenizer, None, cfg.curate, layout, sources)
-    assert int(pids.read_text()) != os.getpid()
-    reference = tmp_path / "reference.json"
-    real(_sample_texts(sources, cfg.curate, cfg.tokenizer.train_sample_bytes), 300, reference)
-    assert path.read_bytes() == reference.read_bytes()

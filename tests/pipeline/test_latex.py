@@ -380,3 +380,42 @@ def test_main_file_ignores_symlink_to_outside(tmp_path, paper):
 def test_no_main_file(paper):
     write(paper / "a.tex", "just a fragment\n")
     assert find_main_file(Tree.of(str(paper))) is None
+
+
+def _scan_code_line_reference(line: str):
+    """The character-by-character scan (the definition): ``%`` starts a comment, a backslash
+    consumes the next character unless it begins a verbatim environment or an inline verbatim."""
+    from longctx.pipeline.readers import latex
+
+    i = 0
+    while i < len(line):
+        if line[i] == "%":
+            return i, None
+        if line[i] == "\\":
+            begin = latex._BEGIN_VERBATIM_RE.match(line, i)
+            if begin:
+                return None, begin
+            inline = latex._INLINE_VERBATIM_RE.match(line, i)
+            if inline:
+                i = latex._skip_inline_verbatim(line, inline.end(), options=inline.group(1) == "lstinline")
+                continue
+            i += 2
+            continue
+        i += 1
+    return None, None
+
+
+def test_code_line_scan_equals_the_character_by_character_definition():
+    """The scan that jumps from one ``%`` or backslash to the next, against the plain loop, on
+    random lines dense in comments, escapes and inline and environment verbatim."""
+    import random
+
+    from longctx.pipeline.readers.latex import _scan_code_line
+
+    parts = ["%", "\\", "\\\\", "\\%", "\\verb|a%b|", "\\verb*+x+", "\\verb", "\\lstinline[x]{q%}", "\\lstinline",
+             "\\begin{verbatim}", "\\begin {lstlisting}", "\\begin{itemize}", "{", "}", "[", "]", "|", "+", "a", " ", "é"]
+    rng = random.Random(0)
+    for _ in range(20000):
+        line = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))
+        ours, ref = _scan_code_line(line), _scan_code_line_reference(line)
+        assert ours[0] == ref[0] and (ours[1] and ours[1].span()) == (ref[1] and ref[1].span()), line
