@@ -441,65 +441,67 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     losses: list[float] = []
     records: list[dict[str, Any]] = []
     tokens_seen, time_spent = 0, 0.0
-    for step in range(run.start_step, tcfg.steps):
-        start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
-        micro = run.rows.next_step()
-        shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
-        logged = (step + 1) % tcfg.log.every == 0 or step + 1 == tcfg.steps
-        stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
-        if not math.isfinite(stats.loss):
-            raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
-        lr = run.scheduler.get_last_lr()[0]
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        tracker.add(stats.bucket_count, stats.max_position)
-        elapsed = time.perf_counter() - start
-        comm = stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before
-        step_tokens = run.seq_len * run.rows.global_batch_rows
-        tokens_seen += step_tokens
-        time_spent += elapsed
-        pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
-        flops = training_flops(run.model.config.shape, step_tokens, pairs)
-        counts = stats.bucket_count
-        record = {
-            "step": step + 1,
-            "loss": stats.loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens_per_s": step_tokens / elapsed,
-            "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
-            "comm_fraction": comm / elapsed,
-            "attention_score_fraction": stats.attention_score_fraction,
-            "max_position": tracker.max_position,
-            "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
-            "loss_by_position": {
-                str(edge): total / n if n and logged else None
-                for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
-            },
-        }
-        losses.append(stats.loss)
-        records.append(record)
-        if writer is not None and logged:
-            writer.write(record)
+    try:  # the bar's line is ended even when a step fails, so an error prints on a line of its own
+        for step in range(run.start_step, tcfg.steps):
+            start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
+            micro = run.rows.next_step()
+            shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
+            logged = (step + 1) % tcfg.log.every == 0 or step + 1 == tcfg.steps
+            stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
+            if not math.isfinite(stats.loss):
+                raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
+            lr = run.scheduler.get_last_lr()[0]
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            tracker.add(stats.bucket_count, stats.max_position)
+            elapsed = time.perf_counter() - start
+            comm = stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before
+            step_tokens = run.seq_len * run.rows.global_batch_rows
+            tokens_seen += step_tokens
+            time_spent += elapsed
+            pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
+            flops = training_flops(run.model.config.shape, step_tokens, pairs)
+            counts = stats.bucket_count
+            record = {
+                "step": step + 1,
+                "loss": stats.loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens_per_s": step_tokens / elapsed,
+                "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
+                "comm_fraction": comm / elapsed,
+                "attention_score_fraction": stats.attention_score_fraction,
+                "max_position": tracker.max_position,
+                "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
+                "loss_by_position": {
+                    str(edge): total / n if n and logged else None
+                    for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
+                },
+            }
+            losses.append(stats.loss)
+            records.append(record)
+            if writer is not None and logged:
+                writer.write(record)
+            if bar is not None:
+                bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.update(1)
+            if not tcfg.coverage.allow_short:
+                tracker.check()
+            if (step + 1) % tcfg.checkpoint.every == 0 or step + 1 == tcfg.steps:
+                save_checkpoint(
+                    run.layout.checkpoints,
+                    step + 1,
+                    run.model,
+                    run.optimizer,
+                    _trainer_state(run, job, state),
+                    state,
+                    tcfg.checkpoint.keep,
+                )
+    finally:
         if bar is not None:
-            bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            bar.update(1)
-        if not tcfg.coverage.allow_short:
-            tracker.check()
-        if (step + 1) % tcfg.checkpoint.every == 0 or step + 1 == tcfg.steps:
-            save_checkpoint(
-                run.layout.checkpoints,
-                step + 1,
-                run.model,
-                run.optimizer,
-                _trainer_state(run, job, state),
-                state,
-                tcfg.checkpoint.keep,
-            )
-    if bar is not None:
-        bar.close()
+            bar.close()
     if writer is not None:
         writer.close()
     final = _export(run.model, job, state, run.layout.final_model)
