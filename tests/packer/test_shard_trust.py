@@ -197,9 +197,10 @@ def test_workers_share_what_was_verified(packed_run: PackedRun, tmp_path: Path, 
 
 def test_a_file_replaced_after_it_was_verified_is_hashed_again(packed_run: PackedRun, tmp_path: Path) -> None:
     """What was verified is trusted only for the very file that was hashed: a copy of the ShardSet
-    (as a spawned worker gets it) hashes a shard again when the file was rewritten, even with the
-    same size and modification time, and refuses it when its bytes changed."""
-    import pickle
+    (made through the same __getstate__/__setstate__ a spawned worker's copy goes through) hashes a
+    shard again when the file was rewritten, even with the same size and modification time, and
+    refuses it when its bytes changed."""
+    import copy as copying
 
     folder, manifest = copy_folder(packed_run, tmp_path)
     ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False)
@@ -212,7 +213,7 @@ def test_a_file_replaced_after_it_was_verified_is_hashed_again(packed_run: Packe
     path.write_bytes(bytes(data))
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
-    copy = pickle.loads(pickle.dumps(ds.shards))
+    copy = copying.deepcopy(ds.shards)
     copy.tokens(0)  # shard 0 is unchanged: served without hashing it again
     with pytest.raises(ShardError, match=rf"{path.name}: xxh3_128 differs from the manifest"):
         copy.tokens(row)
