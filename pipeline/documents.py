@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from longctx.core.errors import ConfigError
+from longctx.pipeline.parquet import read_parquet
 
 DOCUMENTS_GLOB = "*/*.parquet"
 """The curated files of a documents folder: ``<source>/<file>.parquet``."""
@@ -78,10 +79,8 @@ def source_of(documents: Path, file: Path) -> str:
 
 
 def read_column(file: Path, column: str) -> pa.ChunkedArray:
-    """One column of a curated file. (Read with ``ParquetFile``: ``pq.read_table`` goes through
-    ``pyarrow.dataset``, whose import pulls in pandas, about 0.3 s of CPU per process.)"""
-    with pq.ParquetFile(file) as parquet:
-        return parquet.read(columns=[column]).column(0)
+    """One column of a curated file (:func:`~longctx.pipeline.parquet.read_parquet`: no pandas import)."""
+    return read_parquet(file, columns=[column]).column(0)
 
 
 def token_counts(file: Path) -> np.ndarray:

@@ -14,9 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def read_parquet(path: str | os.PathLike, schema: pa.Schema | None = None) -> pa.Table:
-    """The table in the Parquet file at ``path``, cast to ``schema`` when given (an error when its
-    columns are not the schema's, by name and order)."""
+def read_parquet(
+    path: str | os.PathLike, schema: pa.Schema | None = None, columns: list[str] | None = None
+) -> pa.Table:
+    """The table in the Parquet file at ``path`` (only ``columns`` when given), cast to ``schema``
+    when given (an error when its columns are not the schema's, by name and order)."""
     with pq.ParquetFile(path) as file:
-        table = file.read()
+        table = file.read(columns=columns)
     return table if schema is None else table.cast(schema)
