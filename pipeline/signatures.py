@@ -74,7 +74,12 @@ _TO_SPACE = bytes(b if (chr(b).isalnum() or b >= 0x80) else _SP for b in range(2
 # str.isspace (which is also what re's \s tests): ASCII whitespace to a space byte, and the UTF-8
 # of the non-ASCII whitespace characters.
 _WS_TO_SPACE = bytes(_SP if chr(b).isspace() else b for b in range(128)) + bytes(range(128, 256))
-_WIDE_WS = [chr(c).encode("utf-8") for c in range(128, 0x110000) if chr(c).isspace()]
+# Those are written out: finding them by testing every code point costs ~90 ms in each process that
+# imports this module (tests/pipeline/test_signatures.py checks the list against that scan).
+_WIDE_WS = [
+    chr(c).encode("utf-8")
+    for c in (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
+]
 
 
 class RegexWordTokenizer(WordTokenizer):

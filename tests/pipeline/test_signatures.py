@@ -192,6 +192,13 @@ def test_mark_table_is_unicodedata_mn() -> None:
     assert len(marks) == sum(1 for c in range(0x110000) if unicodedata.category(chr(c)) == "Mn")
 
 
+def test_wide_whitespace_list_is_every_non_ascii_isspace_character() -> None:
+    """The written-out list against the scan of every code point it replaces (in this Python's
+    Unicode version), in the same order."""
+    scan = [chr(c).encode("utf-8") for c in range(128, 0x110000) if chr(c).isspace()]
+    assert sg._WIDE_WS == scan
+
+
 def test_fast_path_assumptions_hold_for_this_datatrove() -> None:
     """If datatrove's simplify_text changes, word_pieces falls back to it; this flags the change."""
     assert sg._FAST_PATH
