@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from longctx.core.errors import LongctxError
 from longctx.core.lifetime import children_die_with_this_process, die_with_parent, process_exists, sigterm_exits
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
-from longctx.core.workers import job_processes
+from longctx.core.workers import job_processes, start_forkserver
 
 Stage = tuple[str, list[PipelineStep], int]
 """A stage of a job: its name, its pipeline and its number of tasks."""
@@ -176,7 +176,7 @@ def make_executor(
 
 def run_stages(
     cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, verbose: bool = False,
-    start_method: str = "forkserver",
+    start_method: str = "forkserver", in_driver: Collection[str] = (),
 ) -> bool:
     """Run a job's stages in order; True when they ran here, False when submitted to Slurm.
 
@@ -192,14 +192,24 @@ def run_stages(
     this process, which has them imported already: nothing to start). ``"fork"`` is only for a
     driver that has not run a library's thread pool its workers will use, such as the tokenizer's
     (whose workers would find it unusable after the fork, and run single-threaded).
+
+    The stages named in ``in_driver`` run their tasks one after another in this process when run
+    locally (as datatrove runs a one-worker stage): stages whose work is smaller than what a pool's
+    workers cost to start. Locally, a job with a pooled stage after such stages starts its
+    forkserver at once, so that it imports the job's modules while this process runs them.
     """
     console_log = work / "logs" / "console.log"
     last: PipelineExecutor | None = None
+    pooled = False
     for number, (name, pipeline, tasks) in enumerate(stages, start=1):
         logging_dir = work / "logs" / f"{number}_{name}"
         report = StageReport(job, name, number, len(stages), tasks, logging_dir, console_log, verbose)
+        here = cfg.kind == "local" and name in in_driver
+        completions = logging_dir / "completions"
+        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
+        pooled = pooled or (not here and concurrent_tasks(cfg, tasks) > 1 and done < tasks)
         last = make_executor(
-            cfg,
+            cfg.model_copy(update={"workers": 1}) if here else cfg,
             pipeline,
             tasks=tasks,
             logging_dir=logging_dir,
@@ -210,6 +220,14 @@ def run_stages(
         )
     if last is not None:
         pipelines = [pipeline for _, pipeline, _ in stages]
-        with job_processes(pipelines, work) if cfg.kind == "local" else contextlib.nullcontext():
+        if cfg.kind != "local":
+            last.run()
+            return cfg.kind != "slurm"
+        with job_processes(pipelines, work):
+            if pooled and start_method == "forkserver":
+                # it imports the job's modules (~2 s of CPU) on another core while this process runs
+                # the stages before the first pool; its workers' stderr is the console log
+                with contextlib.nullcontext() if verbose else stderr_to_file(console_log):
+                    start_forkserver()
             last.run()
     return cfg.kind != "slurm"

@@ -66,6 +66,12 @@ def _stop_forkserver() -> None:
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
+def start_forkserver() -> None:
+    """Start this process's forkserver now (it inherits file descriptor 2 as it is now) rather than
+    when a pool first needs it."""
+    multiprocess.forkserver.ensure_running()
+
+
 @contextlib.contextmanager
 def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator[Path]:
     """Meanwhile, pools fork their workers from a forkserver that has the modules of ``pipelines``

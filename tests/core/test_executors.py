@@ -171,3 +171,46 @@ def test_a_fork_waits_for_the_progress_line_being_printed() -> None:
     thread.join()
     assert os.waitpid(pid, 0)[1] == 0
     assert waited >= 0.2
+
+
+class _Where(PipelineStep):
+    """Records the pid of the process that runs each task, and writes a line to stderr."""
+
+    def __init__(self, folder: Path, stage: str) -> None:
+        super().__init__()
+        self.folder, self.stage = folder, stage
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        import os
+        import sys
+
+        (self.folder / f"{self.stage}.{rank}.pid").write_text(str(os.getpid()))
+        print(f"task {self.stage} {rank} says this on stderr", file=sys.stderr, flush=True)
+        yield from data or ()
+
+
+def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(tmp_path: Path, capfd, monkeypatch) -> None:
+    """Stages named in ``in_driver`` run their tasks in this process, the others in pool workers
+    (from the forkserver started before the first stage, whose workers' stderr is the console log,
+    not the terminal); completions are recorded either way, and a finished job starts no forkserver
+    when run again."""
+    import os
+
+    from longctx.core import executors
+
+    stages = [(name, [_Where(tmp_path, name)], 2) for name in ("small", "big", "tail")]
+    cfg = ExecutorConfig(tasks=2, workers=2)
+    assert run_stages(cfg, stages, tmp_path / "w", "job", in_driver={"small", "tail"})
+    pids = {name: {int((tmp_path / f"{name}.{rank}.pid").read_text()) for rank in range(2)} for name in ("small", "big", "tail")}
+    assert pids["small"] == pids["tail"] == {os.getpid()}
+    assert os.getpid() not in pids["big"]
+    captured = capfd.readouterr()
+    assert "task big" not in captured.err and "task big" not in captured.out
+    log = (tmp_path / "w" / "logs" / "console.log").read_text()
+    assert "task big 0 says this on stderr" in log and "task big 1 says this on stderr" in log
+
+    started: list[bool] = []
+    monkeypatch.setattr(executors, "start_forkserver", lambda: started.append(True))
+    assert run_stages(cfg, stages, tmp_path / "w", "job", in_driver={"small", "tail"})
+    assert "[job 1/3] small: 2 task(s), 2 done in an earlier run" in capfd.readouterr().out
+    assert started == []
