@@ -27,6 +27,7 @@ from datatrove.pipeline.readers import ParquetReader
 from longctx import jobs
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
+from longctx.core.layout import RunLayout
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.documents import document_files, file_tokenizer, iter_rows
@@ -417,3 +418,53 @@ def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None
     assert (ledger["books/huge.txt"]["outcome"], ledger["books/huge.txt"]["reason"]) == ("filtered", "too_large")
     assert ledger["books/ok.txt"]["outcome"] == "kept"
 
+
+
+def test_driver_stages_follow_the_code_size(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
+    """Bucket searches run in the driver; the files stage too while the code input is small."""
+    from longctx.pipeline import curate as curate_mod
+
+    build_input(tmp_path / "input")
+    cfg = parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out"))
+    sources = curate_mod.resolve_sources(cfg.curate, RunLayout(cfg.output, "curate"))
+    assert curate_mod.driver_stages(cfg.curate, sources) == {"files", "file_buckets", "buckets"}
+    code_bytes = sum(p.stat().st_size for p in (tmp_path / "input" / "code").rglob("*") if p.is_file())
+    monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes - 1)
+    assert curate_mod.driver_stages(cfg.curate, sources) == {"file_buckets", "buckets"}
+    monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes)
+    assert "files" in curate_mod.driver_stages(cfg.curate, sources)
+    books_only = [s for s in sources if s.kind != "code"]
+    assert curate_mod.driver_stages(cfg.curate, books_only) == {"file_buckets", "buckets"}
+
+
+@pytest.mark.slow
+def test_stages_run_in_the_driver_write_what_pooled_stages_write(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
+    """Every file of the output (documents, ledger, stats, the work folder's intermediate Parquet
+    files) is byte-identical whether the light stages ran in the driver or in pool workers."""
+    from longctx.core import executors
+    from longctx.pipeline import curate as curate_mod
+
+    build_input(tmp_path / "input")
+    seen: dict[str, frozenset] = {}
+    run_stages = executors.run_stages
+
+    def recording(*args, in_driver=(), **kwargs):
+        seen[str(args[2])] = frozenset(in_driver)
+        return run_stages(*args, in_driver=in_driver, **kwargs)
+
+    monkeypatch.setattr(curate_mod, "run_stages", recording)
+    jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "driver")))
+    monkeypatch.setattr(curate_mod, "driver_stages", lambda curate, sources: frozenset())
+    jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "pooled")))
+    assert sorted(seen.values()) == [frozenset(), {"files", "file_buckets", "buckets"}]
+
+    def outputs(root: Path) -> dict[str, bytes]:
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and (p.suffix == ".parquet" or p.name == "stats.json") and "logs" not in p.parts
+        }
+
+    driver, pooled = outputs(tmp_path / "driver"), outputs(tmp_path / "pooled")
+    assert len(driver) > 20 and "ledger.parquet" in driver and "stats.json" in driver
+    assert driver == pooled
