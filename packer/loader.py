@@ -57,7 +57,7 @@ def _identity(item: Any) -> Any:
 
 
 class _BatchStream(IterableDataset):
-    """The batches of one pass of :class:`PackedLoader` from a fixed start, grouped into items of
+    """The batches of each pass of :class:`PackedLoader`, grouped into items of
     ``per_item`` consecutive batches: worker ``w`` of ``W`` builds items ``w, w + W, ...``, which
     DataLoader hands out in order (it takes one result from each worker in turn), so the stream is the
     same for any number of workers.
@@ -67,7 +67,11 @@ class _BatchStream(IterableDataset):
     the message is ``(item, places)`` (:func:`write_batches`); without, it is the list of batches
     itself (:func:`tokens_to_batches`, or with ``collate`` a list of one ``collate`` of the rows'
     samples). A row that cannot be served ends its item after the batches before it; the next step
-    raises its error."""
+    raises its error.
+
+    ``position`` (int64 ``[epoch, start]``, in shared memory when there are workers) is where the
+    pass starts: the training process sets it before each pass (:meth:`PackedLoader.__iter__`), and
+    each iteration, in whichever process, reads it when it begins."""
 
     def __init__(
         self,
@@ -77,6 +81,7 @@ class _BatchStream(IterableDataset):
         collate: Callable[[list[Sample]], Any] | None,
         per_item: int = 1,
         slots: torch.Tensor | None = None,
+        position: torch.Tensor | None = None,
     ) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
@@ -84,19 +89,21 @@ class _BatchStream(IterableDataset):
         self.collate = collate
         self.per_item = per_item
         self.slots = slots
-        self.epoch, self.start = dataset.epoch, dataset.consumed
+        self.position = torch.tensor([dataset.epoch, dataset.consumed]) if position is None else position
 
-    def sizes(self) -> list[int]:
-        """Rows of each batch of the pass (the last may be short unless ``drop_last``)."""
-        left = len(self.dataset) - self.start
+    def sizes(self, start: int) -> list[int]:
+        """Rows of each batch of a pass from row ``start`` of the epoch (the last may be short unless
+        ``drop_last``)."""
+        left = len(self.dataset) - start
         full, rest = divmod(left, self.batch_size)
         return [self.batch_size] * full + ([rest] if rest and not self.drop_last else [])
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        order = self.dataset.order(self.epoch)[self.start :]
-        sizes = self.sizes()
+        epoch, start = self.position.tolist()
+        order = self.dataset.order(epoch)[start:]
+        sizes = self.sizes(start)
         rows_per_item, total = self.per_item * self.batch_size, sum(sizes)
         slots = None if self.slots is None else self.slots.numpy()
         buffers = Buffers()
@@ -134,8 +141,14 @@ class PackedLoader:
     ``num_workers``. The dataset's position moves in this process when a batch is handed out, not
     when a worker prefetches it, so ``dataset.state_dict()`` taken between batches resumes exactly.
     Other keyword arguments (``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``...) go to
-    the DataLoader; workers are started for each pass (not persistent: each pass starts from the
-    dataset's position at that time).
+    the DataLoader.
+
+    Workers are started by the first pass and kept for the next ones (``persistent_workers=False``
+    starts them for each pass instead); each pass starts where the dataset's position is when the
+    pass starts (after ``load_state_dict``, after a pass left before its end), which the workers are
+    told then (see the module's docstring). Starting a new pass ends the previous one: its iterator
+    raises if used again. :meth:`close` (or dropping the loader) stops the workers; they also exit
+    with this process, and within seconds of it being killed (DataLoader's watchdog).
 
     With the default ``collate_fn`` (:func:`collate_packed`), the batches of an item (about
     :data:`TRANSFER_TOKENS` tokens) are built directly from the shard's columns into one buffer of
@@ -157,8 +170,6 @@ class PackedLoader:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if loader_kwargs.get("persistent_workers"):
-            raise ValueError("PackedLoader starts its workers for each pass; persistent_workers is not supported")
         if loader_kwargs.get("in_order") is False:
             raise ValueError("PackedLoader hands out batches in order; in_order=False is not supported")
         self.dataset = dataset
@@ -166,52 +177,94 @@ class PackedLoader:
         self.num_workers = num_workers
         self.drop_last = drop_last
         self.collate_fn = collate_fn
+        if num_workers > 0:
+            loader_kwargs.setdefault("persistent_workers", True)
         self.loader_kwargs = loader_kwargs
+        self._loader: DataLoader | None = None  # made by the first pass, kept with its workers
+        self._pass = 0  # passes started: an older pass's iterator refuses to go on
+        self._pin = False  # whether batches copied out of the slots go to pinned memory
 
     def __len__(self) -> int:
         """Batches left in the current pass."""
-        return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes())
+        return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes(self.dataset.consumed))
+
+    def close(self) -> None:
+        """Stop the worker processes now (a later pass starts new ones); also done when the loader
+        is dropped."""
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()  # what DataLoader's iterator does when it is deleted
 
     def __iter__(self) -> Iterator[Any]:
-        kwargs = dict(self.loader_kwargs)
-        custom = None if self.collate_fn is collate_packed else self.collate_fn
-        epoch = self.dataset.epoch
-        if custom is not None or self.num_workers == 0:
-            per_item = 1 if custom is not None else max(1, TRANSFER_TOKENS // (self.batch_size * self.dataset.seq_len))
-            stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom, per_item)
-            items = (batch for item in self._loader(stream, kwargs) for batch in item)
-            batches: Iterator[tuple[int, Any]] = zip(stream.sizes(), items, strict=True)
+        self._pass += 1
+        this_pass, epoch = self._pass, self.dataset.epoch
+        if self._loader is None:
+            self._loader = self._make_loader()
+        stream: _BatchStream = self._loader.dataset
+        stream.position.copy_(torch.tensor([epoch, self.dataset.consumed]))  # before the workers resume
+        expected = stream.sizes(self.dataset.consumed)
+        if stream.slots is None:
+            items = (batch for item in self._items(this_pass) for batch in item)
+            batches: Iterator[tuple[int, Any]] = zip(expected, items, strict=True)
         else:
-            batches = self._through_slots(kwargs)
+            batches = self._through_slots(this_pass, stream, expected)
         for size, batch in batches:
+            if this_pass != self._pass:
+                raise RuntimeError("PackedLoader: a newer pass of this loader was started; this one has ended")
             self.dataset._advance(size)
             yield batch
         if self.drop_last and self.dataset.epoch == epoch:
             self.dataset._advance(len(self.dataset) - self.dataset.consumed)  # the dropped rows end the epoch
 
-    def _loader(self, stream: _BatchStream, kwargs: dict[str, Any]) -> DataLoader:
+    def _make_loader(self) -> DataLoader:
+        """The DataLoader of every pass: its stream, with shared-memory slots when workers build the
+        batches for the default collate function, and the pass position shared with the workers."""
+        custom = None if self.collate_fn is collate_packed else self.collate_fn
+        kwargs = dict(self.loader_kwargs)
+        tokens = self.batch_size * self.dataset.seq_len
+        position = torch.zeros(2, dtype=torch.int64)
+        slots = None
+        if custom is not None:
+            per_item = 1
+        elif self.num_workers == 0:
+            per_item = max(1, TRANSFER_TOKENS // tokens)
+        else:
+            # in flight: the item being copied out and prefetch_factor items per worker
+            count = (kwargs.get("prefetch_factor") or 2) * self.num_workers + 1
+            largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
+            per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
+            slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
+            self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
+            kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
+        if self.num_workers > 0:
+            position.share_memory_()
+        stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom, per_item, slots, position)
         return DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
 
-    def _through_slots(self, kwargs: dict[str, Any]) -> Iterator[tuple[int, Batch]]:
+    def _items(self, this_pass: int) -> Iterator[Any]:
+        """The DataLoader's items of pass ``this_pass``, refused once a newer pass has started (the
+        persistent workers' iterator then serves the newer pass)."""
+        iterator = iter(self._loader)
+        while True:
+            if this_pass != self._pass:
+                raise RuntimeError("PackedLoader: a newer pass of this loader was started; this one has ended")
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            yield item
+
+    def _through_slots(self, this_pass: int, stream: _BatchStream, expected: list[int]) -> Iterator[tuple[int, Batch]]:
         """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and copied out."""
-        seq_len, tokens = self.dataset.seq_len, self.batch_size * self.dataset.seq_len
-        # in flight: the item being copied out and prefetch_factor items per worker
-        count = (kwargs.get("prefetch_factor") or 2) * self.num_workers + 1
-        largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
-        per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
-        slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
-        pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
-        if pin:
-            kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
-        stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, None, per_item, slots)
-        expected = stream.sizes()
-        ring, buffers = slots.numpy(), Buffers()
+        seq_len, ring, buffers = self.dataset.seq_len, stream.slots.numpy(), Buffers()
+        count = len(ring)
         handed = 0
-        for item, places in self._loader(stream, kwargs):
+        for item, places in self._items(this_pass):
             slot = ring[item % count]
             rows, cu_len = sum(place[0] for place in places), sum(place[1] for place in places)
             nbytes = 25 * rows * seq_len + 4 * cu_len
-            data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy() if pin else buffers.take(nbytes)
+            data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy() if self._pin else buffers.take(nbytes)
             np.copyto(data, slot[_HEADER : _HEADER + len(data)])
             if int(slot[:8].view(np.int64)[0]) != item:
                 raise RuntimeError(
