@@ -4,17 +4,28 @@ with the dataset's resume position exact and each batch handed across processes 
 torch's DataLoader sends every tensor a worker returns through its own shared-memory segment,
 created, passed by file descriptor and mapped again for each tensor; with five tensors per batch that
 costs milliseconds per batch, more than reading a 64K window. :class:`PackedLoader` instead gives the
-workers a ring of shared-memory slots allocated once per pass: a worker builds several batches
-(an *item*: up to :data:`TRANSFER_TOKENS` tokens, all slots within :data:`SLOT_MEMORY`) together
-into one slot with :func:`~longctx.packer.dataset.write_batches` and sends only their sizes; the
-training process copies the item out of the slot into memory it owns (one copy, no conversion) and
-splits it into its batches, views of that memory. Without workers, items are built the same way,
-straight into memory the training process owns. Every row is still checked in the process that reads
-it (:meth:`ShardSet.tokens <longctx.packer.reader.ShardSet.tokens>`), before any of it is written.
+workers shared-memory slots allocated once per loader (``prefetch_factor`` +
+:data:`SLOTS_PER_WORKER_HELD` each, all within :data:`SLOT_MEMORY`): a worker builds several batches
+(an *item*: up to :data:`TRANSFER_TOKENS` tokens) together into a free slot of its own with
+:func:`~longctx.packer.dataset.write_batches` and sends only the slot and the batches' sizes; the
+training process hands out the item's batches as views of the slot (no copy), and the slot is free
+again once nothing refers to them (a finalizer on the array all the views refer to). A worker that
+finds none of its slots free (the caller holds batches of many items) sends that item the
+DataLoader's usual way instead. Without workers, items are built the same way, straight into memory
+the training process owns. Every row is still checked in the process that reads it
+(:meth:`ShardSet.tokens <longctx.packer.reader.ShardSet.tokens>`), before any of it is written.
+
+Workers outlive a pass (torch's ``persistent_workers``): starting them costs more than a short pass.
+What a pass depends on, its epoch and the row it starts at, is not fixed when the workers start: the
+training process writes it into a small shared tensor (:class:`_BatchStream`'s ``position``) before
+each pass starts, and every worker reads it when its pass begins (after DataLoader's message that
+resumes the workers, or when they start), so a pass after ``load_state_dict`` or after an abandoned
+pass yields exactly the rows an uninterrupted run would.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -41,10 +52,20 @@ step of the DataLoader (and with workers, of its queues: about a millisecond on 
 machine) and of numpy's calls is then small against the work."""
 
 SLOT_MEMORY = 32 << 20
-"""Bytes of shared memory all slots of a pass take together at most (fewer batches per message when
+"""Bytes of shared memory all slots of a loader take together at most (fewer batches per item when
 needed, but one batch at least): containers often give ``/dev/shm`` only 64 MB."""
 
-_HEADER = 64  # a slot starts with the number of the item it holds (-1 while it is being written)
+SLOTS_PER_WORKER_HELD = 2
+"""Slots per worker beyond its ``prefetch_factor`` items in flight: the item whose batches are being
+handed out and one more the training loop may still hold (the previous batch, alive while the next
+one is fetched), so that in a plain training loop a worker always finds a free slot."""
+
+# A slot's header (int64s): the number of the item it holds (-1 while being written), its state
+# (free, or claimed by its worker until the batches handed out from it are all gone), and the pass
+# the item belongs to; the batches follow after _HEADER bytes.
+_HEADER = 64
+_ITEM, _STATE, _PASS = 0, 1, 2
+_FREE, _CLAIMED = 0, 1
 _ALIGN = 64
 
 
@@ -62,16 +83,17 @@ class _BatchStream(IterableDataset):
     DataLoader hands out in order (it takes one result from each worker in turn), so the stream is the
     same for any number of workers.
 
-    An item is what one DataLoader step carries: with ``slots`` (shared memory, one slot per item the
-    DataLoader can have in flight), the item's batches are written into slot ``item % len(slots)`` and
-    the message is ``(item, places)`` (:func:`write_batches`); without, it is the list of batches
-    itself (:func:`tokens_to_batches`, or with ``collate`` a list of one ``collate`` of the rows'
-    samples). A row that cannot be served ends its item after the batches before it; the next step
-    raises its error.
+    An item is what one DataLoader step carries: with ``slots`` (shared memory, ``per_worker`` slots
+    for each worker), the item's batches are written into a free slot of the worker's and the message
+    is ``(item, slot, places)`` (:func:`write_batches`), or ``(item, -1, batches)`` when none is free;
+    without slots, it is the list of batches itself (:func:`tokens_to_batches`, or with ``collate`` a
+    list of one ``collate`` of the rows' samples). A row that cannot be served ends its item after
+    the batches before it; the next step raises its error.
 
-    ``position`` (int64 ``[epoch, start]``, in shared memory when there are workers) is where the
-    pass starts: the training process sets it before each pass (:meth:`PackedLoader.__iter__`), and
-    each iteration, in whichever process, reads it when it begins."""
+    ``position`` (int64 ``[epoch, start, pass]``, in shared memory when there are workers) is where
+    the pass starts and which pass it is: the training process sets it before each pass
+    (:meth:`PackedLoader.__iter__`), and each iteration, in whichever process, reads it when it
+    begins."""
 
     def __init__(
         self,
@@ -81,6 +103,7 @@ class _BatchStream(IterableDataset):
         collate: Callable[[list[Sample]], Any] | None,
         per_item: int = 1,
         slots: torch.Tensor | None = None,
+        per_worker: int = 0,
         position: torch.Tensor | None = None,
     ) -> None:
         self.dataset = dataset
@@ -89,7 +112,8 @@ class _BatchStream(IterableDataset):
         self.collate = collate
         self.per_item = per_item
         self.slots = slots
-        self.position = torch.tensor([dataset.epoch, dataset.consumed]) if position is None else position
+        self.per_worker = per_worker
+        self.position = torch.tensor([dataset.epoch, dataset.consumed, 0]) if position is None else position
 
     def sizes(self, start: int) -> list[int]:
         """Rows of each batch of a pass from row ``start`` of the epoch (the last may be short unless
@@ -101,11 +125,12 @@ class _BatchStream(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        epoch, start = self.position.tolist()
+        epoch, start, this_pass = self.position.tolist()
         order = self.dataset.order(epoch)[start:]
         sizes = self.sizes(start)
         rows_per_item, total = self.per_item * self.batch_size, sum(sizes)
         slots = None if self.slots is None else self.slots.numpy()
+        mine = range(worker * self.per_worker, (worker + 1) * self.per_worker)
         buffers = Buffers()
         for item in range(worker, -(-len(sizes) // self.per_item), workers):
             rows = order[item * rows_per_item : min((item + 1) * rows_per_item, total)]
@@ -119,16 +144,24 @@ class _BatchStream(IterableDataset):
             if batches and slots is None:
                 yield tokens_to_batches(batches, buffers)
             elif batches:
-                yield item, self._write(slots[item % len(slots)], item, batches)
+                slot = next((s for s in mine if slots[s, :_HEADER].view(np.int64)[_STATE] == _FREE), -1)
+                if slot < 0:  # the caller holds batches from all of this worker's slots
+                    yield item, -1, tokens_to_batches(batches)
+                else:
+                    yield item, slot, self._write(slots[slot], item, this_pass, batches)
             if error is not None:
                 raise error
 
-    def _write(self, slot: np.ndarray, item: int, batches: list[list]) -> list[tuple[int, int, int]]:
-        """Write ``batches`` (checked rows) into ``slot`` after its header; their places."""
-        header = slot[:8].view(np.int64)
-        header[0] = -1
+    @staticmethod
+    def _write(slot: np.ndarray, item: int, this_pass: int, batches: list[list]) -> list[tuple[int, int, int]]:
+        """Claim the free ``slot`` and write ``batches`` (checked rows) into it after its header;
+        their places. Only this worker turns a free slot of its own into a claimed one, and only the
+        training process frees it."""
+        header = slot[:_HEADER].view(np.int64)
+        header[_ITEM], header[_PASS] = -1, this_pass
+        header[_STATE] = _CLAIMED
         _, places = write_batches(batches, slot[_HEADER:])
-        header[0] = item
+        header[_ITEM] = item
         return places
 
 
@@ -182,7 +215,8 @@ class PackedLoader:
         self.loader_kwargs = loader_kwargs
         self._loader: DataLoader | None = None  # made by the first pass, kept with its workers
         self._pass = 0  # passes started: an older pass's iterator refuses to go on
-        self._pin = False  # whether batches copied out of the slots go to pinned memory
+        self._pin = False  # whether batches are copied out of the slots into pinned memory
+        self._live: set[int] = set()  # slots some batch handed out still refers to
 
     def __len__(self) -> int:
         """Batches left in the current pass."""
@@ -202,7 +236,7 @@ class PackedLoader:
         if self._loader is None:
             self._loader = self._make_loader()
         stream: _BatchStream = self._loader.dataset
-        stream.position.copy_(torch.tensor([epoch, self.dataset.consumed]))  # before the workers resume
+        stream.position.copy_(torch.tensor([epoch, self.dataset.consumed, this_pass]))  # before the workers resume
         expected = stream.sizes(self.dataset.consumed)
         if stream.slots is None:
             items = (batch for item in self._items(this_pass) for batch in item)
@@ -223,23 +257,26 @@ class PackedLoader:
         custom = None if self.collate_fn is collate_packed else self.collate_fn
         kwargs = dict(self.loader_kwargs)
         tokens = self.batch_size * self.dataset.seq_len
-        position = torch.zeros(2, dtype=torch.int64)
-        slots = None
+        position = torch.zeros(3, dtype=torch.int64)
+        slots, per_worker = None, 0
         if custom is not None:
             per_item = 1
         elif self.num_workers == 0:
             per_item = max(1, TRANSFER_TOKENS // tokens)
         else:
-            # in flight: the item being copied out and prefetch_factor items per worker
-            count = (kwargs.get("prefetch_factor") or 2) * self.num_workers + 1
+            per_worker = (kwargs.get("prefetch_factor") or 2) + SLOTS_PER_WORKER_HELD
+            count = per_worker * self.num_workers
             largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
             per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
             slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
+            slots[:, :_HEADER] = 0  # every slot free
             self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
         if self.num_workers > 0:
             position.share_memory_()
-        stream = _BatchStream(self.dataset, self.batch_size, self.drop_last, custom, per_item, slots, position)
+        stream = _BatchStream(
+            self.dataset, self.batch_size, self.drop_last, custom, per_item, slots, per_worker, position
+        )
         return DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
 
     def _items(self, this_pass: int) -> Iterator[Any]:
@@ -256,27 +293,51 @@ class PackedLoader:
             yield item
 
     def _through_slots(self, this_pass: int, stream: _BatchStream, expected: list[int]) -> Iterator[tuple[int, Batch]]:
-        """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and copied out."""
-        seq_len, ring, buffers = self.dataset.seq_len, stream.slots.numpy(), Buffers()
-        count = len(ring)
-        handed = 0
-        for item, places in self._items(this_pass):
-            slot = ring[item % count]
-            rows, cu_len = sum(place[0] for place in places), sum(place[1] for place in places)
-            nbytes = 25 * rows * seq_len + 4 * cu_len
-            data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy() if self._pin else buffers.take(nbytes)
-            np.copyto(data, slot[_HEADER : _HEADER + len(data)])
-            if int(slot[:8].view(np.int64)[0]) != item:
-                raise RuntimeError(
-                    f"PackedLoader: slot {item % count} was overwritten while batch rows were copied out of it "
-                    "(more items in flight than prefetch_factor x num_workers); please report this"
-                )
-            arrays = {key: torch.from_numpy(value) for key, value in batch_views(data, rows, seq_len, cu_len).items()}
-            for batch in split_batches(arrays, places):
+        """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and handed
+        out as views of them; a slot is freed when the last view of it is gone."""
+        seq_len, slots = self.dataset.seq_len, stream.slots
+        headers = slots.numpy()[:, :_HEADER].view(np.int64)
+        handed, first = 0, True
+        for item, slot, payload in self._items(this_pass):
+            if first:  # items of earlier passes DataLoader dropped unread (passes left midway): free their slots
+                stale = (headers[:, _STATE] == _CLAIMED) & (headers[:, _PASS] != this_pass)
+                for s in np.flatnonzero(stale).tolist():
+                    if s not in self._live:
+                        headers[s, _STATE] = _FREE
+                first = False
+            if slot < 0:
+                batches = payload  # no slot was free: the batches came the DataLoader's usual way
+            else:
+                if headers[slot, _ITEM] != item or headers[slot, _PASS] != this_pass:
+                    raise RuntimeError(f"PackedLoader: slot {slot} does not hold item {item}; please report this")
+                rows, cu_len = sum(place[0] for place in payload), sum(place[1] for place in payload)
+                nbytes = 25 * rows * seq_len + 4 * cu_len
+                if self._pin:  # into pinned memory of this process; the slot is free at once
+                    data = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+                    np.copyto(data, slots[slot].numpy()[_HEADER : _HEADER + nbytes])
+                    headers[slot, _STATE] = _FREE
+                else:
+                    owner = slots[slot].numpy()  # every view made below refers to this array
+                    self._live.add(slot)
+                    weakref.finalize(owner, _release, headers, self._live, slot)
+                    data = owner[_HEADER : _HEADER + nbytes]
+                    del owner
+                views = batch_views(data, rows, seq_len, cu_len)
+                del data
+                batches = split_batches({key: torch.from_numpy(value) for key, value in views.items()}, payload)
+                del views
+            for batch in batches:
                 size = batch["input_ids"].shape[0]
                 if size != expected[handed]:
                     raise RuntimeError(f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}")
                 handed += 1
                 yield size, batch
+            del batches, batch
         if handed != len(expected):
             raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
+
+
+def _release(headers: np.ndarray, live: set[int], slot: int) -> None:
+    """Free ``slot`` once nothing refers to the batches handed out from it (a finalizer's callback)."""
+    live.discard(slot)
+    headers[slot, _STATE] = _FREE

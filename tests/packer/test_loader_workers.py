@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from longctx.packer import PackedDataset, PackedLoader, collate_packed
+from longctx.packer import loader as loader_module
 from tests.core.processes import HAS_PROC, describe, kill_survivors, marked_env, survivors_after
 from tests.packer.test_pack_helpers import PackedRun
 
@@ -152,6 +153,7 @@ def test_dropping_the_loader_stops_its_workers(packed_run: PackedRun) -> None:
 _CHILD = """
 import sys, time
 from longctx.packer import PackedDataset, PackedLoader, collate_packed
+from longctx.packer import loader as loader_module
 ds = PackedDataset(sys.argv[1], tokenizer=sys.argv[2], seed=3)
 loader = PackedLoader(ds, num_workers=2)
 for _ in loader:
@@ -192,3 +194,31 @@ def test_no_worker_or_shared_memory_outlives_the_process(packed_run: PackedRun, 
     finally:
         process.kill()
         kill_survivors(survivors_after(mark, 0))
+
+
+def in_slots(loader: PackedLoader, batch: dict) -> bool:
+    """Whether ``batch`` is a view of the loader's shared-memory slots (not sent the DataLoader's way)."""
+    slots = loader._loader.dataset.slots
+    start, ptr = slots.data_ptr(), batch["input_ids"].data_ptr()
+    return start <= ptr < start + slots.numel()
+
+
+def test_a_training_loop_gets_every_batch_from_the_slots_also_after_passes_left_midway(
+    packed_run: PackedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that drops each batch before the next frees every slot it read: after passes left
+    midway (their prefetched items dropped unread by DataLoader) the workers still find free slots,
+    and batches the caller keeps are never changed by later items (fallback to the usual way)."""
+    monkeypatch.setattr(loader_module, "TRANSFER_TOKENS", 2 * SEQ_LEN)  # many items per pass
+    ds = dataset(packed_run)
+    loader = PackedLoader(ds, batch_size=1, num_workers=2, prefetch_factor=1)
+    reference = dataset(packed_run)
+    for n in (1, 2, 1):
+        take(loader, n)
+    for _ in range(2):
+        assert all(in_slots(loader, batch) for batch in loader)  # one batch held at a time
+    held = list(loader)  # every batch held: the workers run out of slots and send the rest
+    assert not all(in_slots(loader, batch) for batch in held) and any(in_slots(loader, batch) for batch in held)
+    expected = [reference[int(r)]["input_ids"] for r in reference.order(ds.epoch - 1)]
+    assert len(held) == len(expected) and all(torch.equal(b["input_ids"][0], e) for b, e in zip(held, expected))
+    loader.close()
