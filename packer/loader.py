@@ -177,18 +177,19 @@ class PackedLoader:
     the DataLoader.
 
     Workers are started by the first pass and kept for the next ones (``persistent_workers=False``
-    starts them for each pass instead); each pass starts where the dataset's position is when the
+    starts them, and their shared memory, for each pass instead, after stopping the previous pass's);
+    each pass starts where the dataset's position is when the
     pass starts (after ``load_state_dict``, after a pass left before its end), which the workers are
     told then (see the module's docstring). Starting a new pass ends the previous one: its iterator
     raises if used again. :meth:`close` (or dropping the loader) stops the workers; they also exit
     with this process, and within seconds of it being killed (DataLoader's watchdog).
 
     With the default ``collate_fn`` (:func:`collate_packed`), the batches of an item (about
-    :data:`TRANSFER_TOKENS` tokens) are built directly from the shard's columns into one buffer of
-    the training process, and workers hand them over through shared-memory slots (see the module's
-    docstring); each batch is a view of its own part of that buffer (a batch kept alive keeps its
-    item's buffer). A custom ``collate_fn`` gets the rows' samples and its batches travel the
-    DataLoader's usual way.
+    :data:`TRANSFER_TOKENS` tokens) are built directly from the shard's columns into one buffer: of
+    the training process without workers, a worker's shared-memory slot with workers (see the
+    module's docstring). Each batch is a view of its own part of that buffer, which is not reused
+    while any batch of it is alive. A custom ``collate_fn`` gets the rows' samples and its batches
+    travel the DataLoader's usual way.
     """
 
     def __init__(
@@ -214,9 +215,10 @@ class PackedLoader:
             loader_kwargs.setdefault("persistent_workers", True)
         self.loader_kwargs = loader_kwargs
         self._loader: DataLoader | None = None  # made by the first pass, kept with its workers
+        self._iterator: Iterator[Any] | None = None  # the DataLoader's iterator of the latest pass
         self._pass = 0  # passes started: an older pass's iterator refuses to go on
         self._pin = False  # whether batches are copied out of the slots into pinned memory
-        self._live: set[int] = set()  # slots some batch handed out still refers to
+        self._live: set[int] = set()  # slots of the current DataLoader some batch handed out refers to
 
     def __len__(self) -> int:
         """Batches left in the current pass."""
@@ -225,14 +227,15 @@ class PackedLoader:
     def close(self) -> None:
         """Stop the worker processes now (a later pass starts new ones); also done when the loader
         is dropped."""
-        loader, self._loader = self._loader, None
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator, self._loader, self._iterator = self._iterator, None, None
+        if hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()  # what DataLoader's iterator does when it is deleted
 
     def __iter__(self) -> Iterator[Any]:
         self._pass += 1
         this_pass, epoch = self._pass, self.dataset.epoch
+        if self._loader is not None and self.num_workers > 0 and not self._loader.persistent_workers:
+            self.close()  # the previous pass's workers stop before new ones start on new slots
         if self._loader is None:
             self._loader = self._make_loader()
         stream: _BatchStream = self._loader.dataset
@@ -270,6 +273,7 @@ class PackedLoader:
             per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
             slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
             slots[:, :_HEADER] = 0  # every slot free
+            self._live = set()  # finalizers of an earlier DataLoader's batches keep their own set
             self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
         if self.num_workers > 0:
@@ -282,7 +286,7 @@ class PackedLoader:
     def _items(self, this_pass: int) -> Iterator[Any]:
         """The DataLoader's items of pass ``this_pass``, refused once a newer pass has started (the
         persistent workers' iterator then serves the newer pass)."""
-        iterator = iter(self._loader)
+        iterator = self._iterator = iter(self._loader)
         while True:
             if this_pass != self._pass:
                 raise RuntimeError("PackedLoader: a newer pass of this loader was started; this one has ended")
