@@ -61,10 +61,14 @@ handed out and one more the training loop may still hold (the previous batch, al
 one is fetched), so that in a plain training loop a worker always finds a free slot."""
 
 # A slot's header (int64s): the number of the item it holds (-1 while being written), its state
-# (free, or claimed by its worker until the batches handed out from it are all gone), and the pass
-# the item belongs to; the batches follow after _HEADER bytes.
+# (free, or claimed by its worker until the training process frees it), the pass the item belongs
+# to, and whether the training process received the item (its batches may still be held); the
+# batches follow after _HEADER bytes. Only a worker claims a free slot, only in its own part of the
+# slots; the training process frees a slot it received once no batch refers to it, and a worker
+# frees, when a pass starts, its slots whose items were never received (a pass left midway: the
+# DataLoader dropped the items it had prefetched).
 _HEADER = 64
-_ITEM, _STATE, _PASS = 0, 1, 2
+_ITEM, _STATE, _PASS, _RECEIVED = 0, 1, 2, 3
 _FREE, _CLAIMED = 0, 1
 _ALIGN = 64
 
@@ -131,6 +135,13 @@ class _BatchStream(IterableDataset):
         rows_per_item, total = self.per_item * self.batch_size, sum(sizes)
         slots = None if self.slots is None else self.slots.numpy()
         mine = range(worker * self.per_worker, (worker + 1) * self.per_worker)
+        if slots is not None:
+            # items of an earlier pass the training process never received: DataLoader dropped them
+            # before this pass started, so nothing refers to them
+            headers = slots[:, :_HEADER].view(np.int64)
+            for s in mine:
+                if headers[s, _STATE] == _CLAIMED and headers[s, _RECEIVED] == 0:
+                    headers[s, _STATE] = _FREE
         buffers = Buffers()
         for item in range(worker, -(-len(sizes) // self.per_item), workers):
             rows = order[item * rows_per_item : min((item + 1) * rows_per_item, total)]
@@ -158,7 +169,7 @@ class _BatchStream(IterableDataset):
         their places. Only this worker turns a free slot of its own into a claimed one, and only the
         training process frees it."""
         header = slot[:_HEADER].view(np.int64)
-        header[_ITEM], header[_PASS] = -1, this_pass
+        header[_ITEM], header[_PASS], header[_RECEIVED] = -1, this_pass, 0
         header[_STATE] = _CLAIMED
         _, places = write_batches(batches, slot[_HEADER:])
         header[_ITEM] = item
@@ -218,7 +229,6 @@ class PackedLoader:
         self._iterator: Iterator[Any] | None = None  # the DataLoader's iterator of the latest pass
         self._pass = 0  # passes started: an older pass's iterator refuses to go on
         self._pin = False  # whether batches are copied out of the slots into pinned memory
-        self._live: set[int] = set()  # slots of the current DataLoader some batch handed out refers to
 
     def __len__(self) -> int:
         """Batches left in the current pass."""
@@ -273,7 +283,6 @@ class PackedLoader:
             per_item = max(1, min(TRANSFER_TOKENS // tokens, (SLOT_MEMORY // count - _HEADER) // largest))
             slots = torch.empty(count, _aligned(_HEADER + per_item * largest), dtype=torch.uint8).share_memory_()
             slots[:, :_HEADER] = 0  # every slot free
-            self._live = set()  # finalizers of an earlier DataLoader's batches keep their own set
             self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
         if self.num_workers > 0:
@@ -301,14 +310,8 @@ class PackedLoader:
         out as views of them; a slot is freed when the last view of it is gone."""
         seq_len, slots = self.dataset.seq_len, stream.slots
         headers = slots.numpy()[:, :_HEADER].view(np.int64)
-        handed, first = 0, True
+        handed = 0
         for item, slot, payload in self._items(this_pass):
-            if first:  # items of earlier passes DataLoader dropped unread (passes left midway): free their slots
-                stale = (headers[:, _STATE] == _CLAIMED) & (headers[:, _PASS] != this_pass)
-                for s in np.flatnonzero(stale).tolist():
-                    if s not in self._live:
-                        headers[s, _STATE] = _FREE
-                first = False
             if slot < 0:
                 batches = payload  # no slot was free: the batches came the DataLoader's usual way
             else:
@@ -322,8 +325,8 @@ class PackedLoader:
                     headers[slot, _STATE] = _FREE
                 else:
                     owner = slots[slot].numpy()  # every view made below refers to this array
-                    self._live.add(slot)
-                    weakref.finalize(owner, _release, headers, self._live, slot)
+                    headers[slot, _RECEIVED] = 1
+                    weakref.finalize(owner, _release, headers, slot)
                     data = owner[_HEADER : _HEADER + nbytes]
                     del owner
                 views = batch_views(data, rows, seq_len, cu_len)
@@ -341,7 +344,6 @@ class PackedLoader:
             raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
 
 
-def _release(headers: np.ndarray, live: set[int], slot: int) -> None:
+def _release(headers: np.ndarray, slot: int) -> None:
     """Free ``slot`` once nothing refers to the batches handed out from it (a finalizer's callback)."""
-    live.discard(slot)
     headers[slot, _STATE] = _FREE

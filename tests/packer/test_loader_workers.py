@@ -226,3 +226,18 @@ def test_a_training_loop_gets_every_batch_from_the_slots_also_after_passes_left_
     expected = [reference[int(r)]["input_ids"] for r in reference.order(ds.epoch - 1)]
     assert len(held) == len(expected) and all(torch.equal(b["input_ids"][0], e) for b, e in zip(held, expected))
     loader.close()
+
+
+def test_batches_held_across_passes_never_change(packed_run: PackedRun, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches kept from a pass left midway stay as they were while later passes reuse the slots."""
+    monkeypatch.setattr(loader_module, "TRANSFER_TOKENS", 2 * SEQ_LEN)  # many items per pass
+    loader = PackedLoader(dataset(packed_run), batch_size=1, num_workers=2, prefetch_factor=1)
+    held = list(itertools.islice(loader, 5))  # the batches themselves, views of the slots
+    assert all(in_slots(loader, batch) for batch in held)
+    kept = [copied(batch) for batch in held]
+    for _ in range(2):
+        for _ in loader:
+            pass
+    for batch, copy in zip(held, kept):
+        assert all(torch.equal(batch[k], v) if isinstance(v, torch.Tensor) else batch[k] == v for k, v in copy.items())
+    loader.close()
