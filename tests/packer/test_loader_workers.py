@@ -241,3 +241,16 @@ def test_batches_held_across_passes_never_change(packed_run: PackedRun, monkeypa
     for batch, copy in zip(held, kept):
         assert all(torch.equal(batch[k], v) if isinstance(v, torch.Tensor) else batch[k] == v for k, v in copy.items())
     loader.close()
+
+
+@pytest.mark.parametrize(("free", "expected"), [(64 << 20, loader_module.SLOT_MEMORY), (8 << 30, loader_module.SLOT_MEMORY_ROOMY)])
+def test_slots_take_more_memory_only_where_dev_shm_has_room(monkeypatch: pytest.MonkeyPatch, free: int, expected: int) -> None:
+    real = os.statvfs
+
+    def statvfs(path: str) -> os.statvfs_result:
+        if path != "/dev/shm":
+            return real(path)
+        return os.statvfs_result((4096, 4096, free // 4096, free // 4096, free // 4096, 0, 0, 0, 0, 255))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    assert loader_module.slot_memory() == expected
