@@ -71,6 +71,7 @@ def slot_memory() -> int:
         return SLOT_MEMORY
     return SLOT_MEMORY_ROOMY if stat.f_bavail * stat.f_frsize > 1 << 30 else SLOT_MEMORY
 
+
 SLOTS_PER_WORKER_HELD = 2
 """Slots per worker beyond its ``prefetch_factor`` items in flight: the item whose batches are being
 handed out and one more the training loop may still hold (the previous batch, alive while the next
@@ -355,7 +356,7 @@ class PackedLoader:
                     raise RuntimeError(f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}")
                 handed += 1
                 yield size, batch
-            del batches, batch
+            del batches  # the item's slot is freed once the caller drops its batches
         if handed != len(expected):
             raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
 
