@@ -56,17 +56,22 @@ machine) and of numpy's calls is then small against the work."""
 
 SLOT_MEMORY = 32 << 20
 """Bytes of shared memory all slots of a loader take together at most (fewer batches per item when
-needed, but one batch at least) where ``/dev/shm`` is small: containers often give it only 64 MB."""
+needed, but one batch at least) when they live in a small ``/dev/shm``: containers often give it
+only 64 MB."""
 
 SLOT_MEMORY_ROOMY = 128 << 20
-"""The same bound where ``/dev/shm`` has more than 1 GB free: enough for items of
-:data:`TRANSFER_TOKENS` tokens with several workers (items of fewer tokens cost more per token in
-the workers: measured 1.3x the CPU at 64K windows with items of 2 rows against 4)."""
+"""The same bound for slots outside ``/dev/shm`` (workers forked: an anonymous shared mapping) or
+where it has more than 1 GB free: enough for items of :data:`TRANSFER_TOKENS` tokens with several
+workers (items of fewer tokens cost more per token in the workers: measured 1.3x the CPU at 64K
+windows with items of 2 rows against 4)."""
 
 
-def slot_memory() -> int:
-    """The shared memory the slots of one loader may take: :data:`SLOT_MEMORY_ROOMY` where
-    ``/dev/shm`` (where torch's shared memory lives) has more than 1 GB free, else :data:`SLOT_MEMORY`."""
+def slot_memory(forked: bool) -> int:
+    """The shared memory the slots of one loader may take: :data:`SLOT_MEMORY_ROOMY` for forked
+    workers (the slots are then an anonymous mapping, not in ``/dev/shm``) or where ``/dev/shm``
+    (where torch's shared memory lives) has more than 1 GB free, else :data:`SLOT_MEMORY`."""
+    if forked:
+        return SLOT_MEMORY_ROOMY
     try:
         stat = os.statvfs("/dev/shm")
     except OSError:
@@ -299,8 +304,9 @@ class PackedLoader:
             per_worker = (kwargs.get("prefetch_factor") or 2) + SLOTS_PER_WORKER_HELD
             count = per_worker * self.num_workers
             largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
-            per_item = max(1, min(TRANSFER_TOKENS // tokens, (slot_memory() // count - _HEADER) // largest))
-            slots = _shared_zeros(count, _aligned(_HEADER + per_item * largest), kwargs.get("multiprocessing_context"))
+            forked = _start_method(kwargs.get("multiprocessing_context")) == "fork"
+            per_item = max(1, min(TRANSFER_TOKENS // tokens, (slot_memory(forked) // count - _HEADER) // largest))
+            slots = _shared_zeros(count, _aligned(_HEADER + per_item * largest), forked)
             self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
         if self.num_workers > 0:
@@ -362,16 +368,20 @@ class PackedLoader:
             raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
 
 
-def _shared_zeros(count: int, size: int, context: Any) -> torch.Tensor:
+def _start_method(context: Any) -> str:
+    """How DataLoader starts workers with ``multiprocessing_context=context``; the default context is
+    read without fixing it for the caller."""
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return context if isinstance(context, str) else context.get_start_method()
+
+
+def _shared_zeros(count: int, size: int, forked: bool) -> torch.Tensor:
     """``count`` zeroed slots of ``size`` bytes (every slot free) in memory shared with the workers:
     an anonymous shared mapping when the workers are forked (nothing to copy, no file to remove,
     pages mapped as they are first written), else torch's shared memory, which is sent to spawned
     workers (``share_memory_`` copies: about 90 ms of CPU for 64 MB)."""
-    if context is None:  # the default context, read without fixing it for the caller
-        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    else:
-        method = context if isinstance(context, str) else context.get_start_method()
-    if method == "fork":
+    if forked:
         return torch.frombuffer(mmap.mmap(-1, count * size), dtype=torch.uint8).view(count, size)
     return torch.zeros(count, size, dtype=torch.uint8).share_memory_()
 

@@ -243,8 +243,17 @@ def test_batches_held_across_passes_never_change(packed_run: PackedRun, monkeypa
     loader.close()
 
 
-@pytest.mark.parametrize(("free", "expected"), [(64 << 20, loader_module.SLOT_MEMORY), (8 << 30, loader_module.SLOT_MEMORY_ROOMY)])
-def test_slots_take_more_memory_only_where_dev_shm_has_room(monkeypatch: pytest.MonkeyPatch, free: int, expected: int) -> None:
+@pytest.mark.parametrize(
+    ("free", "forked", "expected"),
+    [
+        (64 << 20, False, loader_module.SLOT_MEMORY),
+        (8 << 30, False, loader_module.SLOT_MEMORY_ROOMY),
+        (64 << 20, True, loader_module.SLOT_MEMORY_ROOMY),  # an anonymous mapping, not in /dev/shm
+    ],
+)
+def test_slots_take_more_memory_only_outside_a_small_dev_shm(
+    monkeypatch: pytest.MonkeyPatch, free: int, forked: bool, expected: int
+) -> None:
     real = os.statvfs
 
     def statvfs(path: str) -> os.statvfs_result:
@@ -253,4 +262,4 @@ def test_slots_take_more_memory_only_where_dev_shm_has_room(monkeypatch: pytest.
         return os.statvfs_result((4096, 4096, free // 4096, free // 4096, free // 4096, 0, 0, 0, 0, 255))
 
     monkeypatch.setattr(os, "statvfs", statvfs)
-    assert loader_module.slot_memory() == expected
+    assert loader_module.slot_memory(forked) == expected
