@@ -101,6 +101,9 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
+_ENDED = "PackedLoader: this pass has ended (a newer pass of this loader was started, or the loader was closed)"
+
+
 def _identity(item: Any) -> Any:
     return item
 
@@ -259,8 +262,9 @@ class PackedLoader:
         return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes(self.dataset.consumed))
 
     def close(self) -> None:
-        """Stop the worker processes now (a later pass starts new ones); also done when the loader
-        is dropped."""
+        """Stop the worker processes now and end the pass in progress (a later pass starts new
+        workers); also done when the loader is dropped."""
+        self._pass += 1  # a pass in progress ends here
         iterator, self._loader, self._iterator = self._iterator, None, None
         if hasattr(iterator, "_shutdown_workers"):
             iterator._shutdown_workers()  # what DataLoader's iterator does when it is deleted
@@ -282,7 +286,7 @@ class PackedLoader:
             batches = self._through_slots(this_pass, stream, expected)
         for size, batch in batches:
             if this_pass != self._pass:
-                raise RuntimeError("PackedLoader: a newer pass of this loader was started; this one has ended")
+                raise RuntimeError(_ENDED)
             self.dataset._advance(size)
             yield batch
         if self.drop_last and self.dataset.epoch == epoch:
@@ -322,7 +326,7 @@ class PackedLoader:
         iterator = self._iterator = iter(self._loader)
         while True:
             if this_pass != self._pass:
-                raise RuntimeError("PackedLoader: a newer pass of this loader was started; this one has ended")
+                raise RuntimeError(_ENDED)
             try:
                 item = next(iterator)
             except StopIteration:

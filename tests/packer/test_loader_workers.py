@@ -142,6 +142,12 @@ def test_an_earlier_pass_ends_when_a_new_one_starts(packed_run: PackedRun) -> No
     assert ds.consumed == 2  # the refused pass moved nothing
     assert torch.equal(row[0], ds[int(ds.order(0)[1])]["input_ids"])
     loader.close()
+    with pytest.raises(RuntimeError, match="the loader was closed"):
+        next(second)
+    assert ds.consumed == 2
+    third = [b["input_ids"][0] for b in itertools.islice(loader, 2)]  # new workers, from where the position is
+    assert all(torch.equal(r, ds[int(ds.order(0)[i])]["input_ids"]) for i, r in zip((2, 3), third))
+    loader.close()
 
 
 def test_dropping_the_loader_stops_its_workers(packed_run: PackedRun) -> None:
