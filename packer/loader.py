@@ -270,10 +270,10 @@ class PackedLoader:
             iterator._shutdown_workers()  # what DataLoader's iterator does when it is deleted
 
     def __iter__(self) -> Iterator[Any]:
-        self._pass += 1
-        this_pass, epoch = self._pass, self.dataset.epoch
         if self._loader is not None and self.num_workers > 0 and not self._loader.persistent_workers:
             self.close()  # the previous pass's workers stop before new ones start on new slots
+        self._pass += 1
+        this_pass, epoch = self._pass, self.dataset.epoch
         if self._loader is None:
             self._loader = self._make_loader()
         stream: _BatchStream = self._loader.dataset
