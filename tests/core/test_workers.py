@@ -44,7 +44,10 @@ def test_workers_preload_the_jobs_modules_and_keep_sockets_in_the_run(tmp_path: 
         finally:
             manager.shutdown()
         assert any(p.name.startswith("listener-") for p in folder.iterdir())  # the forkserver's
+        server = multiprocess.forkserver._forkserver._forkserver_pid
     assert not folder.exists()
+    with pytest.raises(ProcessLookupError):  # stopped and reaped: not even a zombie is left
+        os.kill(server, 0)
     assert settings() == before
     # the reference: a forkserver started outside a job imports nothing of it
     try:
