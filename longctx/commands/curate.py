@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 
@@ -67,4 +68,7 @@ def run(args: argparse.Namespace) -> int:
         f"stats: {layout.stats} and {layout.plot}\n"
         f"tokenizer: {layout.tokenizer}\n({time.monotonic() - start:.1f} s)"
     )
+    # the command ends here: the interpreter's last collections need not scan what is alive now
+    # (the job's modules and data; ~0.3 s of the ~0.7 s this process took to exit)
+    gc.freeze()
     return 0
