@@ -35,11 +35,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loader import write_folder  # noqa: E402
+from bench_loader import mapped_rows, write_folder  # noqa: E402
 
 from longctx.packer.dataset import PackedDataset, collate_packed  # noqa: E402
 from longctx.packer.loader import PackedLoader  # noqa: E402
@@ -122,23 +121,13 @@ def plain_pass(folder: Path, device: torch.device, pin: bool) -> Callable[[], in
     files = [e.file for e in dataset.shards.manifest.shards]
 
     def run() -> int:
-        tables = [pa.ipc.open_stream(pa.memory_map(str(folder / f))).read_all() for f in files]
-        views = []
-        for table in tables:
-            seq_len = table.schema.field("input_ids").type.list_size
-            cu = table.column("cu_seqlens").chunk(0)
-            views.append([table.column(n).chunk(0).flatten().to_numpy().reshape(-1, seq_len)
-                          for n in ("input_ids", "position_ids", "loss_mask")] + [cu.offsets.to_numpy(), cu.values.to_numpy()])
         tokens, held = 0, []
-        for r in order:
-            s = int(np.searchsorted(starts, r, side="right")) - 1
-            ids, pos, mask, off, val = views[s]
-            i = int(r - starts[s])
-            for column in (ids[i], pos[i], mask[i], val[off[i] : off[i + 1]]):
+        for columns in mapped_rows(folder, order, starts, files):
+            for column in columns:
                 host = torch.empty(column.shape, dtype=torch.from_numpy(np.empty(0, column.dtype)).dtype, pin_memory=pin)
                 host.numpy()[...] = column
                 held.append(host.to(device, non_blocking=True))
-            tokens += ids.shape[1]
+            tokens += len(columns[0])
         if device.type == "cuda":
             torch.cuda.synchronize()
         return tokens
