@@ -36,17 +36,15 @@ def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) 
 
     seg_start = np.zeros(len(length), dtype=np.int64)  # in the flat rows * seq_len token array
     np.cumsum(length[:-1], out=seg_start[1:])
-    tokens_per_seg = np.repeat(np.arange(len(length)), length)
-    index_in_seg = np.arange(rows * seq_len) - seg_start[tokens_per_seg]
-
-    input_ids = np.full(rows * seq_len, pad_id, dtype=np.int32)
-    doc_token = is_doc[tokens_per_seg]
-    src = (
-        pool.start[doc[tokens_per_seg[doc_token]]]
-        + offset[tokens_per_seg[doc_token]]
-        + index_in_seg[doc_token]
-    )
-    input_ids[doc_token] = pool.tokens[src]
+    # per token: its position in its segment, and where a document token is in pool.tokens (each a
+    # value repeated over its segment plus the position: few whole-array passes, no per-token gathers)
+    position = np.arange(rows * seq_len, dtype=np.int64)
+    position -= np.repeat(seg_start, length)
+    doc_token = np.repeat(is_doc, length)
+    src = np.repeat(np.where(is_doc, pool.start[doc] + offset, 0), length)
+    src += position
+    input_ids = pool.tokens.take(src, mode="clip").astype(np.int32, copy=False)  # clip: padding's src
+    input_ids[~doc_token] = pad_id
     loss_mask = doc_token.astype(np.uint8)
     loss_mask[seg_start] = 0
 
@@ -68,7 +66,7 @@ def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) 
     seg_offsets_arr = arrow_array(seg_offsets)
     columns = {
         "input_ids": pa.FixedSizeListArray.from_arrays(arrow_array(input_ids), seq_len),
-        "position_ids": pa.FixedSizeListArray.from_arrays(arrow_array(index_in_seg.astype(np.int32)), seq_len),
+        "position_ids": pa.FixedSizeListArray.from_arrays(arrow_array(position.astype(np.int32)), seq_len),
         "loss_mask": pa.FixedSizeListArray.from_arrays(arrow_array(loss_mask), seq_len),
         "cu_seqlens": pa.ListArray.from_arrays(arrow_array(cu_offsets), arrow_array(cu_values)),
     } | {name: pa.ListArray.from_arrays(seg_offsets_arr, values) for name, values in segment_lists.items()}
