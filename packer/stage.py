@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Mapping
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ class PackDocuments(PipelineStep):
         self.batch_size = batch_size
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        tokenizer = load_tokenizer(self.layout.tokenizer)
+        tokenizer = cache(partial(load_tokenizer, self.layout.tokenizer))  # loaded when first needed
         info = self.headers[0].tokenizer
         series = [
             ShardSeries(self.layout.shard_folder(h.seq_len), rank, h, max(1, self.shard_tokens // h.seq_len))

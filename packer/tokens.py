@@ -9,7 +9,7 @@ when the document's file records this tokenizer, and tokenizes the text otherwis
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +48,13 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], info: TokenizerInfo
 
 
 def document_ids(
-    tokenizer: Tokenizer, docs: Sequence[Document], info: TokenizerInfo, retokenized: Counter[str]
+    tokenizer: Callable[[], Tokenizer], docs: Sequence[Document], info: TokenizerInfo, retokenized: Counter[str]
 ) -> list[np.ndarray]:
     """Token ids (int32) of each document with BOS (when configured) and EOS, as
     :func:`encode_documents` gives them: the ids curation stored (``metadata["token_ids"]``) where the
     document's file records ``info``'s tokenizer, else its text encoded in one parallel batch. Adds
-    to ``retokenized`` the number of documents tokenized again, by reason."""
+    to ``retokenized`` the number of documents tokenized again, by reason. ``tokenizer`` gives the
+    tokenizer; it is called only when a document is tokenized (loading one costs 10-30 ms)."""
     prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
     suffix = np.array([info.eos_id], dtype=np.int32)
     out: list[np.ndarray | None] = [None] * len(docs)
@@ -67,6 +68,6 @@ def document_ids(
         retokenized["no stored ids" if stored is None else "stored ids are of another tokenizer"] += 1
         to_encode.append(i)
     if to_encode:
-        for i, ids in zip(to_encode, encode_documents(tokenizer, [docs[i].text for i in to_encode], info)):
+        for i, ids in zip(to_encode, encode_documents(tokenizer(), [docs[i].text for i in to_encode], info)):
             out[i] = ids
     return out  # type: ignore[return-value]

@@ -75,3 +75,32 @@ def test_ids_of_another_tokenizer_are_tokenized_again_and_said(runs: dict[str, P
     assert shard_bytes(runs["other_tokenizer"]) == shard_bytes(runs["text"])
     log = "\n".join(p.read_text() for p in (runs["other_tokenizer"] / "work").rglob("*.log"))
     assert "re-tokenized" in log and "stored ids are of another tokenizer" in log
+
+
+def test_the_tokenizer_is_loaded_only_for_documents_without_usable_ids() -> None:
+    """Pack tasks load the tokenizer (10-30 ms) only when a document must be tokenized."""
+    from collections import Counter
+
+    from longctx.packer.format import TokenizerInfo
+    from longctx.packer.tokens import document_ids
+    from longctx.pipeline.documents import FILE_TOKENIZER
+
+    info = TokenizerInfo(sha256="a" * 64, vocab_size=100, eos_id=0, bos_id=None, pad_id=0)
+    stored = Document(text="x", id="s", metadata={"token_ids": np.array([5, 6], np.uint32), FILE_TOKENIZER: "a" * 64})
+    loads: list[int] = []
+
+    class Encoded:
+        ids = [7]
+
+    class Tokenizer:
+        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoded]:
+            return [Encoded() for _ in texts]
+
+    def load() -> Tokenizer:
+        loads.append(1)
+        return Tokenizer()
+
+    ids = document_ids(load, [stored, stored], info, Counter())
+    assert [a.tolist() for a in ids] == [[5, 6, 0], [5, 6, 0]] and not loads
+    ids = document_ids(load, [stored, Document(text="y", id="t", metadata={})], info, Counter())
+    assert [a.tolist() for a in ids] == [[5, 6, 0], [7, 0]] and len(loads) == 1
