@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 
@@ -82,4 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 format_fractions(targets, {n: s.tokens for n, s in manifest.sources.items()}, "mix reached:")
             )
     print(f"\n({time.monotonic() - start:.1f} s)")
+    # the command ends here: the interpreter's last collections need not scan what is alive now
+    # (the job's modules and data; as in `longctx curate`)
+    gc.freeze()
     return 0
