@@ -7,7 +7,8 @@
    against the run record (:mod:`longctx.packer.record`): finished outputs are kept untouched, only
    new or unfinished window lengths are packed, and other data than the run's is refused.
 2. ``pack`` (``pack.executor.tasks`` tasks): :class:`~longctx.packer.stage.PackDocuments` over each
-   task's share of the curated files, writing every length still to pack in one pass.
+   task's share of the curated files, writing every length still to pack in one pass; locally, run in
+   this process when it is small and tokenizes nothing (:func:`driver_stages`).
 3. ``manifest`` (1 task): :class:`~longctx.packer.stage.WriteManifests`.
 4. With ``pack.output``, each finished output is published there (``longctx.packer.remote``); a job
    submitted to Slurm publishes when ``longctx pack`` is run again after it finished.
@@ -50,6 +51,10 @@ SHARD_BYTES_PER_TOKEN = 10
 (1), and the per-segment lists."""
 CHARS_PER_TOKEN = 3
 """For estimates where curation recorded no token counts (fewer than most text has per token)."""
+IN_DRIVER_TOKENS = 1 << 23
+"""Locally, the pack stage runs its tasks one after another in the ``longctx pack`` process when no
+document is tokenized and the plan holds at most this many tokens: packing stored ids costs about
+50 ns of CPU per token, less at this size than a pool's workers cost to start and stop."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,17 @@ def worker_start_method(documents: Path, tokenizer_sha256: str) -> str:
     return "fork" if all(file_tokenizer(f) == tokenizer_sha256 for f in files) else "forkserver"
 
 
+def driver_stages(plan: PackPlan, start_method: str) -> frozenset[str]:
+    """The stages that run in this process when run locally (:func:`~longctx.core.executors.run_stages`'
+    ``in_driver``): ``pack`` when its workers would be forked (no document is tokenized: see
+    :func:`worker_start_method`) and the tokens it writes (the plan's, known from the curated counts,
+    at every window length) are at most :data:`IN_DRIVER_TOKENS`; else none (``manifest``, a single
+    task, runs here anyway)."""
+    tokens = plan.planned_tokens.values()
+    small = all(n >= 0 for n in tokens) and sum(tokens) * len(plan.headers) <= IN_DRIVER_TOKENS
+    return frozenset({"pack"}) if start_method == "fork" and small else frozenset()
+
+
 def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``, for the lengths of ``plan``."""
     steps: list[PipelineStep] = [
@@ -239,7 +255,8 @@ def run_pack(
         stages = build_stages(pack, layout, todo)
         start = worker_start_method(plan.documents, plan.headers[0].tokenizer.sha256)
         work = pass_folder(layout, outputs.to_pack)
-        if not run_stages(pack.executor, stages, work, "pack", verbose, start_method=start):
+        here = driver_stages(todo, start)
+        if not run_stages(pack.executor, stages, work, "pack", verbose, start_method=start, in_driver=here):
             return None
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:

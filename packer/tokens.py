@@ -48,7 +48,10 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str], info: TokenizerInfo
 
 
 def document_ids(
-    tokenizer: Callable[[], Tokenizer], docs: Sequence[Document], info: TokenizerInfo, retokenized: Counter[str]
+    tokenizer: Callable[[], Tokenizer],
+    docs: Sequence[Document],
+    info: TokenizerInfo,
+    retokenized: Counter[str],
 ) -> list[np.ndarray]:
     """Token ids (int32) of each document with BOS (when configured) and EOS, as
     :func:`encode_documents` gives them: the ids curation stored (``metadata["token_ids"]``) where the

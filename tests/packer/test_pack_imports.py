@@ -1,7 +1,8 @@
 """The pack job's fixed costs: Arrow arrays built without ``pa.array`` equal ``pa.array``'s, and a
 whole pack (planning, reading stored ids, packing, writing shards and manifests) never imports pandas,
 which pyarrow would import in every process (0.3-0.5 s of CPU each) for ``pa.array``, ``to_numpy``
-and ``pq.read_table``; workers forked from the driver (nothing to start) only when none tokenizes."""
+and ``pq.read_table``; workers forked from the driver (nothing to start) only when none tokenizes, and
+a small pack of stored ids run in the driver, writing exactly what pool workers write."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from longctx import jobs
 from longctx.core.tokenizer import tokenizer_fingerprint
+from longctx.packer import run as run_module
 from longctx.packer.rows import arrow_array, string_array
-from longctx.packer.run import worker_start_method
+from longctx.packer.run import PackPlan, driver_stages, worker_start_method
 from longctx.pipeline.bpe import train_bpe
-from tests.packer.test_pack_helpers import make_run, synthetic_texts, write_curated
+from tests.packer.test_pack_helpers import make_config, make_run, synthetic_texts, write_curated
 from tests.packer.test_pack_reuse import curated_with_ids
 
 
@@ -66,3 +69,45 @@ def test_workers_are_forked_only_when_none_tokenizes(tmp_path: Path) -> None:
     assert worker_start_method(tmp_path / "documents", "0" * 64) == "forkserver"  # another tokenizer
     write_curated(tmp_path / "plain", texts, None)  # no stored ids
     assert worker_start_method(tmp_path / "plain" / "documents", sha) == "forkserver"
+
+
+def test_small_packs_of_stored_ids_run_in_the_driver() -> None:
+    def plan(tokens: dict[str, int], lengths: int = 1) -> PackPlan:
+        return PackPlan({}, [None] * lengths, None, tokens, None, {}, Path())  # type: ignore[list-item]
+
+    limit = run_module.IN_DRIVER_TOKENS
+    assert driver_stages(plan({"a": limit // 2, "b": limit // 2}), "fork") == {"pack"}
+    assert driver_stages(plan({"a": limit // 2, "b": limit // 2 + 1}), "fork") == set()
+    assert driver_stages(plan({"a": limit // 2}, lengths=3), "fork") == set()  # every length is written
+    assert driver_stages(plan({"a": 10}), "forkserver") == set()  # tokenizing: fresh workers, in parallel
+    assert driver_stages(plan({"a": 10, "b": -1}), "fork") == set()  # counts unknown
+
+
+def test_the_driver_writes_what_pool_workers_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file under shards/ (shards, manifests, run record) is byte-identical whether the pack
+    stage's two tasks ran one after another in this process or in two forked pool workers."""
+    texts = synthetic_texts(0)
+    train_bpe([t for docs in texts.values() for t in docs], 320, tmp_path / "tokenizer.json")
+    sha = tokenizer_fingerprint(tmp_path / "tokenizer.json")
+    curated_with_ids(tmp_path, texts, sha, scramble=False)
+    seen: dict[str, frozenset[str]] = {}
+
+    def recording(*args: object, in_driver: frozenset[str] = frozenset(), **kwargs: object) -> bool:
+        seen[str(args[2])] = frozenset(in_driver)
+        return real_run_stages(*args, in_driver=in_driver, **kwargs)
+
+    real_run_stages = run_module.run_stages
+    monkeypatch.setattr(run_module, "run_stages", recording)
+    outputs = {}
+    for name, limit in (("driver", run_module.IN_DRIVER_TOKENS), ("pooled", -1)):
+        root = tmp_path / name
+        root.mkdir()
+        for item in ("documents", "tokenizer.json"):
+            (root / item).symlink_to(tmp_path / item)
+        monkeypatch.setattr(run_module, "IN_DRIVER_TOKENS", limit)
+        jobs.pack(make_config(root, executor={"tasks": 2, "workers": 2}))
+        files = sorted(f for f in (root / "shards").rglob("*") if f.is_file())
+        outputs[name] = {str(f.relative_to(root / "shards")): f.read_bytes() for f in files}
+    assert sorted(seen.values(), key=len) == [frozenset(), frozenset({"pack"})]
+    assert sum(name.endswith(".arrow") for name in outputs["driver"]) >= 4
+    assert outputs["driver"] == outputs["pooled"]

@@ -86,7 +86,8 @@ def test_the_tokenizer_is_loaded_only_for_documents_without_usable_ids() -> None
     from longctx.pipeline.documents import FILE_TOKENIZER
 
     info = TokenizerInfo(sha256="a" * 64, vocab_size=100, eos_id=0, bos_id=None, pad_id=0)
-    stored = Document(text="x", id="s", metadata={"token_ids": np.array([5, 6], np.uint32), FILE_TOKENIZER: "a" * 64})
+    ids_meta = {"token_ids": np.array([5, 6], np.uint32), FILE_TOKENIZER: "a" * 64}
+    stored = Document(text="x", id="s", metadata=ids_meta)
     loads: list[int] = []
 
     class Encoded:
