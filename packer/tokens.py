@@ -28,7 +28,9 @@ def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
     padding is the EOS token unless ``pack.pad_token`` is set. A :class:`ConfigError` naming the
     setting when a token is not in the vocabulary."""
     tokenizer = load_tokenizer(path)
-    specials = document_specials(path, eos=cfg.eos_token, bos=cfg.bos_token, pad=cfg.pad_token)
+    specials = document_specials(
+        path, eos=cfg.eos_token, bos=cfg.bos_token, pad=cfg.pad_token, tokenizer=tokenizer
+    )
     return TokenizerInfo(
         sha256=tokenizer_fingerprint(path),
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),

@@ -153,6 +153,7 @@ def document_specials(
     add_bos: bool | None = None,
     pad: str | None = None,
     key: str = "pack",
+    tokenizer: Tokenizer | None = None,
 ) -> SpecialTokens:
     """The special tokens that frame documents for the tokenizer at ``tokenizer_path``.
 
@@ -163,9 +164,10 @@ def document_specials(
     post-processor prepends a token) says so: ``bos``, else the config's ``bos_token``, else the post-processor's first token.
     PAD is ``pad``, else the config's ``pad_token``, else None (the EOS pads). Each chosen token must
     be in the vocabulary: a :class:`ConfigError` naming ``{key}.eos_token`` (etc.) otherwise.
+    ``tokenizer``: the one at ``tokenizer_path`` when the caller has it loaded already.
     """
     path = Path(tokenizer_path)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path) if tokenizer is None else tokenizer
     config = read_tokenizer_config(path)
     lead, trail = _template_specials(tokenizer)
     specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special]

@@ -29,3 +29,23 @@ def test_configured_specials_win(tmp_path: Path) -> None:
     tok = Tokenizer.from_file(str(path))
     info = tokenizer_info(path, PackConfig(eos_token="<|eot_id|>", pad_token="<|begin_of_text|>"))
     assert (info.eos_id, info.pad_id) == (tok.token_to_id("<|eot_id|>"), tok.token_to_id("<|begin_of_text|>"))
+
+
+def test_the_tokenizer_is_read_once(tmp_path: Path, monkeypatch) -> None:
+    """Planning reads the tokenizer once for its vocabulary and its special tokens (a large
+    ``tokenizer.json`` takes a noticeable part of a second to load)."""
+    import longctx.core.tokenizer as core_tokenizer
+    import longctx.packer.tokens as pack_tokens
+
+    path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"], config=LLAMA3_CONFIG)
+    loads: list[Path] = []
+
+    def counting(p: Path) -> Tokenizer:
+        loads.append(p)
+        return Tokenizer.from_file(str(p))
+
+    monkeypatch.setattr(core_tokenizer, "load_tokenizer", counting)
+    monkeypatch.setattr(pack_tokens, "load_tokenizer", counting)
+    info = tokenizer_info(path, PackConfig())
+    assert len(loads) == 1
+    assert info.bos_id == Tokenizer.from_file(str(path)).token_to_id("<|begin_of_text|>")
