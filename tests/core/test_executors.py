@@ -214,3 +214,24 @@ def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(tmp_path
     assert run_stages(cfg, stages, tmp_path / "w", "job", in_driver={"small", "tail"})
     assert "[job 1/3] small: 2 task(s), 2 done in an earlier run" in capfd.readouterr().out
     assert started == []
+
+
+def test_loguru_scans_library_folders_once_per_process(monkeypatch) -> None:
+    """datatrove adds loguru handlers for every task: after the first, adding one no longer scans
+    sysconfig's install schemes, and the folders loguru keeps are those a fresh scan finds."""
+    import io
+    import sysconfig
+
+    from loguru import _better_exceptions, logger
+
+    from longctx.core import executors
+
+    executors.scan_log_folders_once()  # a second call keeps the one cache
+    scan = _better_exceptions.ExceptionFormatter._get_lib_dirs
+    assert scan() == scan.__wrapped__()
+    calls = []
+    real = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for _ in range(3):
+        logger.remove(logger.add(io.StringIO()))
+    assert calls == []
