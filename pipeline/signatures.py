@@ -184,11 +184,23 @@ def exact_hash(text: str) -> str:
 # --- MinHash: words ---------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
-def _drop_marks() -> dict[int, None]:
-    """``str.translate`` table deleting exactly the characters datatrove drops after NFD
-    (``unicodedata.category(c) == "Mn"``). Built on first use (about 0.2 s)."""
-    return dict.fromkeys(c for c in range(0x110000) if unicodedata.category(chr(c)) == "Mn")
+_IS_MARK: dict[str, bool] = {}
+"""Per character seen so far: whether it is a non-spacing mark (``unicodedata.category == "Mn"``)."""
+
+
+def marks_in(text: str) -> dict[int, None]:
+    """``str.translate`` table deleting exactly the characters of ``text`` that datatrove drops
+    after NFD (``unicodedata.category(c) == "Mn"``). Only the distinct characters of the text are
+    looked up (and remembered), not every code point: a table of all of them costs ~0.1 s to build
+    in every process that signs a document."""
+    table: dict[int, None] = {}
+    for char in set(text):
+        mark = _IS_MARK.get(char)
+        if mark is None:
+            mark = _IS_MARK[char] = unicodedata.category(char) == "Mn"
+        if mark:
+            table[ord(char)] = None
+    return table
 
 
 def _non_ascii_runs(data: bytes) -> tuple[list[int], list[int]]:
@@ -210,7 +222,8 @@ def _splice_non_ascii(data: bytes, runs: str) -> bytes:
     starts, ends = _non_ascii_runs(data)
     if not starts:  # e.g. the only non-ASCII characters were digits, now "0"
         return data
-    runs = unicodedata.normalize("NFD", runs).translate(_drop_marks())
+    runs = unicodedata.normalize("NFD", runs)
+    runs = runs.translate(marks_in(runs))
     done = _NON_ASCII_NON_WORD.sub(" ", runs).encode("utf-8").split(b"\x00")
     gaps = [data[e:s] for e, s in zip([0] + ends, starts + [len(data)])]
     pieces = [b""] * (2 * len(gaps) - 1)

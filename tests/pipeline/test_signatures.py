@@ -186,10 +186,15 @@ def test_distinct_is_sorted_unique() -> None:
     assert distinct(np.array([], np.uint64)).size == 0
 
 
-def test_mark_table_is_unicodedata_mn() -> None:
-    marks = sg._drop_marks()
-    assert all(unicodedata.category(chr(c)) == "Mn" for c in marks)
-    assert len(marks) == sum(1 for c in range(0x110000) if unicodedata.category(chr(c)) == "Mn")
+def test_marks_in_finds_exactly_the_non_spacing_marks() -> None:
+    """Over a text holding every code point (twice: the second lookup comes from the cache), the
+    table is the scan of ``unicodedata.category`` that datatrove's mark removal uses."""
+    every = "".join(map(chr, range(0x110000)))
+    scan = {c: None for c in range(0x110000) if unicodedata.category(chr(c)) == "Mn"}
+    assert sg.marks_in(every) == scan
+    assert sg.marks_in(every[::-1]) == scan
+    assert sg.marks_in("e\u0301a\u0300") == {0x301: None, 0x300: None}
+    assert sg.marks_in("plain ascii") == {}
 
 
 def test_wide_whitespace_list_is_every_non_ascii_isspace_character() -> None:
