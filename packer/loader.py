@@ -145,6 +145,7 @@ class _BatchStream(IterableDataset):
         self.slots = slots
         self.per_worker = per_worker
         self.position = torch.tensor([dataset.epoch, dataset.consumed, 0]) if position is None else position
+        self.buffers = Buffers()  # the memory of the items built in this process, for every pass
 
     def sizes(self, start: int) -> list[int]:
         """Rows of each batch of a pass from row ``start`` of the epoch (the last may be short unless
@@ -169,7 +170,6 @@ class _BatchStream(IterableDataset):
             for s in mine:
                 if headers[s, _STATE] == _CLAIMED and headers[s, _RECEIVED] == 0:
                     headers[s, _STATE] = _FREE
-        buffers = Buffers()
         for item in range(worker, -(-len(sizes) // self.per_item), workers):
             rows = order[item * rows_per_item : min((item + 1) * rows_per_item, total)]
             if self.collate is not None:
@@ -180,7 +180,7 @@ class _BatchStream(IterableDataset):
                 tokens = tokens[: len(tokens) - len(tokens) % self.batch_size]
             batches = [tokens[k : k + self.batch_size] for k in range(0, len(tokens), self.batch_size)]
             if batches and slots is None:
-                yield tokens_to_batches(batches, buffers)
+                yield tokens_to_batches(batches, self.buffers)
             elif batches:
                 slot = next((s for s in mine if slots[s, :_HEADER].view(np.int64)[_STATE] == _FREE), -1)
                 if slot < 0:  # the caller holds batches from all of this worker's slots

@@ -21,6 +21,10 @@ rows, in a shuffled order, with:
     when the loader is dropped. This is what a run that reads its data once pays, with the workers'
     start (hundreds of milliseconds of CPU on a busy 2-core machine, against tens for the whole
     baseline pass) not spread over a long epoch as it would be in training.
+  - **first pass, fresh process**: the same in a new interpreter that has imported torch and the
+    loader and nothing else (this script imports pandas, through ``pa.array``, to write the shards):
+    what a training process's first pass costs, with every module the loader imports on the way.
+    The modules imported during those passes are listed.
   - **later passes**: one loader per case, made before the repetitions (its first pass untimed);
     each repetition times ``--passes`` further passes (one epoch each, a new shuffled order) and
     reports the cost per pass: the workers are the same processes throughout, the shards already
@@ -44,10 +48,13 @@ in the machine's load affects every case alike.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -202,13 +209,52 @@ def verification_only(folder: Path) -> int:
     return len(ds.shards) * ds.seq_len
 
 
+def child_first_pass(folder: str, workers: str) -> None:
+    """Child: the first pass of a new dataset and loader in a fresh process, as a training process
+    makes it (torch and the loader imported beforehand, untimed; nothing else). Prints its wall and
+    CPU seconds (the workers' too: they are reaped by ``close``), the tokens read, and the modules
+    first imported during the pass."""
+    seen = set(sys.modules)
+    before, children = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    ds = PackedDataset(Path(folder), tokenizer=None, seed=1)
+    loader = PackedLoader(ds, batch_size=1, num_workers=int(workers))
+    rows = sum(1 for _ in loader)
+    loader.close()
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = time.process_time() - before + (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    imported = sorted(m for m in set(sys.modules) - seen if "." not in m and not m.startswith("_"))
+    print(json.dumps({"wall": wall, "cpu": cpu, "tokens": rows * ds.seq_len, "imported": imported}))
+
+
+def fresh_first_passes(folder: Path, workers: int, reps: int) -> tuple[Measured, set[str]]:
+    """:func:`child_first_pass` ``reps`` times, each in a new interpreter: (walls, CPUs, CPUs, tokens)
+    as :func:`measure` gives them, and the top-level modules those passes imported."""
+    walls, cpus, imported, tokens = [], [], set(), 0
+    for _ in range(reps):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(folder), str(workers)], check=True, capture_output=True, text=True
+        ).stdout
+        found = json.loads(out.strip().splitlines()[-1])
+        walls.append(found["wall"])
+        cpus.append(found["cpu"])
+        tokens = found["tokens"]
+        imported.update(found["imported"])
+    return (walls, cpus, cpus, tokens), imported
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
     parser.add_argument("--rows", type=int, default=96, help="windows at 64K (x 2 at 16K)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--passes", type=int, default=4, help="later passes timed per repetition")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child_first_pass(*args.child)
+        return
     torch.set_num_threads(1)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.reps} repetitions: median [min-max]")
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,6 +309,11 @@ def main() -> None:
                 "PackedLoader, workers 2, later passes": later_passes(2),
             }
             results = measure(cases, args.reps)
+            imported: set[str] = set()
+            for workers in (0, 2):
+                name = f"PackedLoader, workers {workers}, first pass, fresh process"
+                results[name], modules = fresh_first_passes(folder, workers, args.reps)
+                imported |= modules
             for loader in kept:
                 loader.close()
             base_wall, base_cpu, _, _ = results["plain memory-mapped read (baseline)"]
@@ -270,17 +321,18 @@ def main() -> None:
             for name, (wall, cpu, main, tokens) in results.items():
                 w, c = statistics.median(wall), statistics.median(cpu)
                 print(
-                    f"  {name:44s} wall {w:7.3f} s [{min(wall):.3f}-{max(wall):.3f}]  CPU {c:7.3f} s "
+                    f"  {name:50s} wall {w:7.3f} s [{min(wall):.3f}-{max(wall):.3f}]  CPU {c:7.3f} s "
                     f"[{min(cpu):.3f}-{max(cpu):.3f}]  {tokens / w / 1e6:6.0f}M tok/s  "
                     f"vs baseline: wall {statistics.median(base_wall) / w:.2f}x, CPU {statistics.median(base_cpu) / c:.2f}x"
                 )
             for name, (_, _, main, _) in results.items():
-                if "workers 2" in name:
+                if "workers 2" in name and "fresh" not in name:  # a fresh process's split is not measured
                     m = statistics.median(main)
                     print(
                         f"  {name}: the training process's own CPU {m:.3f} s [{min(main):.3f}-{max(main):.3f}], "
                         f"vs baseline CPU {statistics.median(base_cpu) / m:.2f}x"
                     )
+            print(f"  first passes in a fresh process imported: {', '.join(sorted(imported)) or 'nothing'}")
             base_rate = rows * seq_len / statistics.median(base_wall)
             for name, rates in late.items():
                 rate = statistics.median(rates)

@@ -140,3 +140,51 @@ def test_reused_memory_never_changes_a_batch_still_held(packed_run: PackedRun, s
     assert k + 1 == len(order) > 12
     for batch, expected in kept:
         assert_same(batch, expected)
+
+
+@pytest.mark.usefixtures("small_transfers")
+@pytest.mark.parametrize("source", ["dataset", "loader-workers-0"])
+def test_later_passes_build_into_the_memory_of_the_first(
+    packed_run: PackedRun, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that drops each batch before the next lets every later pass (epoch) build its items into
+    the memory the first pass took: no new item buffers, and every batch still right."""
+    monkeypatch.setattr(dataset_module, "CHUNK_TOKENS", 2 * SEQ_LEN)
+    folder = packed_run.folder(SEQ_LEN)
+    rows = arrow_rows(folder)
+    ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, seed=7)
+    loader = PackedLoader(ds, batch_size=1) if source != "dataset" else None
+
+    def one_pass() -> int:
+        order = ds.order(ds.epoch)
+        batches = loader if loader is not None else DataLoader(ds, batch_size=1, collate_fn=collate_packed)
+        for k, batch in enumerate(batches):
+            assert_same(batch, reference_batch([rows[int(order[k])]]))
+        return k + 1
+
+    one_pass()
+    allocated: list[int] = []
+    empty = np.empty
+
+    def counting(shape: object, *args: object, **kwargs: object) -> np.ndarray:
+        array = empty(shape, *args, **kwargs)
+        if array.nbytes >= 1 << 16:  # an item's buffer (rounded up to 64 KiB), not a row's scratch
+            allocated.append(array.nbytes)
+        return array
+
+    monkeypatch.setattr(np, "empty", counting)
+    assert one_pass() > 12 and one_pass() > 12
+    assert allocated == []
+
+
+def test_a_pickled_dataset_leaves_its_item_memory_behind(packed_run: PackedRun) -> None:
+    """A copy sent to a spawned worker starts with no item memory of its own (it would be megabytes
+    of this process's buffers, pickled for nothing), and builds the same samples."""
+    import pickle
+
+    ds = PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, seed=7)
+    first = [sample["input_ids"].clone() for sample in ds]
+    copy = pickle.loads(pickle.dumps(ds))
+    assert ds._buffers._kept and copy._buffers._kept == []
+    copy.set_epoch(0)  # the pass above ended the epoch: back to its start
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(first, copy, strict=True))
