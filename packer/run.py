@@ -29,7 +29,7 @@ from datatrove.pipeline.base import PipelineStep
 from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
-from longctx.core.executors import Stage, run_stages
+from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
@@ -209,7 +209,8 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
     ]
     if plan.mix is not None:
         steps.append(MixSampler(plan.mix))
-    steps.append(PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size))
+    running = concurrent_tasks(pack.executor, pack.executor.tasks)
+    steps.append(PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size, running))
     manifests = WriteManifests(
         layout,
         plan.headers,

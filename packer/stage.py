@@ -27,7 +27,6 @@ from datatrove.utils.logging import logger
 
 from longctx.core.atomic import write_json
 from longctx.core.layout import RunLayout, shard_folder
-from longctx.core.tokenizer import load_tokenizer
 from longctx.packer.binpack import pack
 from longctx.packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
 from longctx.packer.manifest import (
@@ -41,7 +40,7 @@ from longctx.packer.manifest import (
 from longctx.packer.pool import DocumentPool, PoolBuilder
 from longctx.packer.rows import build_rows
 from longctx.packer.stats import OutputStats
-from longctx.packer.tokens import document_ids
+from longctx.packer.tokens import document_ids, task_encoder
 
 ROW_BUILD_TOKENS = 1 << 23  # rows are built this many tokens at a time (temporaries of ~30 bytes a token)
 
@@ -116,7 +115,8 @@ class ShardSeries:
 class PackDocuments(PipelineStep):
     """Tokenize documents and pack them into shards for every window length in ``headers``.
 
-    Documents pass through unchanged, so later steps can still see them.
+    Documents pass through unchanged, so later steps can still see them. ``concurrent_tasks``: the
+    pack tasks that run at once on this machine; a task that tokenizes uses its share of the cores.
     """
 
     type = "📦 - PACKER"
@@ -129,6 +129,7 @@ class PackDocuments(PipelineStep):
         pool_tokens: int,
         shard_tokens: int,
         batch_size: int,
+        concurrent_tasks: int = 1,
     ) -> None:
         super().__init__()
         self.layout = layout
@@ -136,9 +137,10 @@ class PackDocuments(PipelineStep):
         self.pool_tokens = pool_tokens
         self.shard_tokens = shard_tokens
         self.batch_size = batch_size
+        self.concurrent_tasks = concurrent_tasks
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        tokenizer = cache(partial(load_tokenizer, self.layout.tokenizer))  # loaded when first needed
+        encoder = cache(partial(task_encoder, self.layout.tokenizer, self.concurrent_tasks))  # when first needed
         info = self.headers[0].tokenizer
         series = [
             ShardSeries(self.layout.shard_folder(h.seq_len), rank, h, max(1, self.shard_tokens // h.seq_len))
@@ -150,7 +152,7 @@ class PackDocuments(PipelineStep):
         retokenized: Counter[str] = Counter()
         for batch in batched(data or (), self.batch_size):
             with self.track_time("batch"):
-                encoded = document_ids(tokenizer, batch, info, retokenized)
+                encoded = document_ids(encoder, batch, info, retokenized)
             for doc, ids in zip(batch, encoded, strict=True):
                 pool.add(doc.id, doc.metadata["source"], ids, int(doc.metadata.get("copies", 1)))
                 self.stat_update("documents")

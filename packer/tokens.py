@@ -3,7 +3,8 @@
 Special tokens are added here rather than by the tokenizer's post-processor, so the layout is the
 same for every tokenizer a user brings, and it is recorded in each shard's header. Curation stores
 each kept document's ids (without special tokens) beside its text; :func:`document_ids` reuses them
-when the document's file records this tokenizer, and tokenizes the text otherwise.
+when the document's file records this tokenizer, and tokenizes the text otherwise, as curation does:
+long documents in bounded parallel pieces, on the task's share of the cores (:func:`task_encoder`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 from datatrove.data import Document
-from tokenizers import Tokenizer
 
 from longctx.core.tokenizer import document_specials, load_tokenizer, tokenizer_fingerprint
 from longctx.packer.config import PackConfig
 from longctx.packer.format import TokenizerInfo
 from longctx.pipeline.documents import FILE_TOKENIZER
+from longctx.pipeline.tokens import TokenEncoder, limit_tokenizer_threads, tokenizer_threads
 
 
 def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
@@ -40,26 +41,35 @@ def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
     )
 
 
-def encode_documents(tokenizer: Tokenizer, texts: list[str], info: TokenizerInfo) -> list[np.ndarray]:
-    """Token ids (int32) of each text with BOS (when configured) and EOS, encoded in one parallel batch."""
-    prefix = [info.bos_id] if info.bos_id is not None else []
-    return [
-        np.array(prefix + encoding.ids + [info.eos_id], dtype=np.int32)
-        for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-    ]
+def task_encoder(path: Path, concurrent_tasks: int) -> TokenEncoder:
+    """The tokenizer at ``path`` for one of ``concurrent_tasks`` pack tasks running at once: its
+    threads limited to the task's share of the cores (tasks x threads never exceed them; a task
+    alone keeps every core), long texts encoded in bounded pieces (:class:`TokenEncoder`). Call it
+    before the process's first encode: the thread pool is sized then."""
+    if concurrent_tasks > 1:
+        limit_tokenizer_threads(tokenizer_threads(concurrent_tasks))
+    return TokenEncoder(load_tokenizer(path))
+
+
+def encode_documents(encoder: TokenEncoder, texts: list[str], info: TokenizerInfo) -> list[np.ndarray]:
+    """Token ids (int32) of each text with BOS (when configured) and EOS."""
+    prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
+    suffix = np.array([info.eos_id], dtype=np.int32)
+    return [np.concatenate([prefix, ids.astype(np.int32), suffix]) for ids in encoder.encode(texts)]
 
 
 def document_ids(
-    tokenizer: Callable[[], Tokenizer],
+    encoder: Callable[[], TokenEncoder],
     docs: Sequence[Document],
     info: TokenizerInfo,
     retokenized: Counter[str],
 ) -> list[np.ndarray]:
     """Token ids (int32) of each document with BOS (when configured) and EOS, as
     :func:`encode_documents` gives them: the ids curation stored (``metadata["token_ids"]``) where the
-    document's file records ``info``'s tokenizer, else its text encoded in one parallel batch. Adds
-    to ``retokenized`` the number of documents tokenized again, by reason. ``tokenizer`` gives the
-    tokenizer; it is called only when a document is tokenized (loading one costs 10-30 ms)."""
+    document's file records ``info``'s tokenizer, else its text encoded (:func:`encode_documents`). Adds
+    to ``retokenized`` the number of documents tokenized again, by reason. ``encoder`` gives the
+    tokenizer (:func:`task_encoder`); it is called only when a document is tokenized (loading one
+    costs 10-30 ms)."""
     prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
     suffix = np.array([info.eos_id], dtype=np.int32)
     out: list[np.ndarray | None] = [None] * len(docs)
@@ -73,6 +83,6 @@ def document_ids(
         retokenized["no stored ids" if stored is None else "stored ids are of another tokenizer"] += 1
         to_encode.append(i)
     if to_encode:
-        for i, ids in zip(to_encode, encode_documents(tokenizer(), [docs[i].text for i in to_encode], info)):
+        for i, ids in zip(to_encode, encode_documents(encoder(), [docs[i].text for i in to_encode], info)):
             out[i] = ids
     return out  # type: ignore[return-value]

@@ -7,11 +7,15 @@ they must be used (the shards change), with another fingerprint they must be ign
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datatrove.data import Document
+from tokenizers import Tokenizer
 
 from longctx import jobs
 from longctx.core.tokenizer import tokenizer_fingerprint
@@ -90,18 +94,67 @@ def test_the_tokenizer_is_loaded_only_for_documents_without_usable_ids() -> None
     stored = Document(text="x", id="s", metadata=ids_meta)
     loads: list[int] = []
 
-    class Encoded:
-        ids = [7]
+    class Encoder:
+        def encode(self, texts: list[str]) -> list[np.ndarray]:
+            return [np.array([7], np.uint32) for _ in texts]
 
-    class Tokenizer:
-        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> list[Encoded]:
-            return [Encoded() for _ in texts]
-
-    def load() -> Tokenizer:
+    def load() -> Encoder:
         loads.append(1)
-        return Tokenizer()
+        return Encoder()
 
     ids = document_ids(load, [stored, stored], info, Counter())
     assert [a.tolist() for a in ids] == [[5, 6, 0], [5, 6, 0]] and not loads
     ids = document_ids(load, [stored, Document(text="y", id="t", metadata={})], info, Counter())
     assert [a.tolist() for a in ids] == [[5, 6, 0], [7, 0]] and len(loads) == 1
+
+
+_COUNT_PACK_THREADS = """
+import os, sys
+from pathlib import Path
+from longctx.packer.format import TokenizerInfo
+from longctx.packer.tokens import encode_documents, task_encoder
+encoder = task_encoder(Path(sys.argv[1]), int(sys.argv[2]))
+info = TokenizerInfo(sha256="0" * 64, vocab_size=400, eos_id=0, bos_id=None, pad_id=0)
+before = len(os.listdir("/proc/self/task"))
+encode_documents(encoder, [sys.argv[3] * (200 + i) for i in range(16)], info)
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
+@pytest.mark.parametrize("tasks, threads", [(1, 2), (2, 0)])
+def test_pack_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Path, tasks: int, threads: int) -> None:
+    """A pack task that tokenizes on 2 cores runs the tokenizer's pool of 2 threads when alone and
+    encodes on its calling thread when 2 tasks run at once (as curation's tasks do); threads are
+    counted in /proc, the tokenizer's pool being the only source of new ones."""
+    from tests.pipeline.test_tokens import TRAINING, sample_text
+
+    path = tmp_path / "tokenizer.json"
+    train_bpe(TRAINING, 400, path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    out = subprocess.run(
+        [sys.executable, "-c", _COUNT_PACK_THREADS, str(path), str(tasks), sample_text(0, 50)],
+        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
+    )
+    assert int(out.stdout.strip().splitlines()[-1]) == threads
+
+
+def test_encoded_documents_are_the_whole_texts_ids_with_their_specials(tmp_path: Path) -> None:
+    """Texts long enough to be encoded in pieces get exactly the ids of encoding each whole text,
+    framed by BOS and EOS."""
+    from longctx.packer.format import TokenizerInfo
+    from longctx.packer.tokens import encode_documents
+    from longctx.pipeline.tokens import TokenEncoder
+    from tests.pipeline.test_tokens import TRAINING, sample_text
+
+    path = tmp_path / "tokenizer.json"
+    train_bpe(TRAINING, 400, path)
+    tokenizer = Tokenizer.from_file(str(path))
+    texts = [sample_text(seed, 3000) for seed in range(3)] + ["", "short one"]
+    info = TokenizerInfo(sha256="0" * 64, vocab_size=400, eos_id=1, bos_id=2, pad_id=1)
+    encoder = TokenEncoder(tokenizer, piece_chars=1000, call_chars=5000)
+    got = encode_documents(encoder, texts, info)
+    assert [len(encoder.tokenizer.encode(t).ids) > 100 for t in texts[:3]] == [True] * 3
+    assert [a.tolist() for a in got] == [[2, *tokenizer.encode(t, add_special_tokens=False).ids, 1] for t in texts]
+    assert all(a.dtype == np.int32 for a in got)
