@@ -8,8 +8,6 @@ they must be used (the shards change), with another fingerprint they must be ign
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,17 +125,9 @@ def test_pack_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Pat
     """A pack task that tokenizes on 2 cores runs the tokenizer's pool of 2 threads when alone and
     encodes on its calling thread when 2 tasks run at once (as curation's tasks do); threads are
     counted in /proc, the tokenizer's pool being the only source of new ones."""
-    from tests.pipeline.test_tokens import TRAINING, sample_text
+    from tests.pipeline.test_tokens import threads_started
 
-    path = tmp_path / "tokenizer.json"
-    train_bpe(TRAINING, 400, path)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
-    two = set(sorted(os.sched_getaffinity(0))[:2])
-    out = subprocess.run(
-        [sys.executable, "-c", _COUNT_PACK_THREADS, str(path), str(tasks), sample_text(0, 50)],
-        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
-    )
-    assert int(out.stdout.strip().splitlines()[-1]) == threads
+    assert threads_started(tmp_path, _COUNT_PACK_THREADS, tasks) == threads
 
 
 def test_encoded_documents_are_the_whole_texts_ids_with_their_specials(tmp_path: Path) -> None:

@@ -205,18 +205,24 @@ print(len(os.listdir("/proc/self/task")) - before)
 """
 
 
+def threads_started(tmp_path: Path, script: str, tasks: int) -> int:
+    """Runs ``script`` (argv: a small trained tokenizer's path, ``tasks``, a sample text) on 2 cores,
+    without this environment's tokenizer thread settings; the new threads it reports."""
+    path = tmp_path / "tokenizer.json"
+    train_bpe(TRAINING, 400, path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
+    two = set(sorted(os.sched_getaffinity(0))[:2])
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path), str(tasks), sample_text(0, 50)],
+        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
 @pytest.mark.parametrize("tasks, threads", [(1, 2), (2, 0), (3, 0)])
 def test_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Path, tasks: int, threads: int) -> None:
     """A task process on 2 cores runs the tokenizer's own pool of 2 threads when alone, and encodes on
     its calling thread (no pool thread at all) when 2 or more tasks run at once; threads are counted
     in /proc, the tokenizer's pool being the only source of new ones."""
-    path = tmp_path / "tokenizer.json"
-    train_bpe(TRAINING, 400, path)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}
-    two = set(sorted(os.sched_getaffinity(0))[:2])
-    out = subprocess.run(
-        [sys.executable, "-c", _COUNT_THREADS, str(path), str(tasks), sample_text(0, 50)],
-        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
-    )
-    assert int(out.stdout.strip().splitlines()[-1]) == threads
+    assert threads_started(tmp_path, _COUNT_THREADS, tasks) == threads
