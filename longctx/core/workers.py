@@ -8,18 +8,24 @@ by a forkserver, beside a ``Manager`` server forked from the driver. Left to its
   tokenizers and the job's modules itself (about 1.8 s of CPU each on a 2-core machine: ten times in
   a two-task curation, a third of the CPU the second task was meant to add);
 * the forkserver and the managers put their sockets in a ``pymp-*`` folder of the system's temporary
-  folder, which a killed job (SIGKILL, the OOM killer) leaves behind for good.
+  folder, which a killed job (SIGKILL, the OOM killer) leaves behind for good;
+* a pool of forkserver workers shares named semaphores (``/dev/shm/sem.mp-*`` on Linux), unlinked by
+  the pool when it closes or by ``multiprocess``'s resource tracker when the driver dies; a job killed
+  with all its processes (a process group or a Slurm job killed) leaves them behind for good.
 
 :func:`job_processes` preloads the job's modules in a forkserver of its own (started by the first
 pool, stopped when the job ends, so that no later job finds it pointing at a removed folder) and
 gives these processes ``<work>/tmp`` as their temporary folder (``TMPDIR`` for the processes
 started from a fresh interpreter, the driver's own ``multiprocess`` and ``tempfile`` settings for
-those forked from it), emptied when the job starts or resumes and removed when it ends.
+those forked from it), emptied when the job starts or resumes and removed when it ends. The job's
+semaphores are named after its work folder (:func:`semaphore_prefix`), so that those a killed run
+left are removed when the job starts or resumes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import shutil
@@ -58,6 +64,35 @@ def temporary_folder(work: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"longctx-{digest}"
 
 
+SEMAPHORE_FOLDER = Path("/dev/shm")
+"""Where Linux keeps named POSIX semaphores, as files ``sem.<name>``."""
+
+
+def semaphore_prefix(work: Path) -> str:
+    """The name prefix of the semaphores a job's pools create (``multiprocess`` names each
+    ``<prefix>-<random>``): one per work folder, so that a later run of the job finds those a killed
+    run left."""
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(work))).hexdigest()[:16]
+    return f"/mp-longctx-{digest}"
+
+
+def remove_semaphores(prefix: str) -> list[str]:
+    """Unlink the named semaphores whose names start with ``prefix`` (a job's: :func:`semaphore_prefix`)
+    that no object of this process still owns; returns their file names. Called before the job's
+    pools start: the semaphores of an earlier run of the job in this process are unlinked by their own
+    finalizers (run by a garbage collection first), so what is left was a killed run's. Nothing to do
+    where semaphores are not files (not Linux)."""
+    pattern = f"sem.{prefix.lstrip('/')}-*"
+    if not SEMAPHORE_FOLDER.is_dir() or not any(SEMAPHORE_FOLDER.glob(pattern)):
+        return []
+    gc.collect()  # finished pools of this process that are still in reference cycles unlink their own
+    removed = []
+    for path in SEMAPHORE_FOLDER.glob(pattern):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed
+
+
 def _stop_forkserver() -> None:
     """Stop this process's forkserver, if it started one (multiprocess has no public call for it).
 
@@ -84,13 +119,18 @@ def start_forkserver() -> None:
 def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator[Path]:
     """Meanwhile, pools fork their workers from a forkserver that has the modules of ``pipelines``
     imported, and the processes of the job keep their temporary files in :func:`temporary_folder`
-    (emptied now, removed at the end). Yields that folder. Afterwards this process's settings (its
-    temporary folder, ``TMPDIR``, the forkserver's preloaded modules) are as they were."""
+    (emptied now, removed at the end), and their semaphores are named after ``work`` (those a killed
+    run of the job left are removed now). Yields that folder. Afterwards this
+    process's settings (its temporary folder, ``TMPDIR``, the semaphores' prefix, the forkserver's
+    preloaded modules) are as they were."""
     folder = temporary_folder(work)
     shutil.rmtree(folder, ignore_errors=True)  # what a killed run of this job left
     folder.mkdir(parents=True)
     config = multiprocess.process.current_process()._config
     saved = (config.get("tempdir"), tempfile.tempdir, os.environ.get("TMPDIR"))
+    saved_semprefix, semprefix = config.get("semprefix"), semaphore_prefix(work)
+    remove_semaphores(semprefix)  # what a killed run of this job left
+    config["semprefix"] = semprefix
     saved_preload = multiprocess.forkserver._forkserver._preload_modules
     _stop_forkserver()  # one an earlier job of this process started, with its modules and folder
     multiprocess.forkserver.set_forkserver_preload(preload_modules(pipelines))
@@ -108,3 +148,7 @@ def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator
         tempfile.tempdir = saved[1]
         multiprocess.forkserver.set_forkserver_preload(saved_preload)
         shutil.rmtree(folder, ignore_errors=True)
+        if saved_semprefix is None:
+            config.pop("semprefix", None)
+        else:
+            config["semprefix"] = saved_semprefix

@@ -14,6 +14,7 @@ import multiprocess.forkserver
 import multiprocess.process
 import pytest
 
+from longctx.core import workers
 from longctx.core.workers import job_processes, preload_modules, temporary_folder
 
 
@@ -71,3 +72,30 @@ def test_a_work_folder_too_deep_for_unix_sockets_gets_a_named_system_temporary_f
     assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("longctx-")
     assert temporary_folder(deep) == folder  # the same job finds it again, to empty it
     assert temporary_folder(tmp_path / "w") == tmp_path / "w" / "tmp"
+
+
+@pytest.mark.skipif(not workers.SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux")
+def test_a_jobs_semaphores_are_named_after_it_and_a_killed_runs_are_removed(tmp_path: Path) -> None:
+    """A pool's named semaphores carry the job's prefix while the job runs; one a killed run of the
+    same job left (a file of that prefix no object here owns) is gone once the job starts again, and
+    another job's, or one without the prefix, is left alone."""
+    work, other = tmp_path / "work" / "job", tmp_path / "work" / "other"
+    prefix = workers.semaphore_prefix(work)
+    assert prefix != workers.semaphore_prefix(other)
+    left = [workers.SEMAPHORE_FOLDER / f"sem.{p.lstrip('/')}-{tmp_path.name}" for p in (prefix, workers.semaphore_prefix(other), "/mp")]
+    try:
+        for path in left:
+            path.write_bytes(b"\0" * 32)
+        before = multiprocess.process.current_process()._config.get("semprefix")
+        with job_processes([], work):
+            assert not left[0].exists() and left[1].exists() and left[2].exists()
+            lock = multiprocess.get_context("forkserver").Lock()
+            name = lock._semlock.name
+            assert name.startswith(prefix + "-")
+            assert (workers.SEMAPHORE_FOLDER / f"sem.{name.lstrip('/')}").exists()
+            del lock
+        assert multiprocess.process.current_process()._config.get("semprefix") == before
+        assert not list(workers.SEMAPHORE_FOLDER.glob(f"sem.{prefix.lstrip('/')}-*"))  # the pool's own unlinked
+    finally:
+        for path in left:
+            path.unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
+from longctx.core.workers import SEMAPHORE_FOLDER
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.documents import document_files, file_tokenizer, iter_rows
 
@@ -240,6 +241,11 @@ def _curate_cmd(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config_path)]
 
 
+def _semaphores() -> set[str]:
+    """The named semaphores on this machine (files in /dev/shm on Linux; none found elsewhere)."""
+    return {p.name for p in SEMAPHORE_FOLDER.glob("sem.*")} if SEMAPHORE_FOLDER.is_dir() else set()
+
+
 def _snapshot(output: Path) -> tuple[dict, list]:
     ledger = sorted(pq.read_table(output / "ledger.parquet").to_pylist(), key=lambda r: r["id"])
     return read_documents(output), ledger
@@ -254,6 +260,7 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     killed = tmp_path / "killed"
     cfg_path = tmp_path / "killed.yaml"
     cfg_path.write_text(yaml.safe_dump(make_config(tmp_path, tmp_path / "input", tokenizer_file, killed)))
+    semaphores_before = _semaphores()
     proc = subprocess.Popen(_curate_cmd(cfg_path), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = killed / "work" / "curate" / "logs" / "4_read" / "completions"
     deadline = time.monotonic() + 120
@@ -266,6 +273,9 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     done = subprocess.run(_curate_cmd(cfg_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _snapshot(killed) == _snapshot(reference)
+    # the killed process group took multiprocess's resource tracker with it: the run resumed removed
+    # the named semaphores its pools left
+    assert _semaphores() <= semaphores_before
 
 
 def test_interrupted_write_stage_is_redone_without_duplicates(tmp_path: Path, tokenizer_file) -> None:
