@@ -179,12 +179,14 @@ def test_later_passes_build_into_the_memory_of_the_first(
 
 def test_a_pickled_dataset_leaves_its_item_memory_behind(packed_run: PackedRun) -> None:
     """A copy sent to a spawned worker starts with no item memory of its own (it would be megabytes
-    of this process's buffers, pickled for nothing), and builds the same samples."""
-    import pickle
+    of this process's buffers, pickled for nothing), and builds the same samples. The copy is made
+    with ``copy.deepcopy``, which takes the state from the same ``__getstate__`` that pickling uses,
+    without deserializing any bytes."""
+    import copy as copying
 
     ds = PackedDataset(packed_run.folder(SEQ_LEN), tokenizer=packed_run.tokenizer_path, seed=7)
     first = [sample["input_ids"].clone() for sample in ds]
-    copy = pickle.loads(pickle.dumps(ds))
+    copy = copying.deepcopy(ds)
     assert ds._buffers._kept and copy._buffers._kept == []
     copy.set_epoch(0)  # the pass above ended the epoch: back to its start
     assert all(torch.equal(a, b["input_ids"]) for a, b in zip(first, copy, strict=True))
