@@ -51,11 +51,17 @@ def task_encoder(path: Path, concurrent_tasks: int) -> TokenEncoder:
     return TokenEncoder(load_tokenizer(path))
 
 
+def framed(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray:
+    """A document's ids (without special tokens) as int32 with BOS (when configured) and EOS."""
+    parts = [np.asarray(ids).astype(np.int32), np.array([info.eos_id], dtype=np.int32)]
+    if info.bos_id is not None:
+        parts.insert(0, np.array([info.bos_id], dtype=np.int32))
+    return np.concatenate(parts)
+
+
 def encode_documents(encoder: TokenEncoder, texts: list[str], info: TokenizerInfo) -> list[np.ndarray]:
-    """Token ids (int32) of each text with BOS (when configured) and EOS."""
-    prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
-    suffix = np.array([info.eos_id], dtype=np.int32)
-    return [np.concatenate([prefix, ids.astype(np.int32), suffix]) for ids in encoder.encode(texts)]
+    """Token ids of each text, :func:`framed`."""
+    return [framed(ids, info) for ids in encoder.encode(texts)]
 
 
 def document_ids(
@@ -64,21 +70,19 @@ def document_ids(
     info: TokenizerInfo,
     retokenized: Counter[str],
 ) -> list[np.ndarray]:
-    """Token ids (int32) of each document with BOS (when configured) and EOS, as
-    :func:`encode_documents` gives them: the ids curation stored (``metadata["token_ids"]``) where the
-    document's file records ``info``'s tokenizer, else its text encoded (:func:`encode_documents`). Adds
-    to ``retokenized`` the number of documents tokenized again, by reason. ``encoder`` gives the
+    """Token ids of each document, :func:`framed`: the ids curation stored (``metadata["token_ids"]``)
+    where the document's file records ``info``'s tokenizer, else its text encoded
+    (:func:`encode_documents`). Adds to ``retokenized`` the number of documents tokenized again, by
+    reason. ``encoder`` gives the
     tokenizer (:func:`task_encoder`); it is called only when a document is tokenized (loading one
     costs 10-30 ms)."""
-    prefix = np.array([info.bos_id] if info.bos_id is not None else [], dtype=np.int32)
-    suffix = np.array([info.eos_id], dtype=np.int32)
     out: list[np.ndarray | None] = [None] * len(docs)
     to_encode: list[int] = []
     for i, doc in enumerate(docs):
         stored = doc.metadata.get("token_ids")
         recorded = doc.metadata.get(FILE_TOKENIZER)
         if stored is not None and recorded == info.sha256:
-            out[i] = np.concatenate([prefix, np.asarray(stored).astype(np.int32), suffix])
+            out[i] = framed(stored, info)
             continue
         retokenized["no stored ids" if stored is None else "stored ids are of another tokenizer"] += 1
         to_encode.append(i)

@@ -76,21 +76,17 @@ def semaphore_prefix(work: Path) -> str:
     return f"/mp-longctx-{digest}"
 
 
-def remove_semaphores(prefix: str) -> list[str]:
-    """Unlink the named semaphores whose names start with ``prefix`` (a job's: :func:`semaphore_prefix`)
-    that no object of this process still owns; returns their file names. Called before the job's
-    pools start: the semaphores of an earlier run of the job in this process are unlinked by their own
-    finalizers (run by a garbage collection first), so what is left was a killed run's. Nothing to do
-    where semaphores are not files (not Linux)."""
+def remove_semaphores(prefix: str) -> None:
+    """Unlink the named semaphores whose names start with ``prefix`` (a job's: :func:`semaphore_prefix`).
+    Called before the job's pools start, after a garbage collection, so that finished pools of an
+    earlier run of the job in this process have unlinked theirs through their own finalizers: what is
+    left was a killed run's. Nothing to do where semaphores are not files (not Linux)."""
     pattern = f"sem.{prefix.lstrip('/')}-*"
     if not SEMAPHORE_FOLDER.is_dir() or not any(SEMAPHORE_FOLDER.glob(pattern)):
-        return []
+        return
     gc.collect()  # finished pools of this process that are still in reference cycles unlink their own
-    removed = []
     for path in SEMAPHORE_FOLDER.glob(pattern):
         path.unlink(missing_ok=True)
-        removed.append(path.name)
-    return removed
 
 
 def _stop_forkserver() -> None:
