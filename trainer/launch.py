@@ -105,7 +105,10 @@ def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dic
     except ChildFailedError as err:
         recorded = error_file.read_text(encoding="utf-8").strip() if error_file.exists() else ""
         if recorded:
-            print(recorded, file=sys.stderr, flush=True)
+            # ranks stopped by a signal (all but the failed one) may have left their last line unended,
+            # such as rank 0's progress bar: then the error line starts a line of its own
+            cut = any(failure.exitcode < 0 for failure in err.failures.values())
+            print(("\n" if cut else "") + recorded, file=sys.stderr, flush=True)
             return 2
         rank, failure = min(err.failures.items())
         print(f"rank {rank} failed with exit code {failure.exitcode} (its output is above)", file=sys.stderr)

@@ -213,3 +213,34 @@ def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_pa
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert "train.model.rope_scaling: " + message in done.stderr, done.stderr
         assert not (tmp_path / "run").exists()
+
+
+_PARTIAL_LINE_RANK = """
+import os, sys, time
+from longctx.core.errors import ConfigError
+from longctx.trainer.launch import rank_errors
+with rank_errors("train"):
+    if os.environ["RANK"] == "0":
+        sys.stderr.write("train:  4%| 2/50")  # a progress bar's line, not ended yet
+        sys.stderr.flush()
+        time.sleep(120)
+    time.sleep(1)
+    raise ConfigError("rank 1 found a damaged shard")
+"""
+
+
+def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(tmp_path: Path) -> None:
+    """Rank 1 records a user error while rank 0's progress bar line is unended; the agent stops rank 0
+    with a signal, and the launcher's one error line still starts a line of its own."""
+    (tmp_path / "partial_rank.py").write_text(_PARTIAL_LINE_RANK)
+    script = (
+        "import sys; from pathlib import Path; from longctx.trainer.launch import launch; "
+        "sys.exit(launch(2, 'partial_rank', [], Path(sys.argv[1]), env={'PYTHONPATH': sys.argv[2]}))"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "job"), str(tmp_path)],
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "train:  4%| 2/50\n" in done.stderr
+    assert [line for line in done.stderr.splitlines() if "damaged shard" in line] == [
+        "longctx train: rank 1 found a damaged shard"
+    ]
