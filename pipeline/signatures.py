@@ -15,10 +15,12 @@ C-level passes:
    Unicode ``\\w`` test, with the same ``unicodedata``/``re`` tables datatrove uses.
 2. Shingle ``i`` is the byte span from the start of word ``i`` to the end of word ``i + n - 1``; no
    shingle string is built. The spans are hashed with numpy (:mod:`longctx.pipeline.xxhash_np`).
-3. Distinct hashes by sort (numpy >= 2.3's ``np.unique`` is hash-based and much slower here).
-4. :func:`permuted_minima`: exact minima over a first block, then per permutation one screening
+3. :func:`permuted_minima`: exact minima over a first block, then per permutation one screening
    pass of three array operations (multiply, add, argmin) that proves, for all but a handful of
-   values, that they cannot lower the minimum; the handful get datatrove's arithmetic.
+   values, that they cannot lower the minimum; the handful get datatrove's arithmetic. A repeated
+   shingle cannot change a minimum, and in prose repeats are a few percent: screening them costs
+   less than sorting the hashes to drop them (the sort was ~20% of the signatures' CPU on the
+   bench). Only a text that a sample shows to be repetitive (:func:`repetitive`) is sorted first.
 
 A signature is a minimum over shingles, so a long text is processed in pieces of about
 :data:`PIECE_CHARS` characters (cut after whitespace; each piece carries the previous piece's last
@@ -56,8 +58,8 @@ MAX64 = np.iinfo(np.uint64).max
 MAX_INT64, MERSENNE_INT = (1 << 64) - 1, (1 << 61) - 1
 PIECE_CHARS = 1 << 22
 """Characters of a document normalized and hashed at a time."""
-PERM_BLOCK = 1 << 16  # distinct shingles per screening pass (512 KiB of uint64 scratch)
-FIRST_BLOCK = 2048  # distinct shingles whose minima are computed in full, in one 2-D pass
+PERM_BLOCK = 1 << 16  # shingle hashes per screening pass (512 KiB of uint64 scratch)
+FIRST_BLOCK = 2048  # shingle hashes whose minima are computed in full, in one 2-D pass
 
 _SP = 0x20
 _WORD = re.compile(r"\w+")
@@ -329,11 +331,20 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def _reference_minima(unique: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) -> np.ndarray:
+def repetitive(hashes: np.ndarray) -> bool:
+    """Whether a sample of :data:`FIRST_BLOCK` hashes spread over ``hashes`` repeats one in eight of
+    its values or more: a text made of a few lines or phrases over and over (logs, tables), whose
+    distinct hashes are far fewer than its shingles and worth a sort before the permutations. Prose
+    samples show no repeat."""
+    sample = hashes[:: max(1, hashes.size // FIRST_BLOCK)]
+    return distinct(sample).size * 8 < sample.size * 7
+
+
+def _reference_minima(hashes: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) -> np.ndarray:
     """datatrove's arithmetic, literally, in bounded blocks."""
     mins = np.full(a.shape[0], MAX64, U64)
-    for s in range(0, unique.size, 4096):
-        phv = (unique[None, s : s + 4096] * a + b) % MERSENNE
+    for s in range(0, hashes.size, 4096):
+        phv = (hashes[None, s : s + 4096] * a + b) % MERSENNE
         if precision == 32:
             phv &= U64(0xFFFFFFFF)
         np.minimum(mins, phv.min(axis=1), out=mins)
@@ -365,7 +376,7 @@ def _first_block(h: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) ->
     return mins + MERSENNE  # every g wrapped: residue = g + p (mod 2**64)
 
 
-def permuted_minima(unique: np.ndarray, config: MinhashConfig) -> np.ndarray:
+def permuted_minima(hashes: np.ndarray, config: MinhashConfig) -> np.ndarray:
     """Per permutation, ``min over shingles of ((h * a + b) mod 2**64) mod (2**61 - 1)``
     (masked to 32 bits for 32-bit precision), exactly as datatrove computes it.
 
@@ -381,8 +392,8 @@ def permuted_minima(unique: np.ndarray, config: MinhashConfig) -> np.ndarray:
     precision = config.hash_config.precision
     shift = 3 if precision == 64 else 32
     with np.errstate(over="ignore"):
-        mins = _first_block(unique[:FIRST_BLOCK], a, b, precision)
-        rest = unique[FIRST_BLOCK:]
+        mins = _first_block(hashes[:FIRST_BLOCK], a, b, precision)
+        rest = hashes[FIRST_BLOCK:]
         if rest.size == 0:
             return mins
         big_a = [U64(v) for v in (a << U64(shift)).ravel()]
@@ -403,14 +414,20 @@ def permuted_minima(unique: np.ndarray, config: MinhashConfig) -> np.ndarray:
                 np.multiply(h, big_a[j], out=yy)
                 np.add(yy, big_b[j], out=yy)
                 i = int(yy.argmin())
+                seen = -1
                 for _ in range(16):  # candidates one by one, with datatrove's arithmetic
                     if int(yy[i]) >= bound:
                         break
-                    r = (((int(h[i]) * a_int[j] + b_int[j]) & MAX_INT64) % MERSENNE_INT) & mask
-                    if r < best[j]:
-                        best[j] = r
-                        bound = (r + 8) << shift
-                    yy[i] = MAX64
+                    value = int(h[i])
+                    if value == seen:  # a repeat: same hash, same residue; drop all its copies
+                        yy[h == h[i]] = MAX64
+                    else:
+                        r = (((value * a_int[j] + b_int[j]) & MAX_INT64) % MERSENNE_INT) & mask
+                        if r < best[j]:
+                            best[j] = r
+                            bound = (r + 8) << shift
+                        yy[i] = MAX64
+                        seen = value
                     i = int(yy.argmin())
                 else:  # unusually many candidates: all of them at once
                     cand = h[yy < U64(bound)]
@@ -441,7 +458,7 @@ def minhash_minima(text: str, config: MinhashConfig) -> np.ndarray | None:
         buf = carry + b" " + words if carry else words
         hashes = shingle_hashes(buf, config)
         if hashes.size:
-            piece_mins = permuted_minima(distinct(hashes), config)
+            piece_mins = permuted_minima(distinct(hashes) if repetitive(hashes) else hashes, config)
             mins = piece_mins if mins is None else np.minimum(mins, piece_mins)
         del hashes
         carry = _last_words(buf, config.n_grams - 1)

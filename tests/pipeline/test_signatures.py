@@ -25,6 +25,7 @@ from longctx.pipeline.signatures import (
     minhash_signature,
     normalize_for_exact,
     permuted_minima,
+    repetitive,
     shingle_hashes,
 )
 from longctx.pipeline.xxhash_np import span_hashes
@@ -150,7 +151,9 @@ def test_permutations_exact_at_the_mersenne_wrap(precision: int) -> None:
                 x = (hi << 61) | (lo & p)
                 targets.append(((x - bj) * inv) % (1 << 64))
     rand = [rng.getrandbits(64) for _ in range(150_000)]
-    for values in (targets + rand, rand[:3000] + targets, rand[:100] + targets[:50]):
+    repeats = rand[:100_000] + targets * 30  # every special value 30 times, in the screened blocks
+    rng.shuffle(repeats)
+    for values in (repeats, rand[:2100] * 40, targets + rand, rand[:3000] + targets, rand[:100] + targets[:50]):
         unique = distinct(np.array(values, np.uint64))
         with np.errstate(over="ignore"):
             expected = np.full(112, np.iinfo(np.uint64).max, np.uint64)
@@ -160,6 +163,8 @@ def test_permutations_exact_at_the_mersenne_wrap(precision: int) -> None:
                     phv &= np.uint64(0xFFFFFFFF)
                 np.minimum(expected, phv.min(axis=0), out=expected)
         assert permuted_minima(unique, config).tolist() == expected.tolist()
+        # repeats left in (minhash_minima screens them rather than sort them away) change nothing
+        assert permuted_minima(np.array(values, np.uint64), config).tolist() == expected.tolist()
     assert np.min(expected) <= 7 or precision == 32  # the wrap case really occurred
 
 
@@ -241,6 +246,25 @@ def test_signature_equals_datatrove_signature_on_repeated_shingles(sig_dir: Path
     shingles = theirs.get_shingles(text)
     assert np.unique(shingles).size < shingles.size  # repeated shingles were present
     assert ours.get_signature(ours.get_shingles(text)) == theirs.get_signature(shingles)
+
+
+def test_repeated_phrases_in_prose_match_datatrove(sig_dir: Path) -> None:
+    """A phrase repeated all through otherwise distinct prose: too few repeats for the sample to call
+    the text repetitive, so its shingles are screened with their repeats (one of them is the
+    minimum of some permutations, met again and again); a text of a few lines over and over is
+    sorted first. Both against datatrove."""
+    rng = random.Random(3)
+    words = ["".join(rng.choice("abcdefghij") for _ in range(7)) for _ in range(20_000)]
+    for i in sorted(rng.sample(range(len(words)), 400), reverse=True):
+        words[i:i] = ["the", "same", "phrase", "once", "again"]
+    prose = " ".join(words)
+    hashes = all_shingle_hashes(prose, MinhashConfig())
+    assert distinct(hashes).size < hashes.size - 300 and not repetitive(hashes)
+    log = "".join(f"line {chr(97 + i)} of a log that repeats\n" for i in range(12)) * 400
+    assert repetitive(all_shingle_hashes(log, MinhashConfig()))
+    for text in (prose, log):
+        for config in (CONFIGS["64"], CONFIGS["32"]):
+            assert_same(text, config, sig_dir)
 
 
 def test_real_book_matches_datatrove(shared_corpus: Path, sig_dir: Path) -> None:
