@@ -111,6 +111,23 @@ def test_token_ids_round_trip_as_numpy_views(tmp_path: Path) -> None:
     same(list(iter_token_ids(again)))
 
 
+def test_token_ids_are_dictionary_encoded_without_statistics(tmp_path: Path) -> None:
+    """The ids column is dictionary-encoded (a vocabulary is one dictionary page: each id in a few
+    bits before compression) and, like the text, carries no min/max statistics; the small columns
+    keep both. Read through the leaf column of the Parquet footer."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 128_256, size=300_000, dtype=np.uint32)  # a Llama 3 sized vocabulary
+    with DocumentWriter(tmp_path / "books") as writer:
+        writer.write(Document(text="t " * 1000, id="b/0", metadata={"source": "books", "token_count": len(ids), "token_ids": ids}), 0)
+    meta = pq.ParquetFile(tmp_path / "books" / "00000.parquet").metadata.row_group(0)
+    columns = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+    leaf = columns["token_ids.list.element"]
+    assert "RLE_DICTIONARY" in leaf.encodings and leaf.has_dictionary_page and not leaf.is_stats_set
+    assert not columns["text"].has_dictionary_page and not columns["text"].is_stats_set
+    assert columns["id"].has_dictionary_page and columns["id"].is_stats_set
+    assert np.array_equal(next(iter_token_ids(tmp_path / "books" / "00000.parquet")), ids)
+
+
 def test_files_without_the_ids_column_read_as_none(tmp_path: Path) -> None:
     """Files written before ids were stored (no ``token_ids`` column) still read."""
     old = tmp_path / "documents" / "books" / "00000.parquet"
