@@ -21,7 +21,13 @@ printed as median [min-max] of CPU and wall seconds:
 Every child process is timed from outside (``resource.getrusage(RUSAGE_CHILDREN)``, so worker
 processes count), with its CPU affinity set to the cores it is given. Ratios are of medians.
 
-    .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 4] [--one-line-mb 50]
+With several ``--copies`` (e.g. ``--copies 1 4``), every size is measured in the same run and the
+cost of the megabytes between the smallest and the largest is printed too: each contender's seconds
+per extra MB and its fixed cost (the intercept at 0 MB), the marginal throughput of curate + pack
+against the tokenizer's (what a curation of gigabytes runs at) and the size from which it reaches
+0.75x.
+
+    .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4] [--one-line-mb 50]
 """
 
 from __future__ import annotations
@@ -203,11 +209,88 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 # --- report ----------------------------------------------------------------------------------------
 
 
+def prepare_size(corpus: Path, work: Path, copies: int) -> tuple[Path, Path, int, int]:
+    """The input folder for ``copies`` (see :func:`build_input`), the file of the texts its readers
+    produce (Arrow, for the tokenizer and signature children), and their characters and UTF-8 bytes."""
+    input_dir = build_input(corpus, work / f"input{copies}", copies)
+    texts = reader_texts(input_dir, work)
+    texts_file = work / f"texts{copies}.arrow"
+    table = pa.table({"text": pa.array(texts, pa.large_string())})
+    with pa.ipc.new_file(texts_file, table.schema) as writer:
+        writer.write_table(table)
+    return input_dir, texts_file, sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
+
+
+def record(rows: dict[str, dict[str, list[float]]], name: str, cpu: float, wall: float) -> None:
+    """Add one repetition's CPU and wall seconds to ``rows[name]``."""
+    rows.setdefault(name, {"cpu": [], "wall": []})
+    rows[name]["cpu"].append(cpu)
+    rows[name]["wall"].append(wall)
+
+
+def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
+    """The table and ratios of one input size."""
+    print(f"seconds, median [min-max] of {reps}:")
+    print(f"{'':36s}{'CPU':>26s}{'wall':>26s}")
+    for name, v in rows.items():
+        print(f"{name:36s}{fmt(v['cpu']):>26s}{fmt(v['wall']):>26s}")
+    med = {name: {k: statistics.median(x) for k, x in v.items()} for name, v in rows.items()}
+    tok1, tok2 = med["tokenizer, 1 thread on 1 core"], med["tokenizer, 2 cores"]
+    cur2, cur1 = med["curate, 2 task(s) on 2 core(s)"], med["curate, 1 task(s) on 1 core(s)"]
+    sig = med["MinHash + exact hash, 1 core"]
+    print("ratios of medians                                            CPU     wall")
+    print(f"curate (2 tasks, 2 cores) / tokenizer (2 cores)            {cur2['cpu'] / tok2['cpu']:6.2f}  {cur2['wall'] / tok2['wall']:6.2f}")
+    print(f"curate (2 tasks, 2 cores) / tokenizer (1 thread)           {cur2['cpu'] / tok1['cpu']:6.2f}")
+    print(f"  throughput of curate relative to the bare tokenizer (wall, 2 cores): {tok2['wall'] / cur2['wall']:.2f}x")
+    e2e = med["curate + pack, 2 tasks on 2 cores"]
+    print(f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  {e2e['wall'] / tok2['wall']:6.2f}")
+    print(f"  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): {tok2['wall'] / e2e['wall']:.2f}x")
+    print(f"  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the tokenizer's "
+          f"own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x")
+    print(f"scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): {cur1['wall'] / cur2['wall']:.2f}x")
+    print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
+
+
+def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
+                   large: tuple[float, dict[str, dict[str, list[float]]]]) -> None:
+    """What the megabytes between two input sizes cost, each contender against itself: the
+    per-megabyte cost, without the fixed costs (process starts, imports, pools, the code files, the
+    stats figure) that a larger input spreads thinner. A curation of gigabytes runs at the marginal
+    throughput; the fixed cost is the intercept at 0 MB. Each repetition's two sizes ran one after
+    the other, so slopes are taken per repetition (median [min-max])."""
+    (mb1, rows1), (mb2, rows2) = small, large
+
+    def slopes(name: str) -> list[float]:
+        return [(b - a) / (mb2 - mb1) for a, b in zip(rows1[name]["wall"], rows2[name]["wall"])]
+
+    def ratios(num: str, den: str) -> list[float]:
+        return [n / d for n, d in zip(slopes(num), slopes(den))]
+
+    tok2, tok1 = "tokenizer, 2 cores", "tokenizer, 1 thread on 1 core"
+    e2e, cur2, cur1 = "curate + pack, 2 tasks on 2 cores", "curate, 2 task(s) on 2 core(s)", "curate, 1 task(s) on 1 core(s)"
+    print(f"\nmarginal, from {mb1:.1f} MB to {mb2:.1f} MB (wall; per repetition, median [min-max]):")
+    for name in (tok2, e2e):
+        slope = statistics.median(slopes(name))
+        fixed = statistics.median(rows1[name]["wall"]) - slope * mb1
+        print(f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept at 0 MB) {fixed:.2f} s")
+    print(f"  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): {fmt(ratios(tok2, e2e))}x"
+          f"; curate alone {fmt(ratios(tok2, cur2))}x")
+    print(f"  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): {fmt(ratios(cur1, cur2))}x"
+          f"; the tokenizer's own, 1 thread / 2 cores: {fmt(ratios(tok1, tok2))}x")
+    s_tok, s_e2e = statistics.median(slopes(tok2)), statistics.median(slopes(e2e))
+    f_tok = statistics.median(rows1[tok2]["wall"]) - s_tok * mb1
+    f_e2e = statistics.median(rows1[e2e]["wall"]) - s_e2e * mb1
+    if s_tok > 0.75 * s_e2e:  # from this size on, the tokenizer's time is at least 0.75 of curate + pack's
+        print(f"  so curate + pack reaches 0.75x of the tokenizer's throughput from about "
+              f"{max(0.0, (0.75 * f_e2e - f_tok) / (s_tok - 0.75 * s_e2e)):.0f} MB of text")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
-    parser.add_argument("--copies", type=int, default=1,
-                        help="books and papers this many times (copies with shuffled words; see build_input)")
+    parser.add_argument("--copies", type=int, nargs="+", default=[1],
+                        help="books and papers this many times (copies with shuffled words; see build_input); "
+                             "several values measure each size and the marginal cost between the smallest and largest")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--one-line-mb", type=float, default=0, help="also measure peak memory on a one-line book")
@@ -217,6 +300,9 @@ def main() -> int:
         {"tokenize": child_tokenize, "signatures": child_signatures}[args.child[0]](*args.child[1:])
         return 0
     require_corpus(args.corpus, "bench_curate")
+    if min(args.copies) < 1:
+        print("bench_curate: --copies must be at least 1", file=sys.stderr)
+        return 2
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         print("bench_curate: needs at least 2 cores for the scaling measure", file=sys.stderr)
@@ -225,75 +311,60 @@ def main() -> int:
     become_subreaper("bench_curate")
     work = Path(tempfile.mkdtemp(prefix="bench_curate_"))
     try:
-        input_dir = build_input(args.corpus, work / "input", args.copies)
-        texts = reader_texts(input_dir, work)
-        texts_file = work / "texts.arrow"
-        table = pa.table({"text": pa.array(texts, pa.large_string())})
-        with pa.ipc.new_file(texts_file, table.schema) as writer:
-            writer.write_table(table)
-        n_chars, n_bytes = sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
+        sizes = sorted(set(args.copies))
+        inputs = {copies: prepare_size(args.corpus, work, copies) for copies in sizes}
+        texts = pa.ipc.open_file(inputs[sizes[0]][1]).read_all().column("text").to_pylist()
         tokenizer = train_tokenizer(texts, work / "tokenizer.json", args.vocab)
-        del texts, table
+        del texts
 
         py = [sys.executable, __file__, "--child"]
         one_thread = dict(os.environ, TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
-        rows: dict[str, dict[str, list[float]]] = {}
+        rows: dict[int, dict[str, dict[str, list[float]]]] = {copies: {} for copies in sizes}
+        tokens: dict[int, int] = {}
 
-        def record(name: str, cpu: float, wall: float) -> None:
-            rows.setdefault(name, {"cpu": [], "wall": []})
-            rows[name]["cpu"].append(cpu)
-            rows[name]["wall"].append(wall)
+        # interleaved (each repetition runs every contender on every size), so that load from others
+        # hits every contender alike
+        for rep in range(args.reps):
+            for copies in sizes:
+                input_dir, texts_file, _, _ = inputs[copies]
 
-        tokens = 0
-        for rep in range(args.reps):  # interleaved, so that load from others hits every contender alike
-            cpu, wall, out = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread)
-            record("tokenizer, 1 thread on 1 core", cpu, wall)
-            tokens = json.loads(out)["tokens"]
-            cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
-            record("tokenizer, 2 cores", cpu, wall)
-            for tasks, given in ((2, two), (1, one)):
-                output = work / f"out{tasks}"
-                shutil.rmtree(output, ignore_errors=True)
-                config = work / f"curate{tasks}.yaml"
-                config.write_text(yaml.safe_dump(curate_config(input_dir, output, tokenizer, tasks)))
-                cpu, wall, _ = run_child([sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given)
-                record(f"curate, {tasks} task(s) on {len(given)} core(s)", cpu, wall)
-                if tasks == 2:
-                    pcpu, pwall, out = run_child([sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given)
-                    record("pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
-                    record("curate + pack, 2 tasks on 2 cores", cpu + pcpu, wall + pwall)
-                    logs = "".join(p.read_text(errors="replace") for p in (output / "work").rglob("*.log"))
-                    if "re-tokenized" in logs:
-                        print("  warning: pack re-tokenized some documents (see its logs)")
-            _, _, out = run_child(py + ["signatures", str(texts_file)], one)
-            inner = json.loads(out)  # timed inside: without reading the texts and importing
-            record("MinHash + exact hash, 1 core", inner["cpu"], inner["wall"])
+                cpu, wall, out = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread)
+                record(rows[copies], "tokenizer, 1 thread on 1 core", cpu, wall)
+                tokens[copies] = json.loads(out)["tokens"]
+                cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
+                record(rows[copies], "tokenizer, 2 cores", cpu, wall)
+                for tasks, given in ((2, two), (1, one)):
+                    output = work / f"out{tasks}"
+                    shutil.rmtree(output, ignore_errors=True)
+                    config = work / f"curate{tasks}.yaml"
+                    config.write_text(yaml.safe_dump(curate_config(input_dir, output, tokenizer, tasks)))
+                    cpu, wall, _ = run_child([sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given)
+                    record(rows[copies], f"curate, {tasks} task(s) on {len(given)} core(s)", cpu, wall)
+                    if tasks == 2:
+                        pcpu, pwall, out = run_child([sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given)
+                        record(rows[copies], "pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
+                        record(rows[copies], "curate + pack, 2 tasks on 2 cores", cpu + pcpu, wall + pwall)
+                        logs = "".join(p.read_text(errors="replace") for p in (output / "work").rglob("*.log"))
+                        if "re-tokenized" in logs:
+                            print("  warning: pack re-tokenized some documents (see its logs)")
+                _, _, out = run_child(py + ["signatures", str(texts_file)], one)
+                inner = json.loads(out)  # timed inside: without reading the texts and importing
+                record(rows[copies], "MinHash + exact hash, 1 core", inner["cpu"], inner["wall"])
             print(f"  repetition {rep + 1}/{args.reps} done", flush=True)
 
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
-        print(f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of {args.corpus}"
-              f"{f' and {args.copies - 1} shuffled copies of each' if args.copies > 1 else ''}, "
-              f"stdlib code), {tokens / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; load average {' '.join(load)}")
-        print(f"seconds, median [min-max] of {args.reps}:")
-        print(f"{'':36s}{'CPU':>26s}{'wall':>26s}")
-        for name, v in rows.items():
-            print(f"{name:36s}{fmt(v['cpu']):>26s}{fmt(v['wall']):>26s}")
-        med = {name: {k: statistics.median(x) for k, x in v.items()} for name, v in rows.items()}
-        tok1, tok2 = med["tokenizer, 1 thread on 1 core"], med["tokenizer, 2 cores"]
-        cur2, cur1 = med["curate, 2 task(s) on 2 core(s)"], med["curate, 1 task(s) on 1 core(s)"]
-        sig = med["MinHash + exact hash, 1 core"]
-        print("\nratios of medians                                            CPU     wall")
-        print(f"curate (2 tasks, 2 cores) / tokenizer (2 cores)            {cur2['cpu'] / tok2['cpu']:6.2f}  {cur2['wall'] / tok2['wall']:6.2f}")
-        print(f"curate (2 tasks, 2 cores) / tokenizer (1 thread)           {cur2['cpu'] / tok1['cpu']:6.2f}")
-        print(f"  throughput of curate relative to the bare tokenizer (wall, 2 cores): {tok2['wall'] / cur2['wall']:.2f}x")
-        e2e = med["curate + pack, 2 tasks on 2 cores"]
-        print(f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  {e2e['wall'] / tok2['wall']:6.2f}")
-        print(f"  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): {tok2['wall'] / e2e['wall']:.2f}x")
-        print(f"  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the tokenizer's "
-              f"own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x")
-        print(f"scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): {cur1['wall'] / cur2['wall']:.2f}x")
-        print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
+        megabytes: dict[int, float] = {}
+        for copies in sizes:
+            _, _, n_chars, n_bytes = inputs[copies]
+            print(f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of {args.corpus}"
+                  f"{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}, "
+                  f"stdlib code), {tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
+                  f"load average {' '.join(load)}")
+            megabytes[copies] = n_bytes / 1e6
+            print_size(rows[copies], args.reps)
+        if len(sizes) > 1:
+            print_marginal(*((megabytes[c], rows[c]) for c in (sizes[0], sizes[-1])))
         if args.one_line_mb:
             small, big = peak_memory(args.one_line_mb, tokenizer, work)
             print(f"\npeak RSS of curate on a {args.one_line_mb:g} MB one-line book: {big:.0f} MB "

@@ -8,7 +8,7 @@ shows the next stage start; so process start-up (imports, forks) counts in the s
 The two-task run's extra CPU over the one-task run is what keeps two tasks from running twice as
 fast. Medians [min-max] of ``--reps`` interleaved repetitions.
 
-    .venv/bin/python tests/benchmarks/bench_curate_stages.py [--reps 3] [--corpus DIR]
+    .venv/bin/python tests/benchmarks/bench_curate_stages.py [--reps 3] [--corpus DIR] [--copies 4]
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ def run_curate(config: Path, cores: set[int]) -> dict[str, tuple[float, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--copies", type=int, default=1,
+                        help="books and papers this many times, as bench_curate.py --copies builds them")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     require_corpus(args.corpus, "bench_curate_stages")
@@ -108,7 +110,7 @@ def main() -> int:
     become_subreaper("bench_curate_stages")
     work = Path(tempfile.mkdtemp(prefix="bench_stages_"))
     try:
-        input_dir = build_input(args.corpus, work / "input")
+        input_dir = build_input(args.corpus, work / "input", args.copies)
         tokenizer = train_tokenizer(reader_texts(input_dir, work), work / "tokenizer.json", 8192)
         runs: dict[int, list[dict[str, tuple[float, float]]]] = {1: [], 2: []}
         for rep in range(args.reps):
