@@ -6,9 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from longctx.pipeline.readers import gutenberg
 from longctx.pipeline.readers.base import normalize_newlines
-from longctx.pipeline.readers.gutenberg import MAX_FOOTER_CHARS, MAX_HEADER_CHARS, strip_gutenberg
+from longctx.pipeline.readers.gutenberg import MAX_FOOTER_CHARS, MAX_HEADER_CHARS, footer_markers, strip_gutenberg
 
 HEADER = """\
 The Project Gutenberg EBook of The Test Book, by Ann Author
@@ -383,3 +386,24 @@ def test_nothing_left_after_stripping_keeps_the_text():
 def test_usable_markers_are_still_stripped_with_no_unsafe_reason():
     cleaned, info = strip_gutenberg(HEADER + BODY + FOOTER)
     assert cleaned == BODY and info["unsafe"] == ""
+
+
+MARKER_PIECES = [
+    "*** END OF THE PROJECT GUTENBERG EBOOK X ***", "End of Project Gutenberg's X", "end of the project gutenberg",
+    "  \t**END OF THIS PROJECT GUTENBERG", "*** END OF THE PROJECT GUTENBERGS", "END OF THE PROJECT GUTENBERG",
+    "gutenberg", "GuTeNbErG", "Project Gutenberg", "x END OF THE PROJECT GUTENBERG", "İ", "ẞ", "K", "ſ", "é", "\n", " ",
+    "\t", "*", "End of", "the", "words and more words",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(MARKER_PIECES), max_size=40), st.integers(0, 400))
+@example(["İ"] * 30 + ["\n", "End of Project Gutenberg's X", "\n", "words and more words"], 0)
+def test_footer_markers_are_the_patterns_matches(pieces: list[str], start: int) -> None:
+    """The lines tried because they hold "gutenberg" are exactly the pattern's matches over the
+    whole text, from any start (mid-line too), with case variants, markers glued to text, and
+    characters that lowercase to two (the fallback) or that fold to ASCII letters (Kelvin sign, long s)."""
+    text = "".join(pieces)
+    start = min(start, len(text))
+    expected = [m.start() for m in gutenberg._FOOTER_MARKER_RE.finditer(text, start)]
+    assert footer_markers(text, start) == expected
