@@ -49,8 +49,9 @@ _DEF_LINE = re.compile(r"([ \t]*)(?:async[ \t]+)?def[ \t]")
 def blank_function_bodies(source: str) -> str:
     """``source`` with each ``def`` statement (header and body) replaced by ``def _(): pass``.
 
-    A body ends at the first non-blank, non-comment line indented no deeper than its ``def``; strings,
-    brackets and continuation lines are not tracked, so this is a measurement aid, not a parser.
+    A body ends at the first line indented no deeper than its ``def`` that is not blank, a comment or
+    a closing bracket (``) -> int:`` of a long header); strings, brackets and continuation lines are
+    not tracked, so this is a measurement aid, not a parser.
     """
     out: list[str] = []
     lines = source.splitlines(keepends=True)
@@ -66,7 +67,7 @@ def blank_function_bodies(source: str) -> str:
         i += 1
         while i < len(lines):
             stripped = lines[i].lstrip(" \t")
-            if stripped and stripped[0] not in "\r\n#" and len(lines[i]) - len(stripped) <= len(indent):
+            if stripped and stripped[0] not in "\r\n#)]}" and len(lines[i]) - len(stripped) <= len(indent):
                 break
             i += 1
     return "".join(out)
