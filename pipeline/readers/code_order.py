@@ -144,10 +144,10 @@ def python_imports(source: str) -> list[PythonImport]:
     still goes into the document, only without ordering constraints. Nothing is ever executed.
 
     The whole file is parsed, function bodies included, because a syntax error anywhere means no
-    imports; CPython's parser alone costs about 0.6x of ``ast.parse``, the rest is building the tree's
-    objects (``tests/benchmarks/bench_code_order.py``). The cyclic garbage collector is paused while
-    the tree is built: one object per node would set off collections that can free nothing (a tree
-    holds no reference cycles), about a fifth of the parse's CPU.
+    imports; CPython's parser alone costs about 0.55x of ``ast.parse``, the rest is building the
+    tree's objects (``tests/benchmarks/bench_code_order.py``). The cyclic garbage collector is paused
+    while the tree is built: one object per node sets off collections that can free nothing (a tree
+    holds no reference cycles), 5-10% of the parse's CPU.
     """
     try:
         with warnings.catch_warnings(), _gc_paused():

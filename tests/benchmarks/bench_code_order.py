@@ -22,7 +22,8 @@ repetitions, median [min-max] of CPU and wall seconds, ratios of medians against
 tokenizer and pipeline: a full collection scans every live object, so collections cost more there.
 
 The files are the standard-library packages ``bench_curate.py`` uses as code repositories (without
-their ``test``/``tests`` folders), or with ``--all`` every ``.py`` file of the standard library.
+their ``test``/``tests`` folders), or with ``--all`` every ``.py`` file of the standard library
+outside such folders.
 
     .venv/bin/python tests/benchmarks/bench_code_order.py [--reps 5] [--all] [--live-objects N]
 """
@@ -130,7 +131,7 @@ def parse_floor(texts: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--all", action="store_true", help="every .py file of the standard library")
+    parser.add_argument("--all", action="store_true", help="every .py file of the standard library outside test folders")
     parser.add_argument("--live-objects", type=int, default=0, help="small lists kept alive during the run")
     args = parser.parse_args()
     live = [[] for _ in range(args.live_objects)]
