@@ -4,7 +4,8 @@
 returns ``[]`` for a file that does not parse. Any method that returns exactly the same must still
 run CPython's parser over the whole file (an error anywhere, even in a function body, means ``[]``),
 so the parser alone is the floor of an exact method. Measured in one run, ``--reps`` interleaved
-repetitions, median [min-max] of CPU and wall seconds, ratios of medians against ``reference``:
+repetitions (the order reversed every other one), median [min-max] of CPU and wall seconds, ratios
+of medians against ``reference``:
 
 * ``reference``: ``ast.parse`` with the garbage collector left on, then the same walk
   (:func:`load_time_imports`): ``python_imports`` as it was before the collector was paused;
@@ -131,10 +132,10 @@ def parse_floor(texts: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--all", action="store_true", help="every .py file of the standard library outside test folders")
+    parser.add_argument("--all", action="store_true", help="every .py file of the stdlib outside test folders")
     parser.add_argument("--live-objects", type=int, default=0, help="small lists kept alive during the run")
     args = parser.parse_args()
-    live = [[] for _ in range(args.live_objects)]
+    live = [[] for _ in range(args.live_objects)]  # kept until the end of main
     packages = read_packages(args.all)
     texts = [text for files in packages.values() for text in files.values()]
     print(f"{len(texts)} Python files, {sum(map(len, texts)) / 1e6:.1f} MB, {len(packages)} packages; {args.reps} reps")
@@ -148,9 +149,10 @@ def main() -> None:
         "file_deps reference": lambda: dependencies_with_reference(packages),
     }
     samples = {name: Samples() for name in contenders}
-    for _ in range(args.reps):
-        for name, run in contenders.items():
-            samples[name].run(run)
+    for rep in range(args.reps):
+        order = list(contenders) if rep % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            samples[name].run(contenders[name])
     base = samples["reference"]
     for name, sample in samples.items():
         print(

@@ -84,7 +84,8 @@ def _modules(source: str) -> list[str]:
         # blocks that run at load time
         ("class A:\n    import a\n    class B:\n        import b\n", ["a", "b"]),
         ("try:\n    import a\nexcept E:\n    import b\nelse:\n    import c\nfinally:\n    import d\n", list("abcd")),
-        ("with x:\n    import a\nfor i in y:\n    import b\nelse:\n    import c\nwhile z:\n    import d\n", list("abcd")),
+        ("with x:\n    import a\nfor i in y:\n    import b\nelse:\n    import c\n", ["a", "b", "c"]),
+        ("while x:\n    import a\nelse:\n    import b\nasync_ = 1\n", ["a", "b"]),
         ("match x:\n    case 1:\n        import a\n    case _:\n        import b\n", ["a", "b"]),
         ("if x: import a\nclass C: import b\n", ["a", "b"]),
         # blocks that do not
