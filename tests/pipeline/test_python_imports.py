@@ -47,7 +47,8 @@ def _reference(source: str) -> list[PythonImport]:
 def test_same_imports_as_the_reference_over_the_standard_library() -> None:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     paths = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.relative_to(stdlib).parts)
-    assert len(paths) > 1000
+    paths = paths[::3]  # every third file (the test folder's syntax errors among them): ~5 s, not 15
+    assert len(paths) > 400
     compared = with_imports = 0
     for path in paths:
         try:
@@ -58,7 +59,7 @@ def test_same_imports_as_the_reference_over_the_standard_library() -> None:
         assert python_imports(source) == expected, path
         compared += 1
         with_imports += bool(expected)
-    assert compared > 1000 and with_imports > 1000
+    assert compared > 400 and with_imports > 350
 
 
 def _modules(source: str) -> list[str]:
