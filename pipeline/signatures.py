@@ -82,6 +82,7 @@ _WIDE_WS = [
     chr(c).encode("utf-8")
     for c in (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
 ]
+_WIDE_WS_RE = re.compile(b"|".join(map(re.escape, _WIDE_WS)))  # one scan, not one per character
 
 
 class RegexWordTokenizer(WordTokenizer):
@@ -157,10 +158,7 @@ def _spaced(piece: str) -> bytes:
     if piece.isascii():
         data = piece.encode("ascii")
     else:
-        data = unicodedata.normalize("NFKC", piece).encode("utf-8")  # lone surrogates raise
-        for ws in _WIDE_WS:
-            if ws in data:
-                data = data.replace(ws, b" ")
+        data = _WIDE_WS_RE.sub(b" ", unicodedata.normalize("NFKC", piece).encode("utf-8"))  # lone surrogates raise
     return data.translate(_WS_TO_SPACE)
 
 
