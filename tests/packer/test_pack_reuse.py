@@ -178,3 +178,18 @@ def test_encoded_documents_are_the_whole_texts_ids_with_their_specials(tmp_path:
     assert [len(encoder.tokenizer.encode(t).ids) > 100 for t in texts[:3]] == [True] * 3
     assert [a.tolist() for a in got] == [[2, *tokenizer.encode(t, add_special_tokens=False).ids, 1] for t in texts]
     assert all(a.dtype == np.int32 for a in got)
+
+
+@pytest.mark.parametrize("bos", [None, 7])
+def test_framed_ids_are_bos_ids_eos_as_int32(bos: int | None) -> None:
+    """framed against the concatenation it replaces: the ids as astype(int32) gives them (values
+    past int32 wrap), BOS when configured, then EOS; stored uint32 views, lists and empty ids."""
+    from longctx.packer.format import TokenizerInfo
+    from longctx.packer.tokens import framed
+
+    info = TokenizerInfo(sha256="0" * 64, vocab_size=10, eos_id=3, bos_id=bos, pad_id=3)
+    head = [np.array([bos], np.int32)] if bos is not None else []
+    for ids in (np.array([], np.uint32), np.array([1, 2, 2**32 - 1], np.uint32)[1:], [5, 6], np.arange(9)):
+        expected = np.concatenate([*head, np.asarray(ids).astype(np.int32), np.array([3], np.int32)])
+        got = framed(ids, info)
+        assert got.dtype == np.int32 and got.tolist() == expected.tolist()
