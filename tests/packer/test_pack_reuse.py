@@ -64,8 +64,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         if name == "text":
             write_curated(root, texts, tokenizer)
         else:
-            other = "0" * 64 if name == "other_tokenizer" else sha
-            curated_with_ids(root, texts, other, scramble=name != "stored", some_without="some_without" in name)
+            recorded = "0" * 64 if name == "other_tokenizer" else sha
+            without = "some_without" in name
+            curated_with_ids(root, texts, recorded, scramble=name != "stored", some_without=without)
         jobs.pack(make_config(root))
         runs[name] = root
     return runs

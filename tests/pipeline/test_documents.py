@@ -144,7 +144,8 @@ def test_texts_stay_in_the_file_for_documents_with_ids_of_the_callers_tokenizer(
 
     def view(d: Document) -> tuple:
         ids = d.metadata.get("token_ids")
-        return d.id, d.text, {k: v for k, v in d.metadata.items() if k != "token_ids"}, None if ids is None else ids.tolist()
+        meta = {k: v for k, v in d.metadata.items() if k != "token_ids"}
+        return d.id, d.text, meta, None if ids is None else ids.tolist()
 
     reference = list(CuratedDocumentReader(docs, batch_size=5).run())
     reader = CuratedDocumentReader(docs, batch_size=5, ids_of=sha)
@@ -159,5 +160,6 @@ def test_texts_stay_in_the_file_for_documents_with_ids_of_the_callers_tokenizer(
 
     other = list(CuratedDocumentReader(docs, batch_size=5, ids_of="cd" * 64).run())
     assert not any(isinstance(d, StoredTextDocument) for d in other)
-    fresh = next(d for d in CuratedDocumentReader(docs, ids_of=sha).run() if isinstance(d, StoredTextDocument))
+    fresh = next(iter(CuratedDocumentReader(docs, ids_of=sha).run()))
+    assert isinstance(fresh, StoredTextDocument)
     assert copy.deepcopy(fresh).text == dataclasses.replace(fresh, id="x").text == reference[0].text
