@@ -208,7 +208,7 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
         plan.documents,
         pack.batch_size,
         progress=pack.executor.kind == "local",
-        ids_of=plan.headers[0].tokenizer.sha256,  # only the texts of documents pack tokenizes are decoded
+        ids_of=plan.headers[0].tokenizer.sha256,  # only the texts of documents pack tokenizes are read
     )
     steps: list[PipelineStep] = [reader]
     if plan.mix is not None:

@@ -195,7 +195,7 @@ class RankDocumentReader(PipelineStep):
 
 class GroupTexts:
     """The ``text`` column of one row group of a curated file, read from the file when first asked
-    for and then kept (shared by the group's :class:`StoredTextDocument`\ s)."""
+    for and then kept (shared by the group's documents, see :class:`StoredTextDocument`)."""
 
     def __init__(self, folder: DataFolder, path: str, group: int) -> None:
         self.folder, self.path, self.group = folder, path, group
@@ -251,7 +251,7 @@ class CuratedDocumentReader(ParquetReader):
     ``ids_of`` (a tokenizer's fingerprint) is for a caller that uses the stored ids of that tokenizer
     instead of the text (``longctx pack``): in files that record it, a document with ids is a
     :class:`StoredTextDocument`, its text not read from the file unless asked for (reading and
-    decoding the texts costs as much as reading the rest). Its ids being its text's tokens, a document
+    decoding the texts costs about as much as the rest of the file). Its ids being its text's tokens, a document
     with ids has a text (datatrove skips those with none); one with no ids, or empty ones, is read
     with its text. Every other document is read as datatrove reads it.
     """
