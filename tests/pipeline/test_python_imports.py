@@ -1,0 +1,126 @@
+"""``python_imports`` against the function it replaced, over the running interpreter's standard library,
+and against hand-written expectations on hostile sources (strings, continuations, odd whitespace,
+every kind of block, syntax errors, deep nesting, text that is not UTF-8), and the garbage collector
+left as it was found.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import sysconfig
+import warnings
+from pathlib import Path
+
+import pytest
+
+from longctx.pipeline.readers.code_order import PythonImport, python_imports
+
+
+def _reference(source: str) -> list[PythonImport]:
+    """``python_imports`` as it was before the collector was paused (kept verbatim, walk included)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found: list[PythonImport] = []
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            found.extend(PythonImport(alias.name, 0, ()) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.append(PythonImport(node.module or "", node.level, tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.If) and (
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
+            stack.extend(reversed(node.orelse))
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            blocks = (ast.stmt, ast.excepthandler, ast.match_case)
+            stack.extend(reversed([c for c in ast.iter_child_nodes(node) if isinstance(c, blocks)]))
+    return found
+
+
+def test_same_imports_as_the_reference_over_the_standard_library() -> None:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.relative_to(stdlib).parts)
+    paths = paths[::3]  # every third file (the test folder's syntax errors among them): ~5 s, not 15
+    assert len(paths) > 400
+    compared = with_imports = 0
+    for path in paths:
+        try:
+            source = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        expected = _reference(source)
+        assert python_imports(source) == expected, path
+        compared += 1
+        with_imports += bool(expected)
+    assert compared > 400 and with_imports > 350
+
+
+def _modules(source: str) -> list[str]:
+    return [imp.module for imp in python_imports(source)]
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # strings and comments
+        ('"""\nimport in_docstring\n"""\nimport real\n', ["real"]),
+        ("x = 'import a'  # import b\ns = '''\nfrom c import d\n'''\n", []),
+        ('def f():\n    """\nimport at_column_0_in_a_function_docstring\n"""\nimport after\n', ["after"]),
+        ("x = f'{1}' \"import a\"\n", []),
+        # continuations, semicolons, whitespace
+        ("import \\\n    a\nfrom b \\\n  import (c,\n  d)\n", ["a", "b"]),
+        ("x = 1; import a; from b import c\n", ["a", "b"]),
+        ("\fimport a\n\x0cfrom b import c\n", ["a", "b"]),
+        ("if x:\n\timport a\nelse:\n\t\timport b\n", ["a", "b"]),
+        ("import a\r\nif x:\r\n    import b\r\n", ["a", "b"]),
+        ("# -*- coding: latin-1 -*-\nimport a\n", ["a"]),
+        ("\ufeffimport a\n", []),  # a BOM inside a str is a character, and not a valid one
+        # blocks that run at load time
+        ("class A:\n    import a\n    class B:\n        import b\n", ["a", "b"]),
+        ("try:\n    import a\nexcept E:\n    import b\nelse:\n    import c\nfinally:\n    import d\n", list("abcd")),
+        ("with x:\n    import a\nfor i in y:\n    import b\nelse:\n    import c\n", ["a", "b", "c"]),
+        ("while x:\n    import a\nelse:\n    import b\nasync_ = 1\n", ["a", "b"]),
+        ("match x:\n    case 1:\n        import a\n    case _:\n        import b\n", ["a", "b"]),
+        ("if x: import a\nclass C: import b\n", ["a", "b"]),
+        # blocks that do not
+        ("def f():\n    import a\n    class C:\n        import b\nasync def g():\n    import c\n", []),
+        ("class A:\n    def f(self):\n        import a\n    import b\n", ["b"]),
+        ("@dec\ndef f(): import a\nimport b\n", ["b"]),
+        ("if TYPE_CHECKING:\n    import a\nelif x:\n    import b\nelse:\n    import c\n", ["b", "c"]),
+        ("if typing.TYPE_CHECKING:\n    import a\nif not TYPE_CHECKING:\n    import b\n", ["b"]),
+        ("if TYPE_CHECKING and x:\n    import a\n", ["a"]),
+        ("f = lambda: __import__('a')\nimportlib.import_module('b')\n", []),
+        # source that does not parse has no imports, wherever the error is
+        ("import a\ndef f():\n    print 'python 2'\n", []),
+        ("import a\nclass C:\n    def f(self):\n        return (\n", []),
+        ("import a\nif x:\n  import b\n    import c\n", []),
+        ("import a\nx = 1\0\n", []),
+        ("import a\nx = '\udcff'\n", []),  # a lone surrogate: not encodable as UTF-8
+        ("import a\nx = " + "(" * 300 + ")" * 300 + "\n", []),
+        ("import a\nx = " + "-" * 100_000 + "1\n", []),
+        ("import a\nx = a" + ".b" * 100_000 + "\n", []),
+        ("import a\ndef f():\n    x = " + "lambda: " * 100_000 + "0\n", []),
+    ],
+)
+def test_hostile_sources(source: str, expected: list[str]) -> None:
+    assert _modules(source) == expected
+    assert python_imports(source) == _reference(source)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("source", ["import a\n", "def (:\n", "x = " + "-" * 100_000 + "1\n"])
+def test_garbage_collector_left_as_it_was(enabled: bool, source: str) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        python_imports(source)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
