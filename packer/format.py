@@ -20,7 +20,7 @@ import pyarrow as pa
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from longctx.core.atomic import write_bytes
+from longctx.core.atomic import atomic_file
 from longctx.core.errors import LongctxError
 
 FORMAT_NAME = "longctx-packed-windows"
@@ -136,12 +136,11 @@ def write_shard(path: Path, batch: pa.RecordBatch, header: ShardHeader) -> Shard
         raise ValueError(
             f"batch schema does not match the shard schema:\n{batch.schema}\nexpected:\n{schema}"
         )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        writer.write_batch(batch.replace_schema_metadata(schema.metadata))
-    data = sink.getvalue()
-    write_bytes(path, memoryview(data), fsync=True)
-    return ShardFile(file=path.name, rows=batch.num_rows, bytes=data.size, xxh3_128=checksum(data))
+    with atomic_file(path, fsync=True) as f:  # streamed: no copy of the whole shard in memory
+        with pa.ipc.new_stream(f, schema) as writer:
+            writer.write_batch(batch.replace_schema_metadata(schema.metadata))
+        size = f.tell()
+    return ShardFile(file=path.name, rows=batch.num_rows, bytes=size, xxh3_128=file_checksum(path))
 
 
 def check_version(header: Any, origin: str) -> None:

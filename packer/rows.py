@@ -15,6 +15,9 @@ from longctx.packer.binpack import Packing
 from longctx.packer.format import shard_schema
 from longctx.packer.pool import DocumentPool
 
+INT32_INDEX_MAX = np.iinfo(np.int32).max
+"""Pools and windows up to this many tokens are indexed with int32 in :func:`build_rows` (int64 above)."""
+
 
 def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) -> pa.RecordBatch:
     """One row per window of ``packing`` (whose ``doc`` indices refer to ``pool``)."""
@@ -37,11 +40,13 @@ def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) 
     seg_start = np.zeros(len(length), dtype=np.int64)  # in the flat rows * seq_len token array
     np.cumsum(length[:-1], out=seg_start[1:])
     # per token: its position in its segment, and where a document token is in pool.tokens (each a
-    # value repeated over its segment plus the position: few whole-array passes, no per-token gathers)
-    position = np.arange(rows * seq_len, dtype=np.int64)
-    position -= np.repeat(seg_start, length)
+    # value repeated over its segment plus the position: few whole-array passes, no per-token gathers),
+    # as int32 unless a value could exceed it: half the memory to write (and for the OS to provide)
+    index = np.int32 if max(len(pool.tokens), rows * seq_len) <= INT32_INDEX_MAX else np.int64
+    position = np.arange(rows * seq_len, dtype=index)
+    position -= np.repeat(seg_start.astype(index), length)
     doc_token = np.repeat(is_doc, length)
-    src = np.repeat(np.where(is_doc, pool.start[doc] + offset, 0), length)
+    src = np.repeat(np.where(is_doc, pool.start[doc] + offset, 0).astype(index), length)
     src += position
     input_ids = pool.tokens.take(src, mode="clip").astype(np.int32, copy=False)  # clip: padding's src
     input_ids[~doc_token] = pad_id
@@ -66,7 +71,9 @@ def build_rows(pool: DocumentPool, packing: Packing, seq_len: int, pad_id: int) 
     seg_offsets_arr = arrow_array(seg_offsets)
     columns = {
         "input_ids": pa.FixedSizeListArray.from_arrays(arrow_array(input_ids), seq_len),
-        "position_ids": pa.FixedSizeListArray.from_arrays(arrow_array(position.astype(np.int32)), seq_len),
+        "position_ids": pa.FixedSizeListArray.from_arrays(
+            arrow_array(position.astype(np.int32, copy=False)), seq_len
+        ),
         "loss_mask": pa.FixedSizeListArray.from_arrays(arrow_array(loss_mask), seq_len),
         "cu_seqlens": pa.ListArray.from_arrays(arrow_array(cu_offsets), arrow_array(cu_values)),
     } | {name: pa.ListArray.from_arrays(seg_offsets_arr, values) for name, values in segment_lists.items()}

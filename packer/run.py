@@ -204,9 +204,13 @@ def driver_stages(plan: PackPlan, start_method: str) -> frozenset[str]:
 
 def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[Stage]:
     """The job's datatrove stages in order, as ``(name, pipeline, tasks)``, for the lengths of ``plan``."""
-    steps: list[PipelineStep] = [
-        CuratedDocumentReader(plan.documents, pack.batch_size, progress=pack.executor.kind == "local")
-    ]
+    reader = CuratedDocumentReader(
+        plan.documents,
+        pack.batch_size,
+        progress=pack.executor.kind == "local",
+        ids_of=plan.headers[0].tokenizer.sha256,  # only the texts of documents pack tokenizes are read
+    )
+    steps: list[PipelineStep] = [reader]
     if plan.mix is not None:
         steps.append(MixSampler(plan.mix))
     running = concurrent_tasks(pack.executor, pack.executor.tasks)

@@ -42,7 +42,7 @@ from longctx.packer.rows import build_rows
 from longctx.packer.stats import OutputStats
 from longctx.packer.tokens import document_ids, task_encoder
 
-ROW_BUILD_TOKENS = 1 << 23  # rows are built this many tokens at a time (temporaries of ~30 bytes a token)
+ROW_BUILD_TOKENS = 1 << 21  # rows are built this many tokens at a time (temporaries of ~20 bytes a token)
 
 
 def summaries_folder(layout: RunLayout) -> Path:

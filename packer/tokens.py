@@ -52,11 +52,15 @@ def task_encoder(path: Path, concurrent_tasks: int) -> TokenEncoder:
 
 
 def framed(ids: np.ndarray, info: TokenizerInfo) -> np.ndarray:
-    """A document's ids (without special tokens) as int32 with BOS (when configured) and EOS."""
-    parts = [np.asarray(ids).astype(np.int32), np.array([info.eos_id], dtype=np.int32)]
-    if info.bos_id is not None:
-        parts.insert(0, np.array([info.bos_id], dtype=np.int32))
-    return np.concatenate(parts)
+    """A document's ids (without special tokens) as int32 with BOS (when configured) and EOS, written
+    once into the result (no int32 copy to concatenate)."""
+    first = int(info.bos_id is not None)
+    out = np.empty(len(ids) + first + 1, dtype=np.int32)
+    if first:
+        out[0] = info.bos_id
+    out[first:-1] = ids  # the values as astype(np.int32) gives them
+    out[-1] = info.eos_id
+    return out
 
 
 def encode_documents(encoder: TokenEncoder, texts: list[str], info: TokenizerInfo) -> list[np.ndarray]:

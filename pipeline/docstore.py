@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from datatrove.data import Document, DocumentsPipeline
+from datatrove.io import DataFolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.readers import ParquetReader
 from datatrove.pipeline.writers.parquet import ParquetWriter
@@ -197,6 +198,52 @@ class RankDocumentReader(PipelineStep):
                 yield document_from_row(row)
 
 
+class GroupTexts:
+    """The ``text`` column of one row group of a curated file, read from the file when first asked
+    for and then kept (shared by the group's documents, see :class:`StoredTextDocument`)."""
+
+    def __init__(self, folder: DataFolder, path: str, group: int) -> None:
+        self.folder, self.path, self.group = folder, path, group
+        self._column: pa.Array | None = None
+
+    def column(self) -> pa.Array:
+        if self._column is None:
+            with self.folder.open(self.path, "rb") as f, pq.ParquetFile(f) as pqf:
+                self._column = pqf.read_row_group(self.group, columns=["text"]).column(0).combine_chunks()
+        return self._column
+
+
+class StoredTextDocument(Document):
+    """A curated document whose text is read from its file (:class:`GroupTexts`) only when ``text`` is
+    first read, and then kept as any document's. Equality, ``dataclasses.replace`` and copies (pickling
+    included) see the text, as with a :class:`~datatrove.data.Document`."""
+
+    __slots__ = ("_text", "_texts", "_row")
+
+    @classmethod
+    def deferred(cls, document: Document, texts: GroupTexts, row: int) -> StoredTextDocument:
+        """``document`` (its text a placeholder) with its text in row ``row`` of ``texts``."""
+        stored = cls(text="", id=document.id, media=document.media, metadata=document.metadata)
+        stored._text, stored._texts, stored._row = None, texts, row
+        return stored
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self._texts.column()[self._row].as_py()
+            self._texts = None
+        return self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text, self._texts = value, None
+
+    @property
+    def text_read(self) -> bool:
+        """Whether the text has been read (or set)."""
+        return self._text is not None
+
+
 class CuratedDocumentReader(ParquetReader):
     """datatrove's Parquet reader over a curated documents folder (the files of
     :func:`~longctx.pipeline.documents.document_files`, shared among tasks file by file); a document's
@@ -205,11 +252,24 @@ class CuratedDocumentReader(ParquetReader):
     A document with stored ids gets ``metadata["token_ids"]`` (a uint32 numpy view, never a Python
     list), and ``metadata["tokenizer_sha256"]`` (:data:`FILE_TOKENIZER`) names the tokenizer its file records for them (absent
     when the file records none): compare it with your tokenizer's fingerprint before reusing the ids.
+
+    ``ids_of`` (a tokenizer's fingerprint) is for a caller that uses the stored ids of that tokenizer
+    instead of the text (``longctx pack``): in files that record it, a document with ids is a
+    :class:`StoredTextDocument`, its text not read from the file unless asked for (reading and
+    decoding the texts costs about as much as the rest of the file). Its ids being its text's tokens, a document
+    with ids has a text (datatrove skips those with none); one with no ids, or empty ones, is read
+    with its text. Every other document is read as datatrove reads it.
     """
 
     name = "📒 Curated documents"
 
-    def __init__(self, documents: str | os.PathLike, batch_size: int = 1000, progress: bool = False) -> None:
+    def __init__(
+        self,
+        documents: str | os.PathLike,
+        batch_size: int = 1000,
+        progress: bool = False,
+        ids_of: str | None = None,
+    ) -> None:
         super().__init__(
             str(documents),
             glob_pattern=DOCUMENTS_GLOB,
@@ -217,30 +277,62 @@ class CuratedDocumentReader(ParquetReader):
             file_progress=progress,
             doc_progress=progress,
         )
+        self.ids_of = ids_of
 
     def read_file(self, filepath: str):
-        """As datatrove's, with the ``token_ids`` column read as numpy views."""
+        """As datatrove's, with the ``token_ids`` column read as numpy views (and texts left in the
+        file where ``ids_of`` says so)."""
         with self.data_folder.open(filepath, "rb") as f, pq.ParquetFile(f) as pqf:
             sha = (pqf.schema_arrow.metadata or {}).get(TOKENIZER_KEY)
+            recorded = None if sha is None else sha.decode("ascii")
             li = 0
-            for batch in pqf.iter_batches(batch_size=self.batch_size):
-                documents = []
-                with self.track_time("batch"):
-                    ids = [None] * batch.num_rows
-                    if "token_ids" in batch.schema.names:
-                        ids = token_id_views(batch.column("token_ids"))
-                        batch = batch.drop_columns(["token_ids"])
-                    for line, row_ids in zip(batch.to_pylist(), ids):
-                        document = self.get_document_from_dict(line, filepath, li)
-                        if not document:
-                            continue
-                        if row_ids is not None:
-                            document.metadata["token_ids"] = row_ids
-                        if sha is not None:
-                            document.metadata[FILE_TOKENIZER] = sha.decode("ascii")
-                        documents.append(document)
-                        li += 1
-                yield from documents
+            if recorded is None or recorded != self.ids_of or "token_ids" not in pqf.schema_arrow.names:
+                groups = [(None, pqf.iter_batches(batch_size=self.batch_size))]
+            else:
+                others = [name for name in pqf.schema_arrow.names if name != "text"]
+                groups = [
+                    (
+                        GroupTexts(self.data_folder, filepath, g),
+                        pqf.iter_batches(batch_size=self.batch_size, row_groups=[g], columns=others),
+                    )
+                    for g in range(pqf.num_row_groups)
+                ]
+            for texts, batches in groups:
+                first = 0  # the batch's first row in its row group
+                for batch in batches:
+                    documents = []
+                    with self.track_time("batch"):
+                        ids = [None] * batch.num_rows
+                        if "token_ids" in batch.schema.names:
+                            ids = token_id_views(batch.column("token_ids"))
+                            batch = batch.drop_columns(["token_ids"])
+                        for row, (line, row_ids) in enumerate(zip(batch.to_pylist(), ids), first):
+                            deferred = texts is not None and row_ids is not None and len(row_ids) > 0
+                            if deferred:
+                                line["text"] = "-"  # a placeholder that datatrove does not skip
+                            elif texts is not None:
+                                line["text"] = texts.column()[row].as_py()
+                            document = self.get_document_from_dict(line, filepath, li)
+                            if not document:
+                                continue
+                            if deferred:
+                                document = StoredTextDocument.deferred(document, texts, row)
+                            if row_ids is not None:
+                                document.metadata["token_ids"] = row_ids
+                            if recorded is not None:
+                                document.metadata[FILE_TOKENIZER] = recorded
+                            documents.append(document)
+                            li += 1
+                        first += batch.num_rows
+                    yield from documents
+
+    def update_doc_stats(self, document: Document) -> None:
+        """As datatrove's, except that a :class:`StoredTextDocument` whose text was not read adds no
+        ``doc_len`` (its length in characters, unknown without reading it), only ``doc_len_tokens``."""
+        if not isinstance(document, StoredTextDocument) or document.text_read:
+            super().update_doc_stats(document)
+        elif token_count := document.metadata.get("token_count"):
+            self.stat_update("doc_len_tokens", value=token_count, unit="doc")
 
     def get_document_from_dict(self, data: dict, source_file: str, id_in_file: int) -> Document | None:
         document = super().get_document_from_dict(data, source_file, id_in_file)

@@ -19,7 +19,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from longctx.core.preflight import disk_fault
 
@@ -81,9 +81,17 @@ def atomic_path(path: Path, *, fsync: bool = False) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def atomic_file(path: Path, *, fsync: bool = False) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, atomically (:func:`atomic_path`): for a writer that
+    streams its bytes rather than holding them all."""
+    with atomic_path(path, fsync=fsync) as tmp, open(tmp, "wb") as f:
+        yield f
+
+
 def write_bytes(path: Path, data: bytes | memoryview, *, fsync: bool = False) -> None:
     """Write ``data`` to ``path`` atomically."""
-    with atomic_path(path, fsync=fsync) as tmp, open(tmp, "wb") as f:
+    with atomic_file(path, fsync=fsync) as f:
         f.write(data)
 
 

@@ -28,8 +28,11 @@ def shard_bytes(root: Path) -> dict[str, bytes]:
     return {str(f.relative_to(root)): f.read_bytes() for f in files}
 
 
-def curated_with_ids(root: Path, texts: dict[str, list[str]], sha: str, scramble: bool) -> None:
-    """Documents as curation writes them, ids and fingerprint included (ids reversed if ``scramble``)."""
+def curated_with_ids(
+    root: Path, texts: dict[str, list[str]], sha: str, scramble: bool, some_without: bool = False
+) -> None:
+    """Documents as curation writes them, ids and fingerprint included (ids reversed if ``scramble``;
+    every third document without ids if ``some_without``)."""
     from longctx.core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(root / "tokenizer.json")
@@ -41,6 +44,8 @@ def curated_with_ids(root: Path, texts: dict[str, list[str]], sha: str, scramble
                 if scramble:
                     ids = ids[::-1].copy()
                 meta = {"source": source, "token_count": len(ids), "path": f"{source}/doc{i:03d}.txt", "token_ids": ids}
+                if some_without and i % 3 == 1:
+                    del meta["token_ids"]
                 writer.write(Document(text=text, id=f"{source}/doc{i:03d}.txt", metadata=meta), rank=i % 2)
 
 
@@ -52,14 +57,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tokenizer = train_bpe([t for docs in texts.values() for t in docs], 320, tokenizer_json)
     sha = tokenizer_fingerprint(tokenizer_json)
     runs = {}
-    for name in ("text", "stored", "scrambled", "other_tokenizer"):
+    for name in ("text", "stored", "scrambled", "other_tokenizer", "scrambled_some_without"):
         root = base / name
         root.mkdir()
         (root / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
         if name == "text":
             write_curated(root, texts, tokenizer)
         else:
-            curated_with_ids(root, texts, "0" * 64 if name == "other_tokenizer" else sha, scramble=name != "stored")
+            recorded = "0" * 64 if name == "other_tokenizer" else sha
+            without = "some_without" in name
+            curated_with_ids(root, texts, recorded, scramble=name != "stored", some_without=without)
         jobs.pack(make_config(root))
         runs[name] = root
     return runs
@@ -71,6 +78,30 @@ def test_shards_from_stored_ids_are_byte_identical_to_tokenizing(runs: dict[str,
 
 def test_stored_ids_are_what_pack_uses(runs: dict[str, Path]) -> None:
     assert shard_bytes(runs["scrambled"]) != shard_bytes(runs["text"])
+
+
+def test_documents_without_ids_are_tokenized_from_their_text(runs: dict[str, Path]) -> None:
+    """In files that record the run's tokenizer, pack reads texts only for documents without ids (the
+    reader leaves the others' in the file): those must be tokenized from their own text. The ids
+    stored for the other documents are scrambled, so a shard row is the text run's exactly where it
+    holds only documents without ids, and such rows exist."""
+    from longctx.packer.format import open_shard
+
+    def rows(root: Path) -> dict[tuple, list[int]]:
+        found = {}
+        for path in sorted((root / "shards").rglob("*.arrow")):
+            table = open_shard(path)[1].to_pydict()
+            for ids, docs, offsets in zip(table["input_ids"], table["doc_id"], table["doc_offset"]):
+                found[tuple(zip(docs, offsets))] = ids
+        return found
+
+    def without_ids(key: tuple) -> bool:  # ids are "<source>/docNNN.txt"; every third has no stored ids
+        return all(int(doc[-7:-4]) % 3 == 1 for doc, _ in key if doc is not None)
+
+    text, mixed = rows(runs["text"]), rows(runs["scrambled_some_without"])
+    without = {key: ids for key, ids in text.items() if without_ids(key)}
+    assert without and all(mixed[key] == ids for key, ids in without.items())
+    assert shard_bytes(runs["scrambled_some_without"]) != shard_bytes(runs["text"])
 
 
 def test_ids_of_another_tokenizer_are_tokenized_again_and_said(runs: dict[str, Path]) -> None:
@@ -148,3 +179,18 @@ def test_encoded_documents_are_the_whole_texts_ids_with_their_specials(tmp_path:
     assert [len(encoder.tokenizer.encode(t).ids) > 100 for t in texts[:3]] == [True] * 3
     assert [a.tolist() for a in got] == [[2, *tokenizer.encode(t, add_special_tokens=False).ids, 1] for t in texts]
     assert all(a.dtype == np.int32 for a in got)
+
+
+@pytest.mark.parametrize("bos", [None, 7])
+def test_framed_ids_are_bos_ids_eos_as_int32(bos: int | None) -> None:
+    """framed against the concatenation it replaces: the ids as astype(int32) gives them (values
+    past int32 wrap), BOS when configured, then EOS; stored uint32 views, lists and empty ids."""
+    from longctx.packer.format import TokenizerInfo
+    from longctx.packer.tokens import framed
+
+    info = TokenizerInfo(sha256="0" * 64, vocab_size=10, eos_id=3, bos_id=bos, pad_id=3)
+    head = [np.array([bos], np.int32)] if bos is not None else []
+    for ids in (np.array([], np.uint32), np.array([1, 2, 2**32 - 1], np.uint32)[1:], [5, 6], np.arange(9)):
+        expected = np.concatenate([*head, np.asarray(ids).astype(np.int32), np.array([3], np.int32)])
+        got = framed(ids, info)
+        assert got.dtype == np.int32 and got.tolist() == expected.tolist()

@@ -77,6 +77,25 @@ def test_same_rows_give_the_same_bytes(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_rows_indexed_with_int64_are_those_indexed_with_int32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """build_rows indexes tokens with int32 unless a pool or window set is too large for it; the
+    int64 path (forced) gives the same rows."""
+    from longctx.packer import rows
+
+    rng = np.random.default_rng(0)
+    builder = PoolBuilder()
+    for i, n in enumerate(rng.integers(2, 900, size=150)):  # ~70K tokens, more than int16 holds
+        builder.add(f"doc{i}", "books", rng.integers(2, 1000, size=n, dtype=np.int32), 1)
+    pool = builder.build()
+
+    def batch() -> pa.RecordBatch:
+        return build_rows(pool, pack(pool.length, pool.copies, 256, "bfd"), 256, pad_id=1)
+
+    with_int32 = batch()
+    monkeypatch.setattr(rows, "INT32_INDEX_MAX", 0)
+    assert batch().equals(with_int32)
+
+
 @pytest.mark.parametrize("keep", [0.999, 0.5, 0.05, 0.0])
 def test_truncated_shard_is_a_clear_error(shard: Path, keep: float) -> None:
     data = shard.read_bytes()

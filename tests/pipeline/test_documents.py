@@ -135,3 +135,48 @@ def test_files_without_the_ids_column_read_as_none(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["a", "b"], "id": ["1", "2"], "source": ["books"] * 2, "token_count": [1, 1], "metadata": ["{}"] * 2}), old)
     assert list(iter_token_ids(old)) == [None, None] and file_tokenizer(old) is None
     assert [d.metadata.get("token_ids") for d in CuratedDocumentReader(tmp_path / "documents").run()] == [None, None]
+
+
+def test_texts_stay_in_the_file_for_documents_with_ids_of_the_callers_tokenizer(tmp_path: Path) -> None:
+    """With ``ids_of``, a document with (non-empty) ids of that tokenizer is read without its text:
+    a StoredTextDocument whose text is read from the file when asked for. Documents, texts, ids and
+    metadata are those datatrove's way of reading gives (reference: the reader without ``ids_of``),
+    across row groups and batches that do not line up with them; documents with no ids or empty
+    ids are read with their text (an empty text is skipped, as datatrove does)."""
+    import copy
+    import dataclasses
+
+    from longctx.pipeline.docstore import StoredTextDocument
+
+    sha, docs = "ab" * 32, tmp_path / "documents"
+    kinds = ["ids"] * 120 + ["none", "empty", "empty text", "ids", "none"] + ["ids"] * 20
+    with DocumentWriter(docs / "books", tokenizer_sha256=sha) as writer:  # 64 documents a row group
+        for i, kind in enumerate(kinds):
+            text = "" if kind == "empty text" else f"text {i} é " * (i % 7 + 1)
+            meta = {"source": "books", "token_count": i, "k": [i]}
+            if kind != "none":
+                meta["token_ids"] = np.arange(0 if "empty" in kind else i % 5 + 1, dtype=np.uint32)
+            writer.write(Document(text=text, id=f"d{i}", metadata=meta), 0)
+    assert pq.ParquetFile(docs / "books" / "00000.parquet").num_row_groups == 3
+
+    def view(d: Document) -> tuple:
+        ids = d.metadata.get("token_ids")
+        meta = {k: v for k, v in d.metadata.items() if k != "token_ids"}
+        return d.id, d.text, meta, None if ids is None else ids.tolist()
+
+    reference = list(CuratedDocumentReader(docs, batch_size=5).run())
+    reader = CuratedDocumentReader(docs, batch_size=5, ids_of=sha)
+    read = list(reader.run())
+    assert len(read) == len(kinds) - 1  # the empty text is skipped
+    deferred = [isinstance(d, StoredTextDocument) for d in read]
+    assert deferred == [k == "ids" for k in kinds if k != "empty text"]
+    assert not any(d.text_read for d in read if isinstance(d, StoredTextDocument))
+    assert reader.stats["doc_len"].n == deferred.count(False)  # no length of a text not read
+    assert [view(d) for d in read] == [view(d) for d in reference]
+    assert all(d.text_read for d in read if isinstance(d, StoredTextDocument))
+
+    other = list(CuratedDocumentReader(docs, batch_size=5, ids_of="cd" * 64).run())
+    assert not any(isinstance(d, StoredTextDocument) for d in other)
+    fresh = next(iter(CuratedDocumentReader(docs, ids_of=sha).run()))
+    assert isinstance(fresh, StoredTextDocument)
+    assert copy.deepcopy(fresh).text == dataclasses.replace(fresh, id="x").text == reference[0].text
