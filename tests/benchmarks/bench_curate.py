@@ -256,12 +256,15 @@ def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
     """What the megabytes between two input sizes cost, each contender against itself: the
     per-megabyte cost, without the fixed costs (process starts, imports, pools, the code files, the
     stats figure) that a larger input spreads thinner. A curation of gigabytes runs at the marginal
-    throughput; the fixed cost is the intercept at 0 MB. Each repetition's two sizes ran one after
-    the other, so slopes are taken per repetition (median [min-max])."""
+    throughput; the fixed cost is the intercept at 0 MB. Each repetition ran both sizes one after
+    the other, so every figure is computed per repetition and printed as median [min-max]."""
     (mb1, rows1), (mb2, rows2) = small, large
 
     def slopes(name: str) -> list[float]:
         return [(b - a) / (mb2 - mb1) for a, b in zip(rows1[name]["wall"], rows2[name]["wall"])]
+
+    def fixed(name: str) -> list[float]:
+        return [a - s * mb1 for a, s in zip(rows1[name]["wall"], slopes(name))]
 
     def ratios(num: str, den: str) -> list[float]:
         return [n / d for n, d in zip(slopes(num), slopes(den))]
@@ -270,19 +273,18 @@ def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
     e2e, cur2, cur1 = "curate + pack, 2 tasks on 2 cores", "curate, 2 task(s) on 2 core(s)", "curate, 1 task(s) on 1 core(s)"
     print(f"\nmarginal, from {mb1:.1f} MB to {mb2:.1f} MB (wall; per repetition, median [min-max]):")
     for name in (tok2, e2e):
-        slope = statistics.median(slopes(name))
-        fixed = statistics.median(rows1[name]["wall"]) - slope * mb1
-        print(f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept at 0 MB) {fixed:.2f} s")
+        print(f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept at 0 MB) {fmt(fixed(name))} s")
     print(f"  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): {fmt(ratios(tok2, e2e))}x"
           f"; curate alone {fmt(ratios(tok2, cur2))}x")
     print(f"  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): {fmt(ratios(cur1, cur2))}x"
           f"; the tokenizer's own, 1 thread / 2 cores: {fmt(ratios(tok1, tok2))}x")
-    s_tok, s_e2e = statistics.median(slopes(tok2)), statistics.median(slopes(e2e))
-    f_tok = statistics.median(rows1[tok2]["wall"]) - s_tok * mb1
-    f_e2e = statistics.median(rows1[e2e]["wall"]) - s_e2e * mb1
-    if s_tok > 0.75 * s_e2e:  # from this size on, the tokenizer's time is at least 0.75 of curate + pack's
-        print(f"  so curate + pack reaches 0.75x of the tokenizer's throughput from about "
-              f"{max(0.0, (0.75 * f_e2e - f_tok) / (s_tok - 0.75 * s_e2e)):.0f} MB of text")
+    # the size S from which tok(S) >= 0.75 e2e(S), with each repetition's line; none if it never does
+    crossing = [
+        max(0.0, (0.75 * f_e - f_t) / (s_t - 0.75 * s_e)) if s_t > 0.75 * s_e else float("inf")
+        for s_t, s_e, f_t, f_e in zip(slopes(tok2), slopes(e2e), fixed(tok2), fixed(e2e))
+    ]
+    print(f"  input size from which curate + pack reaches 0.75x of the tokenizer's throughput: {fmt(crossing)} MB"
+          " (inf: never, in that repetition)")
 
 
 def main() -> int:
