@@ -1,4 +1,5 @@
-"""``python_imports`` against the function it replaced, over the running interpreter's standard library,
+"""``python_imports`` against an independent reference (every import node of the tree outside functions
+and ``TYPE_CHECKING`` bodies, in source order) over the running interpreter's standard library,
 and against hand-written expectations on hostile sources (strings, continuations, odd whitespace,
 every kind of block, syntax errors, deep nesting, text that is not UTF-8), and the garbage collector
 left as it was found.
@@ -18,29 +19,28 @@ from longctx.pipeline.readers.code_order import PythonImport, python_imports
 
 
 def _reference(source: str) -> list[PythonImport]:
-    """``python_imports`` as it was before the collector was paused (kept verbatim, walk included)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+    """The load-time imports found another way than ``python_imports``'s walk of statement blocks:
+    every import node of the whole tree (``ast.walk``) that is not inside a function or in the body of
+    an ``if TYPE_CHECKING:``, in source order (line, then column)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return []
+    hidden: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            hidden.update(id(inner) for inner in ast.walk(node))
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(node.test, "id", ""), getattr(node.test, "attr", "")):
+            hidden.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    visible = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden]
     found: list[PythonImport] = []
-    stack: list[ast.AST] = [tree]
-    while stack:
-        node = stack.pop()
+    for node in sorted(visible, key=lambda n: (n.lineno, n.col_offset)):
         if isinstance(node, ast.Import):
             found.extend(PythonImport(alias.name, 0, ()) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
+        else:
             found.append(PythonImport(node.module or "", node.level, tuple(a.name for a in node.names)))
-        elif isinstance(node, ast.If) and (
-            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
-        ):
-            stack.extend(reversed(node.orelse))
-        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            blocks = (ast.stmt, ast.excepthandler, ast.match_case)
-            stack.extend(reversed([c for c in ast.iter_child_nodes(node) if isinstance(c, blocks)]))
     return found
 
 
