@@ -77,9 +77,8 @@ def document_ids(
     """Token ids of each document, :func:`framed`: the ids curation stored (``metadata["token_ids"]``)
     where the document's file records ``info``'s tokenizer, else its text encoded
     (:func:`encode_documents`). Adds to ``retokenized`` the number of documents tokenized again, by
-    reason. ``encoder`` gives the
-    tokenizer (:func:`task_encoder`); it is called only when a document is tokenized (loading one
-    costs 10-30 ms)."""
+    reason. ``encoder`` gives the tokenizer (:func:`task_encoder`); it is called only when a document
+    is tokenized (loading one costs 10-30 ms)."""
     out: list[np.ndarray | None] = [None] * len(docs)
     to_encode: list[int] = []
     for i, doc in enumerate(docs):
