@@ -40,9 +40,10 @@ Batch = dict[str, torch.Tensor | int]
 
 CHUNK_TOKENS = 1 << 18
 """Rows are read and built this many tokens at a time (at least one row): by :meth:`PackedDataset.__iter__`
-into the samples it yields, by :class:`~longctx.packer.loader.PackedLoader` into the batches of one
-DataLoader item. At 16K tokens a row costs more in Python and numpy calls than in bytes; built
-together, the calls per row drop to six (:func:`write_batches`)."""
+into the samples it yields, by :class:`~longctx.packer.loader.PackedLoader` without workers into the
+batches of one DataLoader item (workers send larger items:
+:data:`~longctx.packer.loader.TRANSFER_TOKENS`). At 16K tokens a row costs more in Python and numpy
+calls than in bytes; built together, the calls per row drop to six (:func:`write_batches`)."""
 
 
 class Buffers:

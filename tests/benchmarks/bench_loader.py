@@ -42,7 +42,7 @@ printed too (by then each worker has hashed its shards: the per-row cost of a fi
 the workers' start). Repetitions are interleaved (each runs every case once, in turn), so a change
 in the machine's load affects every case alike.
 
-    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 96] [--reps 5] [--passes 4]
+    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 384] [--reps 5] [--passes 4]
 """
 
 from __future__ import annotations
@@ -247,7 +247,9 @@ def fresh_first_passes(folder: Path, workers: int, reps: int) -> tuple[Measured,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
-    parser.add_argument("--rows", type=int, default=96, help="windows at 64K (x 2 at 16K)")
+    parser.add_argument("--rows", type=int, default=384,
+                        help="windows at 64K (x 2 at 16K): 25M tokens, a baseline pass of ~15 ms (with 96, ~5 ms "
+                             "passes were within the machine's noise and flattered the loader)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--passes", type=int, default=4, help="later passes timed per repetition")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

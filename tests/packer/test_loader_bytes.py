@@ -68,8 +68,10 @@ def assert_same(batch: dict[str, object], expected: dict[str, object]) -> None:
 
 @pytest.fixture
 def small_transfers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two windows per worker message, so that a pass reuses every shared-memory slot many times."""
+    """Two windows per DataLoader item, with workers (so that a pass reuses every shared-memory slot
+    many times) and without (so that a pass reuses the item buffers)."""
     monkeypatch.setattr(loader_module, "TRANSFER_TOKENS", 2 * SEQ_LEN)
+    monkeypatch.setattr(loader_module, "CHUNK_TOKENS", 2 * SEQ_LEN)
 
 
 def test_dataset_rows_are_the_arrow_columns(packed_run: PackedRun) -> None:

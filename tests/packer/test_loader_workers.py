@@ -241,6 +241,7 @@ def test_batches_held_across_passes_never_change(
     """Batches kept from a pass left midway stay as they were while later passes reuse the slots (with
     workers) or the item memory the loader keeps from pass to pass (without)."""
     monkeypatch.setattr(loader_module, "TRANSFER_TOKENS", 2 * SEQ_LEN)  # many items per pass
+    monkeypatch.setattr(loader_module, "CHUNK_TOKENS", 2 * SEQ_LEN)  # the same without workers
     extra = {"prefetch_factor": 1} if workers else {}
     loader = PackedLoader(dataset(packed_run), batch_size=1, num_workers=workers, **extra)
     held = list(itertools.islice(loader, 5))  # the batches themselves, views of the slots or buffers
@@ -252,6 +253,37 @@ def test_batches_held_across_passes_never_change(
     for batch, copy in zip(held, kept):
         assert all(torch.equal(batch[k], v) if isinstance(v, torch.Tensor) else batch[k] == v for k, v in copy.items())
     loader.close()
+
+
+def item_sizes(places: list[int]) -> list[int]:
+    """Lengths of the runs of equal values in ``places`` (the item each batch came in, in order)."""
+    return [len(list(run)) for _, run in itertools.groupby(places)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_items_hold_chunk_tokens_without_workers_and_transfer_tokens_from_workers(
+    packed_run: PackedRun, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Batches come in items of ``CHUNK_TOKENS`` built in the training process (they stay in the
+    cache) and of ``TRANSFER_TOKENS`` from workers (each costs the DataLoader's queues), each item one
+    buffer: one storage without workers, one slot with."""
+    monkeypatch.setattr(loader_module, "CHUNK_TOKENS", 2 * SEQ_LEN)
+    monkeypatch.setattr(loader_module, "TRANSFER_TOKENS", 3 * SEQ_LEN)
+    ds = dataset(packed_run)
+    loader = PackedLoader(ds, batch_size=1, num_workers=workers)
+    places = []
+    for batch in loader:  # each batch dropped before the next: the workers always find a free slot
+        if workers:
+            slots = loader._loader.dataset.slots
+            assert in_slots(loader, batch)
+            places.append((batch["input_ids"].data_ptr() - slots.data_ptr()) // slots.shape[1])
+        else:
+            places.append(batch["input_ids"].untyped_storage().data_ptr())
+    loader.close()
+    rows = 3 if workers else 2
+    sizes = item_sizes(places)
+    assert len(places) == len(ds) > 2 * rows
+    assert sizes[:-1] == [rows] * (len(sizes) - 1) and 1 <= sizes[-1] <= rows
 
 
 @pytest.mark.parametrize(
