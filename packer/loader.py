@@ -230,9 +230,10 @@ class PackedLoader:
     With the default ``collate_fn`` (:func:`collate_packed`), the batches of an item (about
     :data:`~longctx.packer.dataset.CHUNK_TOKENS` tokens without workers, :data:`TRANSFER_TOKENS`
     with) are built directly from the shard's columns into one buffer: of the training process
-    without workers, a worker's shared-memory slot with workers (see the module's docstring). Each batch is a view of its own part of that buffer, which is not reused
-    while any batch of it is alive. A custom ``collate_fn`` gets the rows' samples and its batches
-    travel the DataLoader's usual way.
+    without workers, a worker's shared-memory slot with workers (see the module's docstring). Each
+    batch is a view of its own part of that buffer, which is not reused while any batch of it is
+    alive. A custom ``collate_fn`` gets the rows' samples and its batches travel the DataLoader's
+    usual way.
     """
 
     def __init__(
