@@ -256,9 +256,9 @@ class CuratedDocumentReader(ParquetReader):
     ``ids_of`` (a tokenizer's fingerprint) is for a caller that uses the stored ids of that tokenizer
     instead of the text (``longctx pack``): in files that record it, a document with ids is a
     :class:`StoredTextDocument`, its text not read from the file unless asked for (reading and
-    decoding the texts costs about as much as the rest of the file). Its ids being its text's tokens, a document
-    with ids has a text (datatrove skips those with none); one with no ids, or empty ones, is read
-    with its text. Every other document is read as datatrove reads it.
+    decoding the texts costs about as much as the rest of the file). Its ids being its text's tokens,
+    a document with ids has a text (datatrove skips those with none); one with no ids, or empty ones,
+    is read with its text. Every other document is read as datatrove reads it.
     """
 
     name = "📒 Curated documents"

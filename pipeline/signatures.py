@@ -158,7 +158,8 @@ def _spaced(piece: str) -> bytes:
     if piece.isascii():
         data = piece.encode("ascii")
     else:
-        data = _WIDE_WS_RE.sub(b" ", unicodedata.normalize("NFKC", piece).encode("utf-8"))  # lone surrogates raise
+        normalized = unicodedata.normalize("NFKC", piece).encode("utf-8")  # lone surrogates raise
+        data = _WIDE_WS_RE.sub(b" ", normalized)
     return data.translate(_WS_TO_SPACE)
 
 
