@@ -8,7 +8,9 @@ printed as median [min-max] of CPU and wall seconds:
 * ``tokenizer``: ``Tokenizer.encode_batch_fast`` (the fastest call: no offsets, no special tokens)
   over the texts the readers produce, i.e. exactly the text curation tokenizes; once on one thread
   (its CPU time is the work itself: waiting pool threads spin and inflate CPU otherwise) and once on
-  all the cores given;
+  all the cores given; and as two processes of one thread each, each pinned to its own core and
+  given half the texts (split by size, as curation gives its tasks their inputs): curation's two
+  tasks doing nothing but tokenize, the bound for the scaling of two tasks over one;
 * ``curate``: ``longctx curate`` (read, clean, tokenize and store ids, MinHash, exact hash, dedup,
   write, ledger) with 2 tasks on the cores given, and with 1 task on 1 core: the scaling of two tasks
   on two cores over one task on one;
@@ -50,6 +52,9 @@ import yaml
 from benchtools import CORPUS, become_subreaper, fmt, require_corpus
 
 REPO = Path(__file__).resolve().parents[2]
+TOKENIZER_PROCESSES = "tokenizer, 2 processes of 1 thread"
+"""The tokenizer as curation's tasks run it: one process per core, one thread each, half the texts
+each (split by size)."""
 CODE_PACKAGES = ("asyncio", "email", "json", "logging", "multiprocessing", "unittest", "xml", "urllib", "http", "importlib", "sqlite3", "concurrent", "ctypes", "tomllib", "zoneinfo")
 
 
@@ -133,11 +138,25 @@ def train_tokenizer(texts: list[str], path: Path, vocab: int) -> Path:
 # --- children --------------------------------------------------------------------------------------
 
 
-def child_tokenize(texts_file: str, tokenizer: str) -> None:
-    """Child: one timed ``encode_batch_fast`` over the texts (read before timing)."""
+def share_by_size(sizes: list[int], part: int, parts: int) -> list[int]:
+    """The indices that part ``part`` of ``parts`` takes when items go, largest first, to the part
+    with the least so far: a split by size, as curation assigns its inputs to tasks."""
+    loads, mine = [0] * parts, []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = loads.index(min(loads))
+        loads[k] += sizes[i]
+        if k == part:
+            mine.append(i)
+    return sorted(mine)
+
+
+def child_tokenize(texts_file: str, tokenizer: str, part: str = "0", parts: str = "1") -> None:
+    """Child: one ``encode_batch_fast`` over the texts of ``part`` of ``parts`` (:func:`share_by_size`;
+    all of them by default). Prints the tokens."""
     from tokenizers import Tokenizer
 
     texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
+    texts = [texts[i] for i in share_by_size([len(t) for t in texts], int(part), int(parts))]
     tok = Tokenizer.from_file(tokenizer)
     tokens = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     print(json.dumps({"tokens": tokens}))
@@ -161,11 +180,25 @@ def child_signatures(texts_file: str) -> None:
 def run_child(args: list[str], cores: set[int], env: dict | None = None) -> tuple[float, float, str]:
     """CPU (this child and all its descendants, reaped here) and wall seconds of a command on
     ``cores``, and its stdout."""
+    cpu, wall, (out,) = run_children([(args, cores)], env)
+    return cpu, wall, out
+
+
+def run_children(
+    commands: list[tuple[list[str], set[int]]], env: dict | None = None
+) -> tuple[float, float, list[str]]:
+    """Commands started together, each on its own cores: their CPU (with all their descendants,
+    reaped here), the wall seconds until the last one ended, and each one's stdout."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(
-        args, capture_output=True, text=True, env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores)
-    )
+    procs = [
+        subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores),
+        )
+        for args, cores in commands
+    ]
+    outputs = [proc.communicate() for proc in procs]
     while True:  # descendants orphaned on the way (datatrove's forkserver and its workers) came to us
         try:
             os.wait()
@@ -173,10 +206,11 @@ def run_child(args: list[str], cores: set[int], env: dict | None = None) -> tupl
             break
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        sys.exit(f"bench: {' '.join(args[:4])} failed:\n{done.stderr[-3000:]}")
+    for (args, _), proc, (_, err) in zip(commands, procs, outputs):
+        if proc.returncode != 0:
+            sys.exit(f"bench: {' '.join(args[:4])} failed:\n{err[-3000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return cpu, wall, done.stdout
+    return cpu, wall, [out for out, _ in outputs]
 
 
 def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float, float]:
@@ -248,6 +282,10 @@ def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
     print(f"  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the tokenizer's "
           f"own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x")
     print(f"scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): {cur1['wall'] / cur2['wall']:.2f}x")
+    procs = med[TOKENIZER_PROCESSES]["wall"]
+    print(f"  the tokenizer's own, 1 thread on 1 core / 2 processes of 1 thread (curation's tasks without "
+          f"the rest): {tok1['wall'] / procs:.2f}x; / 1 process of 2 threads: "
+          f"{tok1['wall'] / tok2['wall']:.2f}x")
     print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
 
 
@@ -277,7 +315,9 @@ def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
     print(f"  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): {fmt(ratios(tok2, e2e))}x"
           f"; curate alone {fmt(ratios(tok2, cur2))}x")
     print(f"  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): {fmt(ratios(cur1, cur2))}x"
-          f"; the tokenizer's own, 1 thread / 2 cores: {fmt(ratios(tok1, tok2))}x")
+          f"; the tokenizer's own, 1 thread / 2 processes of 1 thread: "
+          f"{fmt(ratios(tok1, TOKENIZER_PROCESSES))}x, "
+          f"1 thread / 1 process of 2 threads: {fmt(ratios(tok1, tok2))}x")
     # the size S from which tok(S) >= 0.75 e2e(S), with each repetition's line; none if it never does
     crossing = [
         max(0.0, (0.75 * f_e - f_t) / (s_t - 0.75 * s_e)) if s_t > 0.75 * s_e else float("inf")
@@ -335,6 +375,14 @@ def main() -> int:
                 tokens[copies] = json.loads(out)["tokens"]
                 cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
                 record(rows[copies], "tokenizer, 2 cores", cpu, wall)
+                halves = [
+                    (py + ["tokenize", str(texts_file), str(tokenizer), str(k), "2"], {core})
+                    for k, core in enumerate(two)
+                ]
+                cpu, wall, outs = run_children(halves, one_thread)
+                if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
+                    sys.exit("bench: the two halves of the texts do not hold all of their tokens")
+                record(rows[copies], TOKENIZER_PROCESSES, cpu, wall)
                 for tasks, given in ((2, two), (1, one)):
                     output = work / f"out{tasks}"
                     shutil.rmtree(output, ignore_errors=True)
