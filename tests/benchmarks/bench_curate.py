@@ -9,7 +9,7 @@ printed as median [min-max] of CPU and wall seconds:
   over the texts the readers produce, i.e. exactly the text curation tokenizes; once on one thread
   (its CPU time is the work itself: waiting pool threads spin and inflate CPU otherwise) and once on
   all the cores given; and as two processes of one thread each, each pinned to its own core and
-  given half the texts (split by size, as curation gives its tasks their inputs): curation's two
+  given half the texts (split by length with curation's own ``assign_by_size``): curation's two
   tasks doing nothing but tokenize, the bound for the scaling of two tasks over one;
 * ``curate``: ``longctx curate`` (read, clean, tokenize and store ids, MinHash, exact hash, dedup,
   write, ledger) with 2 tasks on the cores given, and with 1 task on 1 core: the scaling of two tasks
@@ -54,7 +54,7 @@ from benchtools import CORPUS, become_subreaper, fmt, require_corpus
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_PROCESSES = "tokenizer, 2 processes of 1 thread"
 """The tokenizer as curation's tasks run it: one process per core, one thread each, half the texts
-each (split by size)."""
+each (split by length as curation splits its inputs)."""
 CODE_PACKAGES = ("asyncio", "email", "json", "logging", "multiprocessing", "unittest", "xml", "urllib", "http", "importlib", "sqlite3", "concurrent", "ctypes", "tomllib", "zoneinfo")
 
 
@@ -138,25 +138,17 @@ def train_tokenizer(texts: list[str], path: Path, vocab: int) -> Path:
 # --- children --------------------------------------------------------------------------------------
 
 
-def share_by_size(sizes: list[int], part: int, parts: int) -> list[int]:
-    """The indices that part ``part`` of ``parts`` takes when items go, largest first, to the part
-    with the least so far: a split by size, as curation assigns its inputs to tasks."""
-    loads, mine = [0] * parts, []
-    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
-        k = loads.index(min(loads))
-        loads[k] += sizes[i]
-        if k == part:
-            mine.append(i)
-    return sorted(mine)
-
-
 def child_tokenize(texts_file: str, tokenizer: str, part: str = "0", parts: str = "1") -> None:
-    """Child: one ``encode_batch_fast`` over the texts of ``part`` of ``parts`` (:func:`share_by_size`;
-    all of them by default). Prints the tokens."""
+    """Child: one ``encode_batch_fast`` over the texts of ``part`` of ``parts``, split by length with
+    curation's own split of its inputs among tasks (``assign_by_size``); all of them by default.
+    Prints the tokens."""
     from tokenizers import Tokenizer
 
+    from longctx.pipeline.readers.listing import assign_by_size
+
     texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
-    texts = [texts[i] for i in share_by_size([len(t) for t in texts], int(part), int(parts))]
+    owners = assign_by_size([len(t) for t in texts], int(parts))
+    texts = [text for text, owner in zip(texts, owners) if owner == int(part)]
     tok = Tokenizer.from_file(tokenizer)
     tokens = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     print(json.dumps({"tokens": tokens}))
