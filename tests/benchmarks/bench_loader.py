@@ -248,8 +248,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
     parser.add_argument("--rows", type=int, default=384,
-                        help="windows at 64K (x 2 at 16K): 25M tokens, a baseline pass of ~15 ms (with 96, ~5 ms "
-                             "passes were within the machine's noise and flattered the loader)")
+                        help="windows at 64K (x 2 at 16K): 25M tokens, a baseline pass of ~15 ms (with 96, "
+                             "~5 ms passes were within the machine's noise and flattered the loader)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--passes", type=int, default=4, help="later passes timed per repetition")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

@@ -320,10 +320,12 @@ def bench_loading(args: argparse.Namespace, scratch: Path) -> None:
             out = scratch / f"load_{mode}"
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir()
-            # the agent's logs in the scratch folder: by default torchrun leaves a torchelastic_* folder in /tmp
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                            "--log-dir", str(scratch / "torchrun_logs"), __file__, "--load-worker", mode, str(checkpoint),
-                            str(out)], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # the agent's logs in the scratch folder: by default torchrun leaves a torchelastic_* folder
+            # in /tmp
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                        "4", "--log-dir", str(scratch / "torchrun_logs")]
+            subprocess.run(torchrun + [__file__, "--load-worker", mode, str(checkpoint), str(out)],
+                           check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             results[mode].append([json.loads((out / f"{mode}_rank{r}.json").read_text()) for r in range(4)])
     print(f"\n== loading a {params / 1e6:.1f}M-parameter checkpoint ({size_mib:.0f} MiB, float32) into 4 gloo ranks; "
           f"{args.load_repeats} repetition(s), median (min-max) over ranks and repetitions; MiB above the resident "

@@ -32,9 +32,13 @@ def _reference(source: str) -> list[PythonImport]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             hidden.update(id(inner) for inner in ast.walk(node))
-        elif isinstance(node, ast.If) and "TYPE_CHECKING" in (getattr(node.test, "id", ""), getattr(node.test, "attr", "")):
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" in (
+            getattr(node.test, "id", ""),
+            getattr(node.test, "attr", ""),
+        ):
             hidden.update(id(inner) for statement in node.body for inner in ast.walk(statement))
-    visible = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in hidden]
+    imports = (ast.Import, ast.ImportFrom)
+    visible = [n for n in ast.walk(tree) if isinstance(n, imports) and id(n) not in hidden]
     found: list[PythonImport] = []
     for node in sorted(visible, key=lambda n: (n.lineno, n.col_offset)):
         if isinstance(node, ast.Import):
