@@ -138,17 +138,11 @@ def train_tokenizer(texts: list[str], path: Path, vocab: int) -> Path:
 # --- children --------------------------------------------------------------------------------------
 
 
-def child_tokenize(texts_file: str, tokenizer: str, part: str = "0", parts: str = "1") -> None:
-    """Child: one ``encode_batch_fast`` over the texts of ``part`` of ``parts``, split by length with
-    curation's own split of its inputs among tasks (``assign_by_size``); all of them by default.
-    Prints the tokens."""
+def child_tokenize(texts_file: str, tokenizer: str) -> None:
+    """Child: one ``encode_batch_fast`` over the texts (read before tokenizing). Prints the tokens."""
     from tokenizers import Tokenizer
 
-    from longctx.pipeline.readers.listing import assign_by_size
-
     texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
-    owners = assign_by_size([len(t) for t in texts], int(parts))
-    texts = [text for text, owner in zip(texts, owners) if owner == int(part)]
     tok = Tokenizer.from_file(tokenizer)
     tokens = sum(len(e.ids) for e in tok.encode_batch_fast(texts, add_special_tokens=False))
     print(json.dumps({"tokens": tokens}))
@@ -235,16 +229,30 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 # --- report ----------------------------------------------------------------------------------------
 
 
-def prepare_size(corpus: Path, work: Path, copies: int) -> tuple[Path, Path, int, int]:
+def write_texts(texts: list[str], path: Path) -> Path:
+    """``texts`` as an Arrow file of one column, ``text``, for the tokenizer and signature children."""
+    table = pa.table({"text": pa.array(texts, pa.large_string())})
+    with pa.ipc.new_file(path, table.schema) as writer:
+        writer.write_table(table)
+    return path
+
+
+def prepare_size(corpus: Path, work: Path, copies: int) -> tuple[Path, Path, list[Path], int, int]:
     """The input folder for ``copies`` (see :func:`build_input`), the file of the texts its readers
-    produce (Arrow, for the tokenizer and signature children), and their characters and UTF-8 bytes."""
+    produce, that file in two halves (split by length with curation's own split of its inputs among
+    tasks, ``assign_by_size``; made here so that the timed children import nothing for it), and the
+    texts' characters and UTF-8 bytes."""
+    from longctx.pipeline.readers.listing import assign_by_size
+
     input_dir = build_input(corpus, work / f"input{copies}", copies)
     texts = reader_texts(input_dir, work)
-    texts_file = work / f"texts{copies}.arrow"
-    table = pa.table({"text": pa.array(texts, pa.large_string())})
-    with pa.ipc.new_file(texts_file, table.schema) as writer:
-        writer.write_table(table)
-    return input_dir, texts_file, sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
+    texts_file = write_texts(texts, work / f"texts{copies}.arrow")
+    owners = assign_by_size([len(t) for t in texts], 2)
+    halves = [
+        write_texts([t for t, o in zip(texts, owners) if o == k], work / f"texts{copies}_half{k}.arrow")
+        for k in range(2)
+    ]
+    return input_dir, texts_file, halves, sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
 
 
 def record(rows: dict[str, dict[str, list[float]]], name: str, cpu: float, wall: float) -> None:
@@ -360,18 +368,15 @@ def main() -> int:
         # hits every contender alike
         for rep in range(args.reps):
             for copies in sizes:
-                input_dir, texts_file, _, _ = inputs[copies]
+                input_dir, texts_file, halves, _, _ = inputs[copies]
 
                 cpu, wall, out = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread)
                 record(rows[copies], "tokenizer, 1 thread on 1 core", cpu, wall)
                 tokens[copies] = json.loads(out)["tokens"]
                 cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
                 record(rows[copies], "tokenizer, 2 cores", cpu, wall)
-                halves = [
-                    (py + ["tokenize", str(texts_file), str(tokenizer), str(k), "2"], {core})
-                    for k, core in enumerate(two)
-                ]
-                cpu, wall, outs = run_children(halves, one_thread)
+                pinned = [(py + ["tokenize", str(h), str(tokenizer)], {core}) for h, core in zip(halves, two)]
+                cpu, wall, outs = run_children(pinned, one_thread)
                 if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
                     sys.exit("bench: the two halves of the texts do not hold all of their tokens")
                 record(rows[copies], TOKENIZER_PROCESSES, cpu, wall)
@@ -398,7 +403,7 @@ def main() -> int:
             load = f.read().split()[:3]
         megabytes: dict[int, float] = {}
         for copies in sizes:
-            _, _, n_chars, n_bytes = inputs[copies]
+            _, _, _, n_chars, n_bytes = inputs[copies]
             print(f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of {args.corpus}"
                   f"{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}, "
                   f"stdlib code), {tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
