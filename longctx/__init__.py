@@ -7,7 +7,7 @@ ground floor ``longctx.core``. This package itself (the roof) holds the ``longct
 run from it (``longctx.jobs``) and the demo (``longctx.demo``). Importing it imports none of them.
 """
 
-# In a checkout, the folder ``longctx/`` holds the roof only (the parts' folders sit beside it). When
+# In a checkout, the folder ``longctx/`` holds the roof only (the other layers' folders sit beside it). When
 # Python is started there with longctx installed (not editable), that folder is found first; extending
 # the package path with every other ``longctx`` folder on sys.path lets ``longctx.packer`` and the
 # other parts resolve to the installed package all the same.

@@ -68,7 +68,7 @@ from longctx.core.atomic import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = ("exactness", "speed", "training", "longest", "memory")
-SOURCE_FOLDERS = {"longctx.trainer": "trainer", "longctx.packer": "packer", "longctx.core": "longctx/core"}
+SOURCE_FOLDERS = {"longctx.trainer": "trainer", "longctx.packer": "packer", "longctx.core": "core"}
 
 
 @dataclass(frozen=True)

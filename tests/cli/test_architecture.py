@@ -1,11 +1,12 @@
 """The house stays as built: imports only go down the layers and never in a circle.
 
 Layers, lowest first: ``longctx.core`` (the ground floor), ``longctx.pipeline``, ``longctx.packer``,
-``longctx.trainer``, and the roof (``longctx`` itself and every module of it outside ``core``: the
-CLI, the root config, the demo). A module may import its own layer and the layers below it, never a
+``longctx.trainer``, and the roof (``longctx`` itself: the CLI, the root config, the jobs, the demo).
+Each layer is one top-level folder of the checkout (``core/``, ``pipeline/``, ``packer/``,
+``trainer/``, ``longctx/``). A module may import its own layer and the layers below it, never a
 higher one; nothing imports the roof; no module imports another in a circle; and nothing imports the
-old top-level names ``pipeline``, ``packer`` or ``trainer``. Every import counts: module level,
-inside functions, under ``TYPE_CHECKING``, relative ones resolved.
+bare folder names ``core``, ``pipeline``, ``packer`` or ``trainer``. Every import counts: module
+level, inside functions, under ``TYPE_CHECKING``, relative ones resolved.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ REPO = Path(__file__).resolve().parents[2]
 # installed package -> folder of the checkout (pyproject.toml's package-dir)
 PACKAGE_DIRS = {
     "longctx": REPO / "longctx",
+    "longctx.core": REPO / "core",
     "longctx.pipeline": REPO / "pipeline",
     "longctx.packer": REPO / "packer",
     "longctx.trainer": REPO / "trainer",
 }
 LAYERS = {"longctx.core": 0, "longctx.pipeline": 1, "longctx.packer": 2, "longctx.trainer": 3}
 ROOF = 4
-OLD_NAMES = ("pipeline", "packer", "trainer")
+OLD_NAMES = ("core", "pipeline", "packer", "trainer")
 
 
 def discover_modules() -> dict[str, Path]:
@@ -167,6 +169,19 @@ def test_every_part_folder_is_mapped() -> None:
         "longctx.trainer.train",
     } <= set(modules)
     assert "longctx.cli" in modules
+
+
+def test_each_top_level_folder_is_one_layer() -> None:
+    """The roof's folder holds no lower layer, and every layer's folder sits at the top, in the
+    layer order a reader meets them."""
+    roof_packages = {p.parent.name for p in (REPO / "longctx").rglob("__init__.py")}
+    assert roof_packages <= {"longctx", "commands"}, roof_packages
+    for package, folder in PACKAGE_DIRS.items():
+        assert folder.parent == REPO and (folder / "__init__.py").is_file(), package
+    for module in discover_modules():
+        folder = module.split(".")[1] if module.count(".") else ""
+        expected = layer_of(module)
+        assert (folder in {"core", "pipeline", "packer", "trainer"}) == (expected != ROOF), module
 
 
 def test_no_import_goes_up_a_layer_or_into_the_roof() -> None:

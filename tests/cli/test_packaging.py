@@ -132,9 +132,9 @@ def test_wheel_installs_only_longctx(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(target)}
     probe = (
         "import importlib.util, json\n"
-        "import longctx.core.errors, longctx.packer, longctx.pipeline, longctx.trainer\n"
-        "parts = [m.__file__ for m in (longctx.packer, longctx.pipeline, longctx.trainer)]\n"
-        "generic = [n for n in ('pipeline', 'packer', 'trainer') if importlib.util.find_spec(n)]\n"
+        "import longctx.core, longctx.core.errors, longctx.packer, longctx.pipeline, longctx.trainer\n"
+        "parts = [m.__file__ for m in (longctx.core, longctx.packer, longctx.pipeline, longctx.trainer)]\n"
+        "generic = [n for n in ('core', 'pipeline', 'packer', 'trainer') if importlib.util.find_spec(n)]\n"
         "import importlib.resources\n"
         "demo = importlib.resources.files('longctx') / 'configs' / 'demo.yaml'\n"  # what `longctx demo` reads
         "print(json.dumps({'parts': parts, 'generic': generic, 'demo': str(demo), 'demo_text': demo.read_text()}))\n"
