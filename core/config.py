@@ -91,7 +91,7 @@ class ContextConfig(StrictModel):
     target: int = Field(gt=0, description="context length to extend to")
 
     @model_validator(mode="after")
-    def _target_above_original(self) -> "ContextConfig":
+    def _target_above_original(self) -> ContextConfig:
         if self.target < self.original:
             raise ValueError(f"target ({self.target}) must be at least original ({self.original})")
         return self
@@ -153,7 +153,7 @@ class ExecutorConfig(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _slurm_needs_settings(self) -> "ExecutorConfig":
+    def _slurm_needs_settings(self) -> ExecutorConfig:
         if self.kind == "slurm" and self.slurm is None:
             raise ValueError("kind: slurm needs a 'slurm' section (at least 'partition')")
         return self

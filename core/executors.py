@@ -27,7 +27,12 @@ from datatrove.utils._import_utils import check_required_dependencies
 
 from longctx.core.config import ExecutorConfig
 from longctx.core.errors import LongctxError
-from longctx.core.lifetime import children_die_with_this_process, die_with_parent, process_exists, sigterm_exits
+from longctx.core.lifetime import (
+    children_die_with_this_process,
+    die_with_parent,
+    process_exists,
+    sigterm_exits,
+)
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
 from longctx.core.workers import job_processes, start_forkserver
@@ -179,9 +184,12 @@ def make_executor(
     """One datatrove executor for one stage, run after ``depends``. Completed tasks are recorded in
     ``logging_dir`` and skipped when the stage runs again. ``start_method``: how the local
     executor's pool starts its workers (see :func:`run_stages`)."""
-    common: dict[str, Any] = dict(
-        pipeline=pipeline, tasks=tasks, logging_dir=str(logging_dir), depends=depends
-    )
+    common: dict[str, Any] = {
+        "pipeline": pipeline,
+        "tasks": tasks,
+        "logging_dir": str(logging_dir),
+        "depends": depends,
+    }
     if cfg.kind == "slurm":
         assert cfg.slurm is not None  # the config validator guarantees it
         return SlurmPipelineExecutor(
@@ -196,7 +204,9 @@ def make_executor(
         )
     executor: ReportedLocalExecutor | ReportedRayExecutor
     if cfg.kind == "local":
-        executor = ReportedLocalExecutor(workers=concurrent_tasks(cfg, tasks), start_method=start_method, **common)
+        executor = ReportedLocalExecutor(
+            workers=concurrent_tasks(cfg, tasks), start_method=start_method, **common
+        )
     else:
         executor = ReportedRayExecutor(workers=tasks if cfg.workers == -1 else cfg.workers, **common)
     executor.report = report
@@ -204,8 +214,13 @@ def make_executor(
 
 
 def run_stages(
-    cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str, verbose: bool = False,
-    start_method: str = "forkserver", in_driver: Collection[str] = (),
+    cfg: ExecutorConfig,
+    stages: list[Stage],
+    work: Path,
+    job: str,
+    verbose: bool = False,
+    start_method: str = "forkserver",
+    in_driver: Collection[str] = (),
 ) -> bool:
     """Run a job's stages in order; True when they ran here, False when submitted to Slurm.
 

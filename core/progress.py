@@ -55,7 +55,9 @@ def task_progress(label: str, completions: Path, total: int, interval: float = 1
             now = count()
             if now != last:
                 with _print_lock:
-                    print(f"  {label}: {now}/{total} tasks done ({time.monotonic() - start:.0f} s)", flush=True)
+                    print(
+                        f"  {label}: {now}/{total} tasks done ({time.monotonic() - start:.0f} s)", flush=True
+                    )
                 last = now
 
     thread = threading.Thread(target=watch, daemon=True)

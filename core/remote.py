@@ -284,5 +284,3 @@ def fetch_files(
         if last is not None:
             write_bytes(dest / last[0], last[1])
     return dest
-
-

@@ -133,7 +133,9 @@ def _template_specials(tokenizer: Tokenizer) -> tuple[str | None, str | None]:
         processor = json.loads(tokenizer.to_str()).get("post_processor") or {}
     except ValueError:
         return None, None
-    processors = processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    processors = (
+        processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    )
     for proc in processors:
         if proc.get("type") != "TemplateProcessing":
             continue
@@ -161,9 +163,10 @@ def document_specials(
     the file, else the token the tokenizer's post-processor appends, else the first of
     :data:`CONVENTIONAL_EOS` among its special tokens. BOS is used when ``add_bos`` (or, when it is
     None: ``bos`` is given, or the config's ``add_bos_token``; without that key, whether the
-    post-processor prepends a token) says so: ``bos``, else the config's ``bos_token``, else the post-processor's first token.
-    PAD is ``pad``, else the config's ``pad_token``, else None (the EOS pads). Each chosen token must
-    be in the vocabulary: a :class:`ConfigError` naming ``{key}.eos_token`` (etc.) otherwise.
+    post-processor prepends a token) says so: ``bos``, else the config's ``bos_token``, else the
+    post-processor's first token. PAD is ``pad``, else the config's ``pad_token``, else None (the EOS pads).
+    Each chosen token must be in the vocabulary: a :class:`ConfigError` naming ``{key}.eos_token`` (etc.)
+    otherwise.
     ``tokenizer``: the one at ``tokenizer_path`` when the caller has it loaded already.
     """
     path = Path(tokenizer_path)
@@ -187,7 +190,9 @@ def document_specials(
                 f"{key}.eos_token to one of its special tokens: {', '.join(sorted(specials)) or '(none)'}"
             )
     if add_bos is None:  # an explicit BOS token is used; else what the tokenizer says
-        add_bos = bos is not None or (bool(config["add_bos_token"]) if "add_bos_token" in config else lead is not None)
+        add_bos = bos is not None or (
+            bool(config["add_bos_token"]) if "add_bos_token" in config else lead is not None
+        )
     if add_bos and bos is None:
         bos = _token_content(config.get("bos_token")) or lead
         if bos is None:
@@ -211,9 +216,12 @@ def document_specials(
         return found
 
     return SpecialTokens(
-        eos=eos, eos_id=token_id(eos, "eos_token"),  # type: ignore[arg-type]
-        bos=bos, bos_id=token_id(bos, "bos_token"),
-        pad=pad, pad_id=token_id(pad, "pad_token"),
+        eos=eos,
+        eos_id=token_id(eos, "eos_token"),  # type: ignore[arg-type]
+        bos=bos,
+        bos_id=token_id(bos, "bos_token"),
+        pad=pad,
+        pad_id=token_id(pad, "pad_token"),
         origin=origin,
     )
 

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    for name, module_name in COMMANDS.items():
+    for _name, module_name in COMMANDS.items():
         importlib.import_module(module_name).add_parser(subparsers)
     return parser
 

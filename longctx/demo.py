@@ -111,9 +111,15 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
     summary = {
         "curation": curated,
         "packing": {
-            n: {"rows": m.rows, "tokens": m.tokens, "padding": m.padding, "efficiency": m.efficiency,
-                "max_position": m.max_position, "long_fraction": m.long_fraction,
-                "tokens_per_source": {s: v.tokens for s, v in m.sources.items()}}
+            n: {
+                "rows": m.rows,
+                "tokens": m.tokens,
+                "padding": m.padding,
+                "efficiency": m.efficiency,
+                "max_position": m.max_position,
+                "long_fraction": m.long_fraction,
+                "tokens_per_source": {s: v.tokens for s, v in m.sources.items()},
+            }
             for n, m in manifests.items()
         },
         "losses": [r["loss"] for r in records],
@@ -142,14 +148,16 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
     for n, p in s["packing"].items():
         per_source = ", ".join(f"{k} {v:,}" for k, v in p["tokens_per_source"].items())
         lines.append(
-            f"windows of {n}: {p['rows']} rows, {p['tokens']:,} tokens ({per_source}); padding {p['padding']:,} "
-            f"({1 - p['efficiency']:.2%}); largest position {p['max_position']}; "
+            f"windows of {n}: {p['rows']} rows, {p['tokens']:,} tokens ({per_source}); padding "
+            f"{p['padding']:,} ({1 - p['efficiency']:.2%}); largest position {p['max_position']}; "
             f"{p['long_fraction']:.1%} of tokens at positions >= {cfg.context.original}"
         )
     losses = s["losses"]
     if losses:
-        lines.append(f"\ntraining loss {losses[0]:.3f} -> {losses[-1]:.3f}  {sparkline(losses)}  "
-                     f"(largest trained position {s['trained_max_position']})")
+        lines.append(
+            f"\ntraining loss {losses[0]:.3f} -> {losses[-1]:.3f}  {sparkline(losses)}  "
+            f"(largest trained position {s['trained_max_position']})"
+        )
     if s["needle_accuracy"] is not None:
         accuracy = ", ".join(f"{label} {a:.0%}" for label, a in s["needle_accuracy"].items())
         lines.append(f"needle retrieval accuracy: {accuracy} (a tiny model after a few steps: expect 0)")

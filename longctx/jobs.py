@@ -33,7 +33,11 @@ def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
     pack = cfg.pack or PackConfig()
     specials = {"eos": pack.eos_token, "bos": pack.bos_token, "pad": pack.pad_token}
     return run_curation(
-        cfg.curate, context=cfg.context, tokenizer=cfg.tokenizer, output=cfg.output, specials=specials,
+        cfg.curate,
+        context=cfg.context,
+        tokenizer=cfg.tokenizer,
+        output=cfg.output,
+        specials=specials,
         verbose=verbose,
     )
 

@@ -12,7 +12,6 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from longctx.core.config import ExecutorConfig, StrictModel
-from longctx.core.tokenizer import EOS_TOKEN
 
 
 def is_source_name(name: str) -> bool:

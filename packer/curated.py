@@ -30,7 +30,9 @@ from longctx.pipeline.documents import document_files
 from longctx.pipeline.publish import CURATION_MANIFEST, CurationManifest, file_xxh3, parse_curation_manifest
 
 
-def read_curation(location: str, storage_options: Mapping[str, Any] | None = None) -> tuple[bytes, CurationManifest]:
+def read_curation(
+    location: str, storage_options: Mapping[str, Any] | None = None
+) -> tuple[bytes, CurationManifest]:
     """The bytes and contents of the ``curation.json`` published at ``location`` (a URL or a folder);
     a one-line :class:`~longctx.core.remote.RemoteError` naming it when there is none."""
     if remote.is_remote(location):
@@ -73,7 +75,10 @@ def adopt_tokenizer(source: RunLayout, layout: RunLayout) -> None:
     """Make the tokenizer files of the curated run ``source`` the run's (atomic copies; nothing to do
     when ``source`` is the run itself or the files are already there, checked by
     :func:`curated_source`). Called once the pack run is accepted, so a refused run writes nothing."""
-    for found, target in ((source.tokenizer, layout.tokenizer), (source.tokenizer_config, layout.tokenizer_config)):
+    for found, target in (
+        (source.tokenizer, layout.tokenizer),
+        (source.tokenizer_config, layout.tokenizer_config),
+    ):
         if found != target and found.is_file() and not target.is_file():
             with atomic_path(target) as tmp:
                 shutil.copyfile(found, tmp)

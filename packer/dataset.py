@@ -113,7 +113,12 @@ def write_batches(
     # end dropped (it is the next row's start) except the batch's last
     cu_lens = 1 + np.add.reduceat(entries - 1, first_row)
     arrays = batch_views(buffer, count, seq_len, int(cu_lens.sum()))
-    ids, labels, positions, targets = arrays["input_ids"], arrays["labels"], arrays["position_ids"], arrays["loss_mask"]
+    ids, labels, positions, targets = (
+        arrays["input_ids"],
+        arrays["labels"],
+        arrays["position_ids"],
+        arrays["loss_mask"],
+    )
     # labels[i] = ids[i + 1] where token i + 1 is a target of the same segment, else IGNORE_INDEX
     ignored = np.empty(seq_len, bool)
     ignored[-1] = True  # the window's last position predicts nothing
@@ -140,7 +145,9 @@ def split_batches(arrays: Mapping[str, torch.Tensor], places: Sequence[tuple[int
     """The batches of :func:`write_batches` as tensors: views of ``arrays`` (its output as tensors)."""
     batches, r, c = [], 0, 0
     for rows, cu_len, longest in places:
-        batch: Batch = {key: arrays[key][r : r + rows] for key in ("input_ids", "labels", "position_ids", "loss_mask")}
+        batch: Batch = {
+            key: arrays[key][r : r + rows] for key in ("input_ids", "labels", "position_ids", "loss_mask")
+        }
         batch["cu_seqlens"] = arrays["cu_seqlens"][c : c + cu_len]
         batch["max_seqlen"] = longest
         batches.append(batch)
@@ -185,9 +192,11 @@ def tokens_to_samples(rows: Sequence[RowTokens | PackedRow], buffers: Buffers | 
     return samples
 
 
-def tokens_to_batches(batches: Sequence[Sequence[RowTokens | PackedRow]], buffers: Buffers | None = None) -> list[Batch]:
-    """``collate_packed`` of the samples of each of ``batches`` (lists of rows), built together into one buffer (new, or free
-    in ``buffers``), each batch a view of its own part of it."""
+def tokens_to_batches(
+    batches: Sequence[Sequence[RowTokens | PackedRow]], buffers: Buffers | None = None
+) -> list[Batch]:
+    """``collate_packed`` of the samples of each of ``batches`` (lists of rows), built together into one
+    buffer (new, or free in ``buffers``), each batch a view of its own part of it."""
     nbytes = batches_nbytes(batches)
     buffer = np.empty(nbytes, dtype=np.uint8) if buffers is None else buffers.take(nbytes)
     arrays, places = write_batches(batches, buffer)
@@ -220,7 +229,9 @@ def collate_packed(samples: list[Sample]) -> Batch:
     else:
         batch = {key: torch.stack([s[key] for s in samples]) for key in keys}
         cu = torch.cat([s["cu_seqlens"][:-1] + i * seq_len for i, s in enumerate(samples)])
-        cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(torch.int32)
+        cu_seqlens = torch.cat([cu, torch.tensor([len(samples) * seq_len], dtype=torch.int32)]).to(
+            torch.int32
+        )
     batch["cu_seqlens"] = cu_seqlens
     bounds = cu_seqlens.numpy()  # numpy: a few microseconds less per batch than torch.diff
     batch["max_seqlen"] = int((bounds[1:] - bounds[:-1]).max())
@@ -241,8 +252,8 @@ class PackedDataset(IterableDataset):
     stopped; handing out an epoch's last row moves on to the next epoch. :meth:`state_dict` records
     the position in *global* rows consumed in the epoch (a multiple of G at step boundaries), so a
     checkpoint taken at a step boundary resumes at any DP size that divides G. Iterate in the training
-    process, or through :class:`~longctx.packer.loader.PackedLoader` for worker processes (a plain ``DataLoader`` with
-    workers would leave the position in the workers, so it is refused).
+    process, or through :class:`~longctx.packer.loader.PackedLoader` for worker processes (a plain
+    ``DataLoader`` with workers would leave the position in the workers, so it is refused).
 
     **Trust.** ``tokenizer`` (the ``tokenizer.json`` you train with, or its sha256) and
     ``format_version`` are checked against the shards; each shard's bytes are hashed against the
@@ -347,7 +358,9 @@ class PackedDataset(IterableDataset):
     def order(self, epoch: int) -> np.ndarray:
         """Global row indices this rank reads in ``epoch``, in order."""
         m, r = self.rows_per_step, self.dp_rank
-        return self.global_order(epoch).reshape(-1, self.global_batch_rows)[:, r * m : (r + 1) * m].reshape(-1)
+        return (
+            self.global_order(epoch).reshape(-1, self.global_batch_rows)[:, r * m : (r + 1) * m].reshape(-1)
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (no-op when it is the current epoch, so a resumed
@@ -368,8 +381,8 @@ class PackedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Sample]:
         if get_worker_info() is not None:
             raise RuntimeError(
-                "PackedDataset iterated in a DataLoader worker: the resume position would stay in the worker. "
-                "Use longctx.packer.PackedLoader(dataset, num_workers=N) for worker processes"
+                "PackedDataset iterated in a DataLoader worker: the resume position would stay in the "
+                "worker. Use longctx.packer.PackedLoader(dataset, num_workers=N) for worker processes"
             )
         order = self.order(self.epoch)
         chunk = max(1, CHUNK_TOKENS // self.seq_len)
@@ -396,7 +409,9 @@ class PackedDataset(IterableDataset):
         return {
             "epoch": self.epoch,
             "position": step * self.global_batch_rows + within * self.dp_world_size,
-            "partial_step": {"dp_world_size": self.dp_world_size, "rows_per_rank": within} if within else None,
+            "partial_step": {"dp_world_size": self.dp_world_size, "rows_per_rank": within}
+            if within
+            else None,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "rows": len(self.shards),
@@ -419,8 +434,9 @@ class PackedDataset(IterableDataset):
             if not partial or partial.get("dp_world_size") != self.dp_world_size:
                 saved = partial.get("dp_world_size") if partial else "unknown"
                 raise ValueError(
-                    f"cannot resume: the state was saved in the middle of an optimizer step at data-parallel size "
-                    f"{saved}; it resumes only at that size (checkpoints taken at step boundaries resume at any)"
+                    "cannot resume: the state was saved in the middle of an optimizer step at data-parallel "
+                    f"size {saved}; it resumes only at that size (checkpoints taken at "
+                    "step boundaries resume at any)"
                 )
             within //= self.dp_world_size
         self.epoch, self.consumed = int(state["epoch"]), step * self.rows_per_step + within

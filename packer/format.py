@@ -6,8 +6,8 @@ and read without copying, and ``datasets.Dataset.from_file`` opens it directly. 
 window length and the config that produced it. A second key, ``huggingface``, declares the columns
 as ``datasets`` features and carries the same header as the ``id`` of the ``input_ids`` feature:
 ``datasets`` replaces the schema metadata with its own but keeps the features, so the header
-survives ``Dataset.from_file`` and ``load_dataset("arrow", ...)`` (``longctx.packer.hf.read_header``). Files are written under a temporary name and
-renamed, so a reader never sees half a shard.
+survives ``Dataset.from_file`` and ``load_dataset("arrow", ...)`` (``longctx.packer.hf.read_header``). Files
+are written under a temporary name and renamed, so a reader never sees half a shard.
 """
 
 from __future__ import annotations

@@ -128,8 +128,9 @@ def _sample(item: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         missing = {"cu_seqlens", "loss_mask", "position_ids"} - set(item)
         if missing:
             raise ValueError(
-                f"packed samples lost {', '.join(sorted(missing))} before the collator (transformers.Trainer and TRL "
-                "drop columns the model's forward does not name): set TrainingArguments(remove_unused_columns=False)"
+                f"packed samples lost {', '.join(sorted(missing))} before the collator (transformers.Trainer "
+                "and TRL drop columns the model's forward does not name): set "
+                "TrainingArguments(remove_unused_columns=False)"
             )
         return dict(item)
     cu = np.asarray(item["cu_seqlens"], dtype=np.int32)
@@ -152,7 +153,8 @@ class PackedCollator:
 
         args = TrainingArguments(..., max_steps=N, remove_unused_columns=False)
         trainer = Trainer(model=model, args=args, train_dataset=PackedDataset(...),
-                          data_collator=PackedCollator(model.config._attn_implementation, mask_dtype=model.dtype))
+                          data_collator=PackedCollator(model.config._attn_implementation,
+                                                       mask_dtype=model.dtype))
 
     ``remove_unused_columns=False`` keeps the columns the collator needs (``cu_seqlens``, ``loss_mask``),
     which the trainers otherwise drop because the model's ``forward`` does not name them.
@@ -185,7 +187,10 @@ def read_header(dataset: Any) -> ShardMetadata:
         except (KeyError, TypeError, AttributeError):
             raw = None
     if not raw:
-        raise ShardError("no longctx shard header in these features: not longctx shards, or written before format version 2")
+        raise ShardError(
+            "no longctx shard header in these features: not longctx shards, or "
+            "written before format version 2"
+        )
     try:
         return ShardMetadata.model_validate(json.loads(raw))
     except ValueError as err:

@@ -106,7 +106,9 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-_ENDED = "PackedLoader: this pass has ended (a newer pass of this loader was started, or the loader was closed)"
+_ENDED = (
+    "PackedLoader: this pass has ended (a newer pass of this loader was started, or the loader was closed)"
+)
 
 
 def _identity(item: Any) -> Any:
@@ -196,7 +198,9 @@ class _BatchStream(IterableDataset):
                 raise error
 
     @staticmethod
-    def _write(slot: np.ndarray, item: int, this_pass: int, batches: list[list]) -> list[tuple[int, int, int]]:
+    def _write(
+        slot: np.ndarray, item: int, this_pass: int, batches: list[list]
+    ) -> list[tuple[int, int, int]]:
         """Claim the free ``slot`` and write ``batches`` (checked rows) into it after its header;
         their places. Only this worker turns a free slot of its own into a claimed one, and only the
         training process frees it."""
@@ -265,7 +269,9 @@ class PackedLoader:
 
     def __len__(self) -> int:
         """Batches left in the current pass."""
-        return len(_BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes(self.dataset.consumed))
+        return len(
+            _BatchStream(self.dataset, self.batch_size, self.drop_last, None).sizes(self.dataset.consumed)
+        )
 
     def close(self) -> None:
         """Stop the worker processes now and end the pass in progress (a later pass starts new
@@ -283,7 +289,9 @@ class PackedLoader:
         if self._loader is None:
             self._loader = self._make_loader()
         stream: _BatchStream = self._loader.dataset
-        stream.position.copy_(torch.tensor([epoch, self.dataset.consumed, this_pass]))  # before the workers resume
+        stream.position.copy_(
+            torch.tensor([epoch, self.dataset.consumed, this_pass])
+        )  # before the workers resume
         expected = stream.sizes(self.dataset.consumed)
         if stream.slots is None:
             items = (batch for item in self._items(this_pass) for batch in item)
@@ -315,7 +323,9 @@ class PackedLoader:
             count = per_worker * self.num_workers
             largest = 25 * tokens + 4 * (tokens + 1)  # a batch whose segments are one token long
             forked = _start_method(kwargs.get("multiprocessing_context")) == "fork"
-            per_item = max(1, min(TRANSFER_TOKENS // tokens, (slot_memory(forked) // count - _HEADER) // largest))
+            per_item = max(
+                1, min(TRANSFER_TOKENS // tokens, (slot_memory(forked) // count - _HEADER) // largest)
+            )
             slots = _shared_zeros(count, _aligned(_HEADER + per_item * largest), forked)
             self._pin = bool(kwargs.get("pin_memory")) and torch.cuda.is_available()
             kwargs["pin_memory"] = False  # messages are offsets; the batches are pinned here
@@ -324,7 +334,9 @@ class PackedLoader:
         stream = _BatchStream(
             self.dataset, self.batch_size, self.drop_last, custom, per_item, slots, per_worker, position
         )
-        return DataLoader(stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs)
+        return DataLoader(
+            stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **kwargs
+        )
 
     def _items(self, this_pass: int) -> Iterator[Any]:
         """The DataLoader's items of pass ``this_pass``, refused once a newer pass has started (the
@@ -339,7 +351,9 @@ class PackedLoader:
                 return
             yield item
 
-    def _through_slots(self, this_pass: int, stream: _BatchStream, expected: list[int]) -> Iterator[tuple[int, Batch]]:
+    def _through_slots(
+        self, this_pass: int, stream: _BatchStream, expected: list[int]
+    ) -> Iterator[tuple[int, Batch]]:
         """``(rows, batch)`` of the pass, built by the workers into shared-memory slots and handed
         out as views of them; a slot is freed when the last view of it is gone."""
         seq_len, slots = self.dataset.seq_len, stream.slots
@@ -350,7 +364,9 @@ class PackedLoader:
                 batches = payload  # no slot was free: the batches came the DataLoader's usual way
             else:
                 if headers[slot, _ITEM] != item or headers[slot, _PASS] != this_pass:
-                    raise RuntimeError(f"PackedLoader: slot {slot} does not hold item {item}; please report this")
+                    raise RuntimeError(
+                        f"PackedLoader: slot {slot} does not hold item {item}; please report this"
+                    )
                 rows, cu_len = sum(place[0] for place in payload), sum(place[1] for place in payload)
                 nbytes = 25 * rows * seq_len + 4 * cu_len
                 if self._pin:  # into pinned memory of this process; the slot is free at once
@@ -365,17 +381,23 @@ class PackedLoader:
                     del owner
                 views = batch_views(data, rows, seq_len, cu_len)
                 del data
-                batches = split_batches({key: torch.from_numpy(value) for key, value in views.items()}, payload)
+                batches = split_batches(
+                    {key: torch.from_numpy(value) for key, value in views.items()}, payload
+                )
                 del views
             for batch in batches:
                 size = batch["input_ids"].shape[0]
                 if size != expected[handed]:
-                    raise RuntimeError(f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}")
+                    raise RuntimeError(
+                        f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}"
+                    )
                 handed += 1
                 yield size, batch
             del batches  # the item's slot is freed once the caller drops its batches
         if handed != len(expected):
-            raise RuntimeError(f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass")
+            raise RuntimeError(
+                f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass"
+            )
 
 
 def _start_method(context: Any) -> str:

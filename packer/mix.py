@@ -221,7 +221,8 @@ def check_dropped(
     most = max(epochs, key=epochs.__getitem__)
     lines.append(
         f"To keep every document, set pack.mix_total_tokens: {total} (then '{most}' is repeated "
-        f"{epochs[most]:.1f} times); to drop them anyway, set pack.mix_max_dropped: {math.ceil(worst * 100) / 100:g}."
+        f"{epochs[most]:.1f} times); to drop them anyway, set pack.mix_max_dropped: "
+        f"{math.ceil(worst * 100) / 100:g}."
     )
     raise MixError("\n".join(lines))
 

@@ -175,7 +175,9 @@ def _identity(path: Path) -> list[int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return [v & 0xFFFF_FFFF_FFFF_FFFF for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)]
+    return [
+        v & 0xFFFF_FFFF_FFFF_FFFF for v in (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    ]
 
 
 def expected_fingerprint(tokenizer: str | os.PathLike) -> str:

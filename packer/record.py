@@ -87,7 +87,8 @@ def plan_outputs(
     if record is None:
         if _folder_holds_files(layout.shards):
             raise ConfigError(
-                f"{layout.shards} exists but was not written by this pack run; delete it or choose another output"
+                f"{layout.shards} exists but was not written by this pack run; "
+                "delete it or choose another output"
             )
         record = {DATA: data, OUTPUTS: {}}
     changed = _differences(record[DATA], data)

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from longctx.core.figures import new_figure, write_figure
 from longctx.core.buckets import bucket_bounds
+from longctx.core.figures import new_figure, write_figure
 from longctx.packer.manifest import Manifest
 from longctx.packer.reader import PackedRow, ShardColumns
 from longctx.packer.stats import OutputStats
@@ -67,8 +67,9 @@ def format_manifest(manifest: Manifest, title: str) -> str:
     lines = [
         title,
         (
-            f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document tokens, "
-            f"padding {manifest.padding:,} ({padding_share:.2%}); efficiency {manifest.efficiency:.3%}"
+            f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document "
+            f"tokens, padding {manifest.padding:,} ({padding_share:.2%}); "
+            f"efficiency {manifest.efficiency:.3%}"
         ),
         (
             f"  strategy {h.strategy}; format v{h.format_version}; tokenizer {h.tokenizer.sha256[:12]}; "

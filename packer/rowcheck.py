@@ -35,10 +35,14 @@ class RowTokens:
 
 
 def _refuse(folder: str | os.PathLike, file: str, row: int, field: str, message: str) -> ShardError:
-    return ShardError(f"{os.path.join(folder, file)} row {row}: {field}: {message}; the shard is damaged, re-pack it")
+    return ShardError(
+        f"{os.path.join(folder, file)} row {row}: {field}: {message}; the shard is damaged, re-pack it"
+    )
 
 
-def check_row(tokens: RowTokens, vocab_size: int, file: str, row: int, folder: str | os.PathLike = "") -> None:
+def check_row(
+    tokens: RowTokens, vocab_size: int, file: str, row: int, folder: str | os.PathLike = ""
+) -> None:
     """Raise :class:`ShardError` (naming ``folder/file``, the row inside the file and the field) unless:
 
     - ``cu_seqlens`` rises strictly from 0 to ``seq_len``;
@@ -133,7 +137,9 @@ def rows_are_valid(
     return True
 
 
-def _name_violation(tokens: RowTokens, vocab_size: int, file: str, row: int, folder: str | os.PathLike) -> None:
+def _name_violation(
+    tokens: RowTokens, vocab_size: int, file: str, row: int, folder: str | os.PathLike
+) -> None:
     """Raise the :class:`ShardError` of the first violated invariant (run only for a failing row)."""
     ids, positions, mask, cu = tokens.input_ids, tokens.position_ids, tokens.loss_mask, tokens.cu_seqlens
     seq_len = len(ids)
@@ -151,18 +157,29 @@ def _name_violation(tokens: RowTokens, vocab_size: int, file: str, row: int, fol
     steps[starts[1:] - 1] = 1  # a new segment restarts at 0 (checked above)
     if steps.min() != 1 or steps.max() != 1:
         t = int(np.flatnonzero(steps != 1)[0]) + 1
-        message = f"token {t} has position {positions[t]} after {positions[t - 1]}; positions must rise by 1 inside a segment"
+        message = (
+            f"token {t} has position {positions[t]} after {positions[t - 1]}; positions "
+            "must rise by 1 inside a segment"
+        )
         raise _refuse(folder, file, row, "position_ids", message)
     # one unsigned max catches negative ids too (they wrap to above any vocabulary)
     if int(ids.view(np.uint32).max()) >= vocab_size:
         t = int(np.flatnonzero((ids < 0) | (ids >= vocab_size))[0])
-        raise _refuse(folder, file, row, "input_ids", f"token {t} has id {ids[t]}, outside the vocabulary [0, {vocab_size})")
+        raise _refuse(
+            folder,
+            file,
+            row,
+            "input_ids",
+            f"token {t} has id {ids[t]}, outside the vocabulary [0, {vocab_size})",
+        )
     if mask.max() > 1:
         t = int(np.flatnonzero(mask > 1)[0])
         raise _refuse(folder, file, row, "loss_mask", f"token {t} is {mask[t]}; the mask holds 0 or 1")
     if mask[starts].any():
         k = int(np.flatnonzero(mask[starts])[0])
-        message = f"1 at token {starts[k]}, the start of segment {k}; a segment's first token is never a target"
+        message = (
+            f"1 at token {starts[k]}, the start of segment {k}; a segment's first token is never a target"
+        )
         raise _refuse(folder, file, row, "loss_mask", message)
     if tokens.padded and mask[starts[-1] :].any():
         t = int(starts[-1]) + int(np.flatnonzero(mask[starts[-1] :])[0])

@@ -39,8 +39,8 @@ from longctx.packer.curated import adopt_tokenizer, curated_source
 from longctx.packer.format import ShardHeader, TokenizerInfo
 from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
 from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
-from longctx.packer.remote import publish_shards
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
+from longctx.packer.remote import publish_shards
 from longctx.packer.stage import PackDocuments, WriteManifests
 from longctx.packer.tokens import tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
@@ -110,7 +110,9 @@ def check_planned_coverage(
             raise CoverageError(refusal)
 
 
-def make_plan(pack: PackConfig, context: ContextConfig, layout: RunLayout, source: RunLayout | None = None) -> PackPlan:
+def make_plan(
+    pack: PackConfig, context: ContextConfig, layout: RunLayout, source: RunLayout | None = None
+) -> PackPlan:
     """Validate inputs and settings and decide the mix; a :class:`ConfigError` says what is wrong.
     ``source`` is the curated run whose documents and tokenizer are packed (default: ``layout``)."""
     source = layout if source is None else source
@@ -162,9 +164,7 @@ def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
     if any(n < 0 for n in plan.planned_tokens.values()):
         unknown = {name for name, n in plan.planned_tokens.items() if n < 0}
         text_bytes = sum(
-            text_size(f)
-            for f in document_files(plan.documents)
-            if source_of(plan.documents, f) in unknown
+            text_size(f) for f in document_files(plan.documents) if source_of(plan.documents, f) in unknown
         )
         tokens += text_bytes // CHARS_PER_TOKEN
     written = sum(
@@ -214,7 +214,9 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
     if plan.mix is not None:
         steps.append(MixSampler(plan.mix))
     running = concurrent_tasks(pack.executor, pack.executor.tasks)
-    steps.append(PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size, running))
+    steps.append(
+        PackDocuments(layout, plan.headers, pack.pool_tokens, pack.shard_tokens, pack.batch_size, running)
+    )
     manifests = WriteManifests(
         layout,
         plan.headers,

@@ -140,7 +140,9 @@ class PackDocuments(PipelineStep):
         self.concurrent_tasks = concurrent_tasks
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        encoder = cache(partial(task_encoder, self.layout.tokenizer, self.concurrent_tasks))  # when first needed
+        encoder = cache(
+            partial(task_encoder, self.layout.tokenizer, self.concurrent_tasks)
+        )  # when first needed
         info = self.headers[0].tokenizer
         series = [
             ShardSeries(self.layout.shard_folder(h.seq_len), rank, h, max(1, self.shard_tokens // h.seq_len))

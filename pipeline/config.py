@@ -70,7 +70,7 @@ class SourceConfig(StrictModel):
     _name = field_validator("name")(_folder_name)
 
     @model_validator(mode="after")
-    def _bounds(self) -> "SourceConfig":
+    def _bounds(self) -> SourceConfig:
         if self.min_tokens is not None and self.max_tokens is not None and self.max_tokens < self.min_tokens:
             raise ValueError(f"max_tokens ({self.max_tokens}) is below min_tokens ({self.min_tokens})")
         return self
@@ -169,7 +169,8 @@ class CurateConfig(StrictModel):
 
     input: str | None = Field(
         default=None,
-        description="a folder (local path or fsspec URL) with books/, papers/ and code/ subfolders, each read as its source",
+        description="a folder (local path or fsspec URL) with books/, papers/ and code/ "
+        "subfolders, each read as its source",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for input and output (credentials, endpoint_url...)"
@@ -182,10 +183,13 @@ class CurateConfig(StrictModel):
     sources: list[SourceConfig] = Field(default_factory=list)
     min_fraction_of_target: float = Field(default=0.5, ge=0.0)
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")
-    max_book_bytes: int = Field(default=64 * 2**20, gt=0, description="book files above this are refused as too_large")
+    max_book_bytes: int = Field(
+        default=64 * 2**20, gt=0, description="book files above this are refused as too_large"
+    )
     vendored_code: Literal["dedup", "skip"] = Field(
         default="dedup",
-        description="vendored folders of repositories (vendor/, third_party/...): read and deduplicated per file, or skipped",
+        description="vendored folders of repositories (vendor/, third_party/...): read and "
+        "deduplicated per file, or skipped",
     )
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)

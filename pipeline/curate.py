@@ -66,9 +66,9 @@ from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolve
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
-from longctx.pipeline.publish import publish_curation
-from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
+from longctx.pipeline.parquet import read_parquet
+from longctx.pipeline.publish import publish_curation
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
@@ -97,7 +97,12 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
                 f"curate.input: {curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
             )
         sources += [
-            SourceConfig(name=sub, kind=sub, path=join_location(curate.input, sub), storage_options=curate.storage_options)
+            SourceConfig(
+                name=sub,
+                kind=sub,
+                path=join_location(curate.input, sub),
+                storage_options=curate.storage_options,
+            )
             for sub in found
         ]
     for number, source in enumerate(curate.sources):
@@ -120,7 +125,9 @@ def source_location(source: SourceConfig) -> str | tuple[str, dict]:
     return (source.path, dict(source.storage_options)) if source.storage_options else source.path
 
 
-def make_reader(source: SourceConfig, curate: CurateConfig, file_decisions: Path | None = None) -> PipelineStep:
+def make_reader(
+    source: SourceConfig, curate: CurateConfig, file_decisions: Path | None = None
+) -> PipelineStep:
     """The datatrove reader step for one source; code readers consult ``file_decisions`` (the
     output of file-level deduplication) when given."""
     location = source_location(source)
@@ -189,7 +196,11 @@ def check_specials(files: TokenizerFiles | None, specials: dict[str, Any]) -> di
                     f"pack.{name}_token: {token!r} is not a special token of the tokenizer curation trains "
                     f"(it has {', '.join(ours)}); set tokenizer.path to bring yours"
                 )
-        return {"eos": specials.get("eos") or EOS_TOKEN, "bos": specials.get("bos"), "pad": specials.get("pad")}
+        return {
+            "eos": specials.get("eos") or EOS_TOKEN,
+            "bos": specials.get("bos"),
+            "pad": specials.get("pad"),
+        }
     found = document_specials(files.tokenizer, **specials)
     return {"eos": found.eos, "bos": found.bos, "pad": found.pad}
 
@@ -197,7 +208,10 @@ def check_specials(files: TokenizerFiles | None, specials: dict[str, Any]) -> di
 def tokenizer_identity(tokenizer: TokenizerConfig, files: TokenizerFiles | None) -> dict[str, Any]:
     """What decides the run's tokenizer: the bytes of the given files, or the training settings."""
     if files is None:
-        return {"train_vocab_size": tokenizer.train_vocab_size, "train_sample_bytes": tokenizer.train_sample_bytes}
+        return {
+            "train_vocab_size": tokenizer.train_vocab_size,
+            "train_sample_bytes": tokenizer.train_sample_bytes,
+        }
     return {
         "sha256": tokenizer_fingerprint(files.tokenizer),
         "config_sha256": tokenizer_fingerprint(files.config) if files.config else None,
@@ -205,7 +219,10 @@ def tokenizer_identity(tokenizer: TokenizerConfig, files: TokenizerFiles | None)
 
 
 def prepare_tokenizer(
-    tokenizer: TokenizerConfig, files: TokenizerFiles | None, curate: CurateConfig, layout: RunLayout,
+    tokenizer: TokenizerConfig,
+    files: TokenizerFiles | None,
+    curate: CurateConfig,
+    layout: RunLayout,
     sources: list[SourceConfig],
 ) -> Path:
     """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
@@ -222,9 +239,14 @@ def prepare_tokenizer(
     if not layout.tokenizer.exists():
         from longctx.pipeline.bpe import train_bpe
 
-        print(f"training a {tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...", flush=True)
+        print(
+            f"training a {tokenizer.train_vocab_size}-token byte-level BPE on a sample of the input ...",
+            flush=True,
+        )
         train_bpe(
-            _sample_texts(sources, curate, tokenizer.train_sample_bytes), tokenizer.train_vocab_size, layout.tokenizer
+            _sample_texts(sources, curate, tokenizer.train_sample_bytes),
+            tokenizer.train_vocab_size,
+            layout.tokenizer,
         )
     return layout.tokenizer
 
@@ -253,7 +275,10 @@ class FinalizeCuration(PipelineStep):
     name = "🏁 Finalize"
 
     def __init__(
-        self, layout: RunLayout, run_info: dict[str, Any], folder_sources: dict[str, Any],
+        self,
+        layout: RunLayout,
+        run_info: dict[str, Any],
+        folder_sources: dict[str, Any],
         file_decisions: Path | None = None,
     ) -> None:
         super().__init__()
@@ -264,7 +289,10 @@ class FinalizeCuration(PipelineStep):
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
-        listed = {name: count_files(list_tree(open_folder(*location))) for name, location in self.folder_sources.items()}
+        listed = {
+            name: count_files(list_tree(open_folder(*location)))
+            for name, location in self.folder_sources.items()
+        }
         check_file_counts(ledger, listed)
         write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
@@ -294,7 +322,10 @@ def summarize_file_decisions(decisions_file: Path, ledger) -> dict[str, Any]:
 
 
 def run_fingerprint(
-    curate: CurateConfig, target: int, sources: list[SourceConfig], tokenizer: dict[str, Any],
+    curate: CurateConfig,
+    target: int,
+    sources: list[SourceConfig],
+    tokenizer: dict[str, Any],
     specials: dict[str, Any],
 ) -> dict[str, Any]:
     """What determines the output's bytes: resolved sources (without their storage options, which
@@ -345,10 +376,16 @@ def file_dedup_stages(
     readers = [make_reader(s, curate) for s in code]
     config = minhash_config(cfg)
     stages: list[Stage] = [
-        ("files", [RepositoryFiles(readers), FileSignatureIndex(folder / "sigs", folder / "index", cfg)],
-         curate.executor.tasks),
-        ("file_buckets", [GroupedMinhashBuckets(folder / "sigs", folder / "buckets", config)],
-         bucket_tasks(curate, cfg.minhash.num_buckets)),
+        (
+            "files",
+            [RepositoryFiles(readers), FileSignatureIndex(folder / "sigs", folder / "index", cfg)],
+            curate.executor.tasks,
+        ),
+        (
+            "file_buckets",
+            [GroupedMinhashBuckets(folder / "sigs", folder / "buckets", config)],
+            bucket_tasks(curate, cfg.minhash.num_buckets),
+        ),
         ("file_resolve", [FileDuplicateResolver(folder / "index", folder / "buckets", decisions, cfg)], 1),
     ]
     return stages, decisions
@@ -422,8 +459,12 @@ def build_stages(
         stages.append(("buckets", [buckets], bucket_tasks(curate, mh.num_buckets)))
     dups_folder = work / "dedup" / "buckets" if mh.enabled else None
     resolver = DuplicateResolver(
-        work / "dedup" / "index", dups_folder, work / "dedup" / "decisions.parquet", curate.dedup.exact,
-        inputs_folder=work / "inputs", keep=curate.dedup.keep,
+        work / "dedup" / "index",
+        dups_folder,
+        work / "dedup" / "decisions.parquet",
+        curate.dedup.exact,
+        inputs_folder=work / "inputs",
+        keep=curate.dedup.keep,
     )
     stages.append(("resolve", [resolver], 1))
     write: list[PipelineStep] = [
@@ -490,7 +531,9 @@ def run_curation(
             "context": {"original": context.original, "target": context.target},
             "bounds": fingerprint["bounds"],
             "keep": list(curate.dedup.keep),
-            "minhash_threshold": round(curate.dedup.minhash.threshold, 3) if curate.dedup.minhash.enabled else None,
+            "minhash_threshold": round(curate.dedup.minhash.threshold, 3)
+            if curate.dedup.minhash.enabled
+            else None,
         }
         stages = build_stages(curate, layout, sources, tokenizer_path, run_info, target=context.target)
         # workers from a forkserver (the default): with "fork", one of ~14 two-task runs under load
@@ -505,7 +548,10 @@ def run_curation(
         raise fault from None
     if curate.output is not None:
         sent = publish_curation(layout, curate.output, curate.storage_options)
-        print(f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}", flush=True)
+        print(
+            f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}",
+            flush=True,
+        )
     return json.loads(layout.stats.read_text(encoding="utf-8"))
 
 

@@ -118,7 +118,10 @@ def resolve_duplicates(
     """
     ids = index.column("id").to_pylist()
     hashes = index.column("text_hash").to_pylist()
-    position = {(r, i): doc_id for r, i, doc_id in zip(index.column("rank").to_pylist(), index.column("idx").to_pylist(), ids)}
+    position = {
+        (r, i): doc_id
+        for r, i, doc_id in zip(index.column("rank").to_pylist(), index.column("idx").to_pylist(), ids)
+    }
     hash_of = dict(zip(ids, hashes))
     parent = {doc_id: doc_id for doc_id in ids}
     if use_exact:
@@ -131,11 +134,15 @@ def resolve_duplicates(
     for r1, i1, r2, i2 in pairs:
         a, b = position.get((r1, i1)), position.get((r2, i2))
         if a is None or b is None:
-            raise RuntimeError(f"MinHash pair ({r1},{i1})-({r2},{i2}) names a document missing from the dedup index")
+            raise RuntimeError(
+                f"MinHash pair ({r1},{i1})-({r2},{i2}) names a document missing from the dedup index"
+            )
         _union(parent, a, b)
     known = {}
     if facts is not None:
-        known = {i: (p, c) for i, p, c in zip(*(facts.column(k).to_pylist() for k in ("id", "path", "chars")))}
+        known = {
+            i: (p, c) for i, p, c in zip(*(facts.column(k).to_pylist() for k in ("id", "path", "chars")))
+        }
 
     def rank(doc_id: str) -> tuple:
         path, chars = known.get(doc_id, ("", 0))
@@ -153,7 +160,9 @@ def resolve_duplicates(
             if doc_id != kept:
                 rows["id"].append(doc_id)
                 rows["duplicate_of"].append(kept)
-                rows["kind"].append("exact_duplicate" if hash_of[doc_id] == hash_of[kept] else "near_duplicate")
+                rows["kind"].append(
+                    "exact_duplicate" if hash_of[doc_id] == hash_of[kept] else "near_duplicate"
+                )
     return pa.table(rows, schema=DECISIONS_SCHEMA).sort_by("id")
 
 
@@ -189,7 +198,11 @@ class DuplicateResolver(PipelineStep):
         for path in sorted(self.index_folder.glob("*.parquet")):
             table = read_parquet(path, INDEX_SCHEMA)
             tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
-        index = pa.concat_tables(tables) if tables else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
+        index = (
+            pa.concat_tables(tables)
+            if tables
+            else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
+        )
         pairs: list[tuple[int, int, int, int]] = []
         if self.dups_folder is not None:
             # MinHash stage 2's pairs, read as its own cluster stage reads them
@@ -223,7 +236,8 @@ class DuplicateFilter(BaseFilter):
         if self._decisions is None:
             table = read_parquet(self.decisions_file, DECISIONS_SCHEMA)
             self._decisions = {
-                i: (d, k) for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
+                i: (d, k)
+                for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
             }
         decision = self._decisions.get(doc.id)
         if decision is None:

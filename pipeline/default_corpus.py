@@ -24,7 +24,17 @@ from longctx.pipeline.config import SourceConfig
 # Packages left out: the test suite (120 MB), bundled wheels, and trees that are mostly data or
 # legacy copies. What remains is about 5 MB of code in ~30 repositories.
 EXCLUDED_PACKAGES = frozenset(
-    {"test", "idlelib", "ensurepip", "lib2to3", "distutils", "encodings", "site-packages", "pydoc_data", "__phello__"}
+    {
+        "test",
+        "idlelib",
+        "ensurepip",
+        "lib2to3",
+        "distutils",
+        "encodings",
+        "site-packages",
+        "pydoc_data",
+        "__phello__",
+    }
 )
 ANCHOR_BOUNDS = (32, 1024)  # tokens: the anchor source's own length bounds
 
@@ -55,7 +65,9 @@ def _write_corpus(folder: Path) -> None:
             _copy_package(package, folder / "code" / package.name)
     from pydoc_data.topics import topics
 
-    reference = "\n\n".join(f"{name}\n{'=' * len(name)}\n\n{text.strip()}" for name, text in sorted(topics.items()))
+    reference = "\n\n".join(
+        f"{name}\n{'=' * len(name)}\n\n{text.strip()}" for name, text in sorted(topics.items())
+    )
     (folder / "books" / "python_language_reference.txt").write_text(
         "The Python Language Reference (as bundled for pydoc)\n\n" + reference + "\n", encoding="utf-8"
     )
@@ -79,7 +91,13 @@ def default_corpus_sources(dest: str | os.PathLike) -> list[SourceConfig]:
         for fields in (
             {"name": "books", "kind": "books", "path": str(dest / "books")},
             {"name": "code", "kind": "code", "path": str(dest / "code")},
-            {"name": "anchor", "kind": "jsonl", "path": str(dest / "anchor"), "min_tokens": low, "max_tokens": high},
+            {
+                "name": "anchor",
+                "kind": "jsonl",
+                "path": str(dest / "anchor"),
+                "min_tokens": low,
+                "max_tokens": high,
+            },
         )
     ]
 

@@ -59,7 +59,9 @@ def token_ids_array(ids: list[np.ndarray | None], as_bytes: bool = False) -> pa.
     valid = pa.array([a is not None for a in ids], pa.bool_())
     if as_bytes:
         buffers = [valid.buffers()[1], pa.py_buffer(offsets * 4), pa.py_buffer(values)]
-        return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(ids), buffers, null_count=len(ids) - len(present))
+        return pa.LargeBinaryArray.from_buffers(
+            pa.large_binary(), len(ids), buffers, null_count=len(ids) - len(present)
+        )
     return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values), mask=pc.invert(valid))
 
 
@@ -218,7 +220,7 @@ class StoredTextDocument(Document):
     first read, and then kept as any document's. Equality, ``dataclasses.replace`` and copies (pickling
     included) see the text, as with a :class:`~datatrove.data.Document`."""
 
-    __slots__ = ("_text", "_texts", "_row")
+    __slots__ = ("_row", "_text", "_texts")
 
     @classmethod
     def deferred(cls, document: Document, texts: GroupTexts, row: int) -> StoredTextDocument:
@@ -250,8 +252,9 @@ class CuratedDocumentReader(ParquetReader):
     source is its file's folder.
 
     A document with stored ids gets ``metadata["token_ids"]`` (a uint32 numpy view, never a Python
-    list), and ``metadata["tokenizer_sha256"]`` (:data:`FILE_TOKENIZER`) names the tokenizer its file records for them (absent
-    when the file records none): compare it with your tokenizer's fingerprint before reusing the ids.
+    list), and ``metadata["tokenizer_sha256"]`` (:data:`FILE_TOKENIZER`) names the tokenizer its file records
+    for them (absent when the file records none): compare it with your tokenizer's fingerprint before reusing
+    the ids.
 
     ``ids_of`` (a tokenizer's fingerprint) is for a caller that uses the stored ids of that tokenizer
     instead of the text (``longctx pack``): in files that record it, a document with ids is a

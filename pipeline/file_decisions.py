@@ -30,6 +30,11 @@ def load_file_decisions(path: str | os.PathLike) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = defaultdict(list)
     for row in table.sort_by([("repo", "ascending"), ("path", "ascending")]).to_pylist():
         found[row["repo"]].append(
-            {"path": row["path"], "duplicate_of": row["duplicate_of"], "of_path": row["of_path"], "kind": row["kind"]}
+            {
+                "path": row["path"],
+                "duplicate_of": row["duplicate_of"],
+                "of_path": row["of_path"],
+                "kind": row["kind"],
+            }
         )
     return dict(found)

@@ -41,12 +41,12 @@ from datatrove.utils.hashing import HashConfig
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.config import FileDedupConfig
-from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, permuted_minima, shingle_set
 from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
+from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
-from longctx.pipeline.parquet import read_parquet
+from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, permuted_minima, shingle_set
 
 FILE_INDEX_SCHEMA = pa.schema(
     [
@@ -60,6 +60,8 @@ FILE_INDEX_SCHEMA = pa.schema(
         ("signature", pa.list_(pa.uint32())),  # empty when too short for MinHash
     ]
 )
+
+
 def minhash_config(cfg: FileDedupConfig) -> MinhashConfig:
     """datatrove's MinHash settings for files (32-bit hashes: a signature is 4 bytes per hash)."""
     mh = cfg.minhash
@@ -114,7 +116,9 @@ class FileSignatureIndex(MinhashDedupSignature):
 
     name = "🎯 File signatures"
 
-    def __init__(self, output_folder: str | os.PathLike, index_folder: str | os.PathLike, cfg: FileDedupConfig) -> None:
+    def __init__(
+        self, output_folder: str | os.PathLike, index_folder: str | os.PathLike, cfg: FileDedupConfig
+    ) -> None:
         super().__init__(str(output_folder), config=minhash_config(cfg), language=RegexWordTokenizer())
         self.index_folder = Path(index_folder)
         self.min_words = cfg.min_words
@@ -176,7 +180,9 @@ def similarity(sig_a: np.ndarray, sig_b: np.ndarray, size_a: int, size_b: int) -
     return jaccard, min(1.0, common / max(1, size_a))
 
 
-def resolve_file_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, int]], cfg: FileDedupConfig) -> pa.Table:
+def resolve_file_duplicates(
+    index: pa.Table, pairs: list[tuple[int, int, int, int]], cfg: FileDedupConfig
+) -> pa.Table:
     """Decide which files are copies of a kept file of another repository (see the module docstring).
 
     ``index`` is the file index of every rank with a ``rank`` column; ``pairs`` are datatrove's
@@ -190,10 +196,15 @@ def resolve_file_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, in
     hashes = index.column("text_hash").to_pylist()
     ngrams = index.column("ngrams").to_pylist()
     signatures = index.column("signature").to_pylist()
-    where = {(r, i): k for k, (r, i) in enumerate(zip(index.column("rank").to_pylist(), index.column("idx").to_pylist()))}
+    where = {
+        (r, i): k
+        for k, (r, i) in enumerate(zip(index.column("rank").to_pylist(), index.column("idx").to_pylist()))
+    }
     ranks = [
         file_rank(cfg.keep, repo=repo, rel=rel, location=loc, chars=chars)
-        for repo, rel, loc, chars in zip(repos, paths, index.column("location").to_pylist(), index.column("chars").to_pylist())
+        for repo, rel, loc, chars in zip(
+            repos, paths, index.column("location").to_pylist(), index.column("chars").to_pylist()
+        )
     ]
     parent = list(range(n))
 
@@ -210,7 +221,9 @@ def resolve_file_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, in
             return "exact_duplicate", 1.0, 1.0
         if not ngrams[a] or not ngrams[b]:
             return None
-        jaccard, containment = similarity(np.asarray(signatures[a]), np.asarray(signatures[b]), ngrams[a], ngrams[b])
+        jaccard, containment = similarity(
+            np.asarray(signatures[a]), np.asarray(signatures[b]), ngrams[a], ngrams[b]
+        )
         if jaccard >= cfg.jaccard or containment >= cfg.containment:
             return "near_duplicate", jaccard, containment
         return None
@@ -224,7 +237,9 @@ def resolve_file_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, in
     for r1, i1, r2, i2 in pairs:
         a, b = where.get((r1, i1)), where.get((r2, i2))
         if a is None or b is None:
-            raise RuntimeError(f"file MinHash pair ({r1},{i1})-({r2},{i2}) names a file missing from the file index")
+            raise RuntimeError(
+                f"file MinHash pair ({r1},{i1})-({r2},{i2}) names a file missing from the file index"
+            )
         if repos[a] != repos[b] and (duplicate(a, b) or duplicate(b, a)):
             parent[find(a)] = find(b)
     groups: dict[int, list[int]] = defaultdict(list)
@@ -243,10 +258,20 @@ def resolve_file_duplicates(index: pa.Table, pairs: list[tuple[int, int, int, in
             origin, (kind, jaccard, containment) = found
             for name, value in zip(
                 FILE_DECISIONS_SCHEMA.names,
-                (repos[k], paths[k], repos[origin], paths[origin], kind, round(jaccard, 4), round(containment, 4)),
+                (
+                    repos[k],
+                    paths[k],
+                    repos[origin],
+                    paths[origin],
+                    kind,
+                    round(jaccard, 4),
+                    round(containment, 4),
+                ),
             ):
                 rows[name].append(value)
-    return pa.table(rows, schema=FILE_DECISIONS_SCHEMA).sort_by([("repo", "ascending"), ("path", "ascending")])
+    return pa.table(rows, schema=FILE_DECISIONS_SCHEMA).sort_by(
+        [("repo", "ascending"), ("path", "ascending")]
+    )
 
 
 class FileDuplicateResolver(PipelineStep):
@@ -256,7 +281,10 @@ class FileDuplicateResolver(PipelineStep):
     name = "🔗 Resolve file duplicates"
 
     def __init__(
-        self, index_folder: str | os.PathLike, dups_folder: str | os.PathLike, output_file: str | os.PathLike,
+        self,
+        index_folder: str | os.PathLike,
+        dups_folder: str | os.PathLike,
+        output_file: str | os.PathLike,
         cfg: FileDedupConfig,
     ) -> None:
         super().__init__()

@@ -35,7 +35,10 @@ def vendored_depth(path: str) -> int:
     return sum(
         1
         for part in parts[:-1]
-        if part in VENDORED_DIRS or part in DEPENDENCY_DIRS or part.lower() in FORK_DIRS or _FORK_NAME.search(part)
+        if part in VENDORED_DIRS
+        or part in DEPENDENCY_DIRS
+        or part.lower() in FORK_DIRS
+        or _FORK_NAME.search(part)
     ) + (1 if parts and _FORK_NAME.search(parts[-1].rsplit(".", 1)[0]) else 0)
 
 

@@ -151,7 +151,9 @@ def merge_ledger(parts_folder: Path, inputs_folder: Path) -> pa.Table:
     Raises :class:`LedgerMismatch` when an input has no row, has several rows, or a row names a
     document that was never an input; also when two inputs share an id.
     """
-    ledger = read_parquet_folder(parts_folder, LEDGER_SCHEMA).sort_by([("source", "ascending"), ("id", "ascending")])
+    ledger = read_parquet_folder(parts_folder, LEDGER_SCHEMA).sort_by(
+        [("source", "ascending"), ("id", "ascending")]
+    )
     inputs = read_parquet_folder(inputs_folder, INPUTS_SCHEMA)
     input_ids = inputs.column("id").to_pylist()
     ledger_ids = ledger.column("id").to_pylist()
@@ -181,7 +183,10 @@ def check_file_counts(ledger: pa.Table, listed: dict[str, int]) -> None:
     counted: dict[str, int] = {}
     for source, files in zip(ledger.column("source").to_pylist(), ledger.column("files").to_pylist()):
         counted[source] = counted.get(source, 0) + files
-    wrong = [f"{s}: {counted.get(s, 0)} files in the ledger, {n} under its folder" for s, n in sorted(listed.items())
-             if counted.get(s, 0) != n]
+    wrong = [
+        f"{s}: {counted.get(s, 0)} files in the ledger, {n} under its folder"
+        for s, n in sorted(listed.items())
+        if counted.get(s, 0) != n
+    ]
     if wrong:
         raise LedgerMismatch("ledger does not account for every input file: " + "; ".join(wrong))

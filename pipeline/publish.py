@@ -66,17 +66,23 @@ def curated_files(layout: RunLayout) -> list[Path]:
     """The files of a finished curation that are published: documents, tokenizer files, ledger and
     stats (not the input corpus, intermediate files, or what later jobs wrote)."""
     singles = [layout.tokenizer, layout.tokenizer_config, layout.ledger, layout.stats, layout.plot]
-    documents = sorted(p for p in layout.documents.rglob("*") if p.is_file()) if layout.documents.is_dir() else []
+    documents = (
+        sorted(p for p in layout.documents.rglob("*") if p.is_file()) if layout.documents.is_dir() else []
+    )
     return [p for p in singles if p.is_file()] + documents
 
 
 def write_curation_manifest(layout: RunLayout) -> CurationManifest:
     """List the run's curated files in ``<output>/curation.json`` (written atomically) and return it."""
     if not layout.stats.is_file():
-        raise ConfigError(f"{layout.root}: no {layout.stats.name}; the curation has not finished, nothing to publish")
+        raise ConfigError(
+            f"{layout.root}: no {layout.stats.name}; the curation has not finished, nothing to publish"
+        )
     manifest = CurationManifest(
         files=[
-            PublishedFile(file=p.relative_to(layout.root).as_posix(), bytes=p.stat().st_size, xxh3_128=file_xxh3(p))
+            PublishedFile(
+                file=p.relative_to(layout.root).as_posix(), bytes=p.stat().st_size, xxh3_128=file_xxh3(p)
+            )
             for p in curated_files(layout)
         ]
     )
@@ -84,7 +90,9 @@ def write_curation_manifest(layout: RunLayout) -> CurationManifest:
     return manifest
 
 
-def publish_curation(layout: RunLayout, url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def publish_curation(
+    layout: RunLayout, url: str, storage_options: Mapping[str, Any] | None = None
+) -> list[str]:
     """Upload the finished curation of ``layout`` to ``url``, ``curation.json`` last; returns the
     relative paths sent (none when the remote copy is already whole)."""
     manifest = write_curation_manifest(layout)
@@ -103,7 +111,9 @@ def parse_curation_manifest(data: bytes, origin: str | os.PathLike) -> CurationM
     try:
         manifest = CurationManifest.model_validate_json(data)
     except ValidationError as err:
-        raise remote.RemoteError(f"{origin}: malformed {CURATION_MANIFEST}: {err.errors()[0]['msg']}") from None
+        raise remote.RemoteError(
+            f"{origin}: malformed {CURATION_MANIFEST}: {err.errors()[0]['msg']}"
+        ) from None
     if manifest.format_version != FORMAT_VERSION:
         raise remote.RemoteError(
             f"{origin}: {CURATION_MANIFEST} format version {manifest.format_version}, this longctx reads "
@@ -112,5 +122,7 @@ def parse_curation_manifest(data: bytes, origin: str | os.PathLike) -> CurationM
     for entry in manifest.files:
         parts = entry.file.split("/")
         if entry.file.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise remote.RemoteError(f"{origin}: {CURATION_MANIFEST} lists {entry.file!r}, not a path inside the folder")
+            raise remote.RemoteError(
+                f"{origin}: {CURATION_MANIFEST} lists {entry.file!r}, not a path inside the folder"
+            )
     return manifest

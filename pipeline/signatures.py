@@ -47,7 +47,13 @@ import numpy as np
 import regex
 import xxhash
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-from datatrove.utils.text import DEF_TEXT_NORM_CONFIG, NUMBERS_PATTERN, PUNCTUATION, TextNormConfig, simplify_text
+from datatrove.utils.text import (
+    DEF_TEXT_NORM_CONFIG,
+    NUMBERS_PATTERN,
+    PUNCTUATION,
+    TextNormConfig,
+    simplify_text,
+)
 from datatrove.utils.word_tokenizers import WordTokenizer
 
 from longctx.pipeline.xxhash_np import span_hashes
@@ -257,7 +263,7 @@ def _words_piece(text: str) -> bytes:
 # and their order for the default config, the number pattern, and that the only \w characters
 # its punctuation table turns into spaces are "_" and the fullwidth digit one (always already "0").
 _FAST_PATH = (
-    DEF_TEXT_NORM_CONFIG == TextNormConfig(True, True, True, True, True, False, False)
+    TextNormConfig(True, True, True, True, True, False, False) == DEF_TEXT_NORM_CONFIG
     and NUMBERS_PATTERN.pattern == r"\p{Nd}+([.,،٫⎖⎗⎘]{1}\p{Nd}+)?"
     and {c for c in PUNCTUATION if _WORD.match(c)} <= {"_", "\uff11"}
     and simplify_text("A_b ２.５ Ἀ\u0301 x—y") == "a b 0 α x y"
@@ -431,7 +437,9 @@ def permuted_minima(hashes: np.ndarray, config: MinhashConfig) -> np.ndarray:
                 else:  # unusually many candidates: all of them at once
                     cand = h[yy < U64(bound)]
                     if cand.size:
-                        best[j] = min(best[j], int(_reference_minima(cand, a[j : j + 1], b[j : j + 1], precision)[0]))
+                        best[j] = min(
+                            best[j], int(_reference_minima(cand, a[j : j + 1], b[j : j + 1], precision)[0])
+                        )
     return np.array(best, U64)
 
 
@@ -502,8 +510,15 @@ class MinhashSignature(MinhashDedupSignature):
     ``n_grams`` words), and ``get_signature`` splits them into buckets.
     """
 
-    def __init__(self, output_folder: str | os.PathLike, config: MinhashConfig, skip_existing_sigs: bool = False) -> None:
-        super().__init__(str(output_folder), config=config, language=RegexWordTokenizer(), skip_existing_sigs=skip_existing_sigs)
+    def __init__(
+        self, output_folder: str | os.PathLike, config: MinhashConfig, skip_existing_sigs: bool = False
+    ) -> None:
+        super().__init__(
+            str(output_folder),
+            config=config,
+            language=RegexWordTokenizer(),
+            skip_existing_sigs=skip_existing_sigs,
+        )
 
     def get_shingles(self, text: str) -> np.ndarray:
         mins = minhash_minima(text, self.config)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from longctx.core.figures import new_figure, write_figure
 from longctx.core.buckets import bucket_floor
+from longctx.core.figures import new_figure, write_figure
 
 COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
 
@@ -24,8 +24,17 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
     """
     rows = ledger.select(["source", "outcome", "reason", "tokens", "files"]).to_pylist()
     per_source: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"inputs": 0, "files": 0, "kept": 0, "filtered": 0, "duplicate": 0, "skipped": 0, "reasons": Counter(),
-                 "kept_tokens": 0, "length_histogram": Counter()}
+        lambda: {
+            "inputs": 0,
+            "files": 0,
+            "kept": 0,
+            "filtered": 0,
+            "duplicate": 0,
+            "skipped": 0,
+            "reasons": Counter(),
+            "kept_tokens": 0,
+            "length_histogram": Counter(),
+        }
     )
     for row in rows:
         s = per_source[row["source"]]
@@ -55,8 +64,12 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     fig = new_figure(figsize=(12, 4.5))
     ax_out, ax_len = fig.subplots(1, 2)
     bottom = [0] * len(sources)
-    for outcome, colour in (("kept", "tab:green"), ("filtered", "tab:orange"), ("duplicate", "tab:red"),
-                            ("skipped", "tab:gray")):
+    for outcome, colour in (
+        ("kept", "tab:green"),
+        ("filtered", "tab:orange"),
+        ("duplicate", "tab:red"),
+        ("skipped", "tab:gray"),
+    ):
         values = [summary["sources"][s][outcome] for s in sources]
         ax_out.bar(sources, values, bottom=bottom, label=outcome, color=colour)
         bottom = [b + v for b, v in zip(bottom, values)]
@@ -67,7 +80,12 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(1, len(sources))
     for i, s in enumerate(sources):
         hist = summary["sources"][s]["length_histogram"]
-        ax_len.bar([j + i * width for j in range(len(buckets))], [hist.get(str(b), 0) for b in buckets], width, label=s)
+        ax_len.bar(
+            [j + i * width for j in range(len(buckets))],
+            [hist.get(str(b), 0) for b in buckets],
+            width,
+            label=s,
+        )
     ax_len.set_xticks([j + 0.4 - width / 2 for j in range(len(buckets))])
     ax_len.set_xticklabels([_short(b) for b in buckets], rotation=45)
     ax_len.set_title("kept documents by length (tokens, power-of-two buckets)")
@@ -95,8 +113,8 @@ def format_summary(summary: dict[str, Any]) -> str:
 
     def line(name: str, s: dict[str, Any]) -> str:
         return (
-            f"{name:<12} {s['inputs']:>7} {s['files']:>7} {s['kept']:>6} {s['filtered']:>9} {s['duplicate']:>5} "
-            f"{s['skipped']:>8} {s['kept_tokens']:>13,}"
+            f"{name:<12} {s['inputs']:>7} {s['files']:>7} {s['kept']:>6} {s['filtered']:>9} "
+            f"{s['duplicate']:>5} {s['skipped']:>8} {s['kept_tokens']:>13,}"
         )
 
     for name, s in summary["sources"].items():
@@ -106,7 +124,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     files = summary.get("file_dedup")
     if files:
         lines.append(
-            f"file-level dedup: {files['files_removed']} code files removed as copies of another repository's "
-            f"({files['exact']} exact, {files['near']} near); {files['repository_copies']} repositories were copies"
+            f"file-level dedup: {files['files_removed']} code files removed as copies of another "
+            f"repository's ({files['exact']} exact, {files['near']} near); "
+            f"{files['repository_copies']} repositories were copies"
         )
     return "\n".join(lines)

@@ -22,6 +22,7 @@ by the tasks that run at once, so that tasks x threads never exceed the cores gi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -172,7 +173,9 @@ class TokenEncoder:
     ``call_chars`` worth of the tokenizer's temporaries, whatever the size of a text.
     """
 
-    def __init__(self, tokenizer: Tokenizer, piece_chars: int = PIECE_CHARS, call_chars: int = CALL_CHARS) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, piece_chars: int = PIECE_CHARS, call_chars: int = CALL_CHARS
+    ) -> None:
         self.tokenizer = tokenizer
         self.piece_chars = piece_chars if pieces_are_exact(tokenizer) else None
         self.call_chars = call_chars
@@ -184,7 +187,7 @@ class TokenEncoder:
                 yield i, text
                 continue
             bounds = piece_bounds(text, self.piece_chars)
-            for start, end in zip(bounds, bounds[1:]):
+            for start, end in itertools.pairwise(bounds):
                 yield i, text[start:end]
 
     def _calls(self, texts: Sequence[str]) -> Iterator[tuple[list[int], list[str]]]:
@@ -209,6 +212,4 @@ class TokenEncoder:
             for owner, encoding in zip(owners, encodings):
                 parts[owner].append(np.array(encoding.ids, dtype=np.uint32))
             del encodings  # before the next call: the tokenizer's temporaries are the bulk of its memory
-        return [
-            p[0] if len(p) == 1 else np.concatenate(p) if p else np.empty(0, np.uint32) for p in parts
-        ]
+        return [p[0] if len(p) == 1 else np.concatenate(p) if p else np.empty(0, np.uint32) for p in parts]

@@ -10,6 +10,7 @@ seeded initialization, one parameter at a time. No rank ever holds the whole mod
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import torch
 
 from longctx.trainer.hf_io import local_region
@@ -37,7 +38,9 @@ def fill_random(model: Transformer, seed: int, std: float = 0.02) -> None:
             local.copy_(value[local_region(param)])
 
 
-def build_model(config: ModelConfig, state: ParallelState, *, activation_checkpointing: str, bf16: bool) -> BuiltModel:
+def build_model(
+    config: ModelConfig, state: ParallelState, *, activation_checkpointing: str, bf16: bool
+) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
     uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint."""
     with torch.device("meta"):

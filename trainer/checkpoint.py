@@ -67,7 +67,11 @@ def list_checkpoints(root: Path) -> list[Checkpoint]:
     """Folders named ``step_<N>`` under ``root`` (complete or damaged), newest first."""
     if not root.is_dir():
         return []
-    found = [Checkpoint(p, int(m.group(1))) for p in root.iterdir() if p.is_dir() and (m := _STEP_NAME.match(p.name))]
+    found = [
+        Checkpoint(p, int(m.group(1)))
+        for p in root.iterdir()
+        if p.is_dir() and (m := _STEP_NAME.match(p.name))
+    ]
     return sorted(found, key=lambda c: c.step, reverse=True)
 
 
@@ -142,7 +146,9 @@ def save_checkpoint(
         barrier(state)
         with warnings.catch_warnings():  # one process without a process group is what we mean: no warning
             warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized, assuming")
-            dcp.save(_state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER)))
+            dcp.save(
+                _state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER))
+            )
         rng_name = f"{RNG_FOLDER}/rank_{state.rank:05d}.pt"
         torch.save(rng_state(), tmp / rng_name)
         own = [rng_name] + sorted(
@@ -282,8 +288,10 @@ def load_checkpoint(
     try:
         dcp.load(target, storage_reader=dcp.FileSystemReader(str(folder / DCP_FOLDER)))
     except CheckpointException as err:  # a BaseException subclass: name the folder, keep the cause
-        causes = "; ".join(f"rank {r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                           for r, (e, _) in getattr(err, "failures", {}).items())
+        causes = "; ".join(
+            f"rank {r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            for r, (e, _) in getattr(err, "failures", {}).items()
+        )
         raise CheckpointError(f"cannot load {folder}: {causes or err}") from None
     if optimizer is None:
         set_model_state_dict(model, target["model"])

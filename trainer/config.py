@@ -75,7 +75,8 @@ class CoverageConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    """Distributed checkpoints under ``<output>/train/checkpoints/step_<N>/`` (``longctx.trainer.checkpoint``)."""
+    """Distributed checkpoints under ``<output>/train/checkpoints/step_<N>/``
+    (``longctx.trainer.checkpoint``)."""
 
     every: int = Field(default=100, gt=0, description="steps between checkpoints (and one at the end)")
     keep: int = Field(default=2, gt=0, description="most recent intact checkpoints kept")
@@ -106,7 +107,9 @@ def _require_extra(module: str, extra: str) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise ValueError(f"needs the {module} package, which is not installed: pip install 'longctx[{extra}]'")
+        raise ValueError(
+            f"needs the {module} package, which is not installed: pip install 'longctx[{extra}]'"
+        )
 
 
 class WandbConfig(StrictModel):
@@ -161,13 +164,15 @@ class TrainConfig(StrictModel):
     )
     cache: Path | None = Field(
         default=None,
-        description="where shards given by URL are copied and checked before training; default <output>/cache",
+        description="where shards given by URL are copied and checked before "
+        "training; default <output>/cache",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         exclude=True,  # may hold credentials: never written to checkpoints or trackers
         repr=False,
-        description="fsspec options (credentials, endpoint_url...) for a train.shards or train.export.output URL",
+        description="fsspec options (credentials, endpoint_url...) for a "
+        "train.shards or train.export.output URL",
     )
     model: ModelSection = Field(default_factory=ModelSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -183,7 +188,9 @@ class TrainConfig(StrictModel):
         "independently of the world size. Default: one row per data-parallel rank",
     )
     holdout_rows: int = Field(
-        default=0, ge=0, description="last windows of the shard folder never trained on; longctx eval scores them"
+        default=0,
+        ge=0,
+        description="last windows of the shard folder never trained on; longctx eval scores them",
     )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
     dp_replicate: int = Field(
@@ -193,7 +200,8 @@ class TrainConfig(StrictModel):
         "over the other world_size / dp_replicate ranks",
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        default="auto", description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU"
+        default="auto",
+        description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU",
     )
     activation_checkpointing: Literal["none", "full", "selective"] = Field(
         default="none",
@@ -201,7 +209,9 @@ class TrainConfig(StrictModel):
         "recompute each block except its attention (true/false are accepted for full/none)",
     )
     seed: int = 0
-    comm_timeout_s: int = Field(default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang")
+    comm_timeout_s: int = Field(
+        default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"
+    )
     log: LogConfig = Field(default_factory=LogConfig)
 
     @field_validator("activation_checkpointing", mode="before")
@@ -216,7 +226,9 @@ class TrainConfig(StrictModel):
     def _path_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value
 
-    grad_accum: Any = Field(default=None, exclude=True, repr=False, description="replaced by global_batch_rows")
+    grad_accum: Any = Field(
+        default=None, exclude=True, repr=False, description="replaced by global_batch_rows"
+    )
 
     @field_validator("grad_accum")
     @classmethod
@@ -238,7 +250,9 @@ class NeedleEvalConfig(StrictModel):
         default_factory=lambda: ["single_needle"]
     )
     seed: int = 0
-    samples: int = Field(default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed")
+    samples: int = Field(
+        default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
+    )
     max_new_tokens: int = Field(default=16, gt=0)
 
     @field_validator("depths")
@@ -265,17 +279,21 @@ class EvalConfig(StrictModel):
     models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
     shards: str | None = Field(
         default=None,
-        description="windows to score: a shard folder or an fsspec URL of one (s3://bucket/run/shards/seq65536), "
-        "copied into train.cache (default <output>/cache) and checked first; default the training shards",
+        description="windows to score: a shard folder or an fsspec URL of one "
+        "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "
+        "first; default the training shards",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
         exclude=True,  # may hold credentials: never written to evaluation results
         repr=False,
-        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default train.storage_options",
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards "
+        "URL; default train.storage_options",
     )
     rows: int = Field(
-        default=8, gt=0, description="windows scored for loss by position: the held-out ones (train.holdout_rows) first"
+        default=8,
+        gt=0,
+        description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -297,8 +315,8 @@ class EvalConfig(StrictModel):
         for model in value:
             if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
                 raise ValueError(
-                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
-                    "(a folder with config.json)"
+                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint "
+                    "folder (a folder with config.json)"
                 )
         if len(set(value)) < len(value):
             raise ValueError(f"a model is listed twice: {value}")

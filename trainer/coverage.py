@@ -28,7 +28,9 @@ def required_position(original: int, target: int, configured: int | None) -> int
     return max(original, configured if configured is not None else target - 1)
 
 
-def check_shard_coverage(max_position: int, per_source_max: dict[str, int], required: int, original: int) -> None:
+def check_shard_coverage(
+    max_position: int, per_source_max: dict[str, int], required: int, original: int
+) -> None:
     """Raise :class:`CoverageError` with a readable diagnosis unless ``max_position >= required``."""
     if max_position >= required:
         return
@@ -90,9 +92,10 @@ class CoverageTracker:
     def check(self) -> None:
         if self.steps_without_long >= self.max_steps_without_long:
             raise CoverageError(
-                f"{self.steps_without_long} optimizer steps trained no token at or beyond position {self.original} "
-                f"(context.original): the data does not reach the extended positions (largest trained position so "
-                f"far: {self.max_position}). Raise train.coverage.max_steps_without_long or pack longer documents."
+                f"{self.steps_without_long} optimizer steps trained no token at or beyond position "
+                f"{self.original} (context.original): the data does not reach the extended positions "
+                f"(largest trained position so far: {self.max_position}). Raise "
+                "train.coverage.max_steps_without_long or pack longer documents."
             )
 
     def summary(self) -> dict[str, object]:

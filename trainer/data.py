@@ -24,8 +24,8 @@ def accumulation_steps(global_batch_rows: int, dp_size: int) -> int:
     """Micro-batches (rows) per optimizer step on each data-parallel rank."""
     if global_batch_rows % dp_size:
         raise ConfigError(
-            f"train.global_batch_rows = {global_batch_rows} is not a multiple of the data-parallel size {dp_size} "
-            "(world size / train.cp); choose a multiple, or another number of processes"
+            f"train.global_batch_rows = {global_batch_rows} is not a multiple of the data-parallel size "
+            f"{dp_size} (world size / train.cp); choose a multiple, or another number of processes"
         )
     return global_batch_rows // dp_size
 

@@ -58,14 +58,18 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
     for model in models:
         if model == "base":
             if train is None:
-                raise ConfigError("eval.models: 'base' is the model of the train section, and this config has none")
+                raise ConfigError(
+                    "eval.models: 'base' is the model of the train section, and this config has none"
+                )
             path = train.model.hf_path
-            specs.append(ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None))
+            specs.append(
+                ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None)
+            )
         elif model == "trained":
             if not (layout.final_model / "config.json").is_file():
                 raise ConfigError(
-                    f"eval.models: no trained model at {layout.final_model} (train first, or list Hugging Face "
-                    "checkpoint folders with --model)"
+                    f"eval.models: no trained model at {layout.final_model} (train first, or list Hugging "
+                    "Face checkpoint folders with --model)"
                 )
             specs.append(ModelSpec("trained", str(layout.final_model), layout.final_model))
         else:
@@ -74,7 +78,9 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
     return [ModelSpec(s.source, s.source, s.path) if names.count(s.label) > 1 else s for s in specs]
 
 
-def _load(spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device) -> Transformer:
+def _load(
+    spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
+) -> Transformer:
     from longctx.trainer.build import build_model, fill_random
     from longctx.trainer.hf_io import load_model, load_weights
     from longctx.trainer.parallel import ParallelState
@@ -84,7 +90,9 @@ def _load(spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vo
         return load_model(spec.path, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
     config = model_config(train, context, vocab_size)
-    model = build_model(config, ParallelState.single(device), activation_checkpointing="none", bf16=False).model
+    model = build_model(
+        config, ParallelState.single(device), activation_checkpointing="none", bf16=False
+    ).model
     if train.model.hf_path is not None:  # the base model is what training starts from
         load_weights(model, train.model.hf_path)
     else:
@@ -159,7 +167,9 @@ def run_eval(
         if not haystack:
             raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
         try:
-            examples = needle_examples(haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples)
+            examples = needle_examples(
+                haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
+            )
         except ValueError as err:
             raise ConfigError(f"eval.needle: {err}") from None
         eos = [i for i in (tok.token_to_id(EOS_TOKEN),) if i is not None]
@@ -179,20 +189,36 @@ def run_eval(
     sources = {s.label: s.source for s in specs}
     accuracy = {label: needle_accuracy(results) for label, results in needles.items()}
     with new_numbered_folder(layout.eval) as (tmp, folder):
-        write_json(tmp / "loss_by_position.json", {
-            "shards": str(shards), "rows": indices, "held_out_rows": len(held_out),
-            "models": [{"label": label, "model": sources[label], "buckets": table} for label, table in tables.items()],
-        })
+        write_json(
+            tmp / "loss_by_position.json",
+            {
+                "shards": str(shards),
+                "rows": indices,
+                "held_out_rows": len(held_out),
+                "models": [
+                    {"label": label, "model": sources[label], "buckets": table}
+                    for label, table in tables.items()
+                ],
+            },
+        )
         write_text(tmp / "loss_by_position.txt", loss_table + "\n")
         plot_loss_by_position(tables, context.original, tmp / "loss_by_position.png")
         if needle is not None:
-            write_json(tmp / "needle.json", {
-                **needle.model_dump(mode="json"),
-                "models": [
-                    {"label": label, "model": sources[label], **accuracy[label], "results": [r.__dict__ for r in results]}
-                    for label, results in needles.items()
-                ],
-            })
+            write_json(
+                tmp / "needle.json",
+                {
+                    **needle.model_dump(mode="json"),
+                    "models": [
+                        {
+                            "label": label,
+                            "model": sources[label],
+                            **accuracy[label],
+                            "results": [r.__dict__ for r in results],
+                        }
+                        for label, results in needles.items()
+                    ],
+                },
+            )
             plot_needle_heatmap(needles, tmp / "needle.png")
         files = sorted(p.name for p in tmp.iterdir()) + ["summary.json"]
         summary = {  # models in the order they were given (JSON keys are written sorted)
@@ -232,7 +258,10 @@ def latest_evaluation(eval: EvalConfig, output: Path) -> dict[str, Any] | None:
     trained = layout.final_model / "config.json"
     if not layout.eval.is_dir() or not trained.is_file():
         return None
-    folders = sorted((p for p in layout.eval.iterdir() if p.name.isdigit() and (p / "summary.json").is_file()), reverse=True)
+    folders = sorted(
+        (p for p in layout.eval.iterdir() if p.name.isdigit() and (p / "summary.json").is_file()),
+        reverse=True,
+    )
     for folder in folders:
         if folder.stat().st_mtime < trained.stat().st_mtime:
             return None

@@ -52,8 +52,11 @@ def loss_by_position(
         labels = torch.where(sample["loss_mask"], sample["labels"], -100)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             hidden = model(
-                sample["input_ids"].to(device), sample["position_ids"].to(device), torch.arange(n, device=device),
-                segment.to(device), rope_seq_len=seq_len,
+                sample["input_ids"].to(device),
+                sample["position_ids"].to(device),
+                torch.arange(n, device=device),
+                segment.to(device),
+                rope_seq_len=seq_len,
             )
         losses = token_losses(model, hidden, labels.to(device)).double().cpu()
         mask = sample["loss_mask"]
@@ -119,7 +122,9 @@ def needle_examples(
         NeedleExample(kind, sample, example)
         for kind in kinds
         for sample in range(samples)
-        for example in make_grid(haystack_texts, tokenizer, list(lengths), list(depths), derive_seed(seed, "sample", sample), kind)
+        for example in make_grid(
+            haystack_texts, tokenizer, list(lengths), list(depths), derive_seed(seed, "sample", sample), kind
+        )
     ]
 
 
@@ -143,8 +148,17 @@ def score_needles(
 
         generated_ids = greedy_generate(model, prompt_ids, max_new_tokens, device, stop)
         generated = tokenizer.decode([i for i in generated_ids if i not in stop_ids])
-        results.append(NeedleResult(example.context_tokens, example.depth, item.task, item.sample, example.answer,
-                                    generated, score_answer(generated, example.answer)))
+        results.append(
+            NeedleResult(
+                example.context_tokens,
+                example.depth,
+                item.task,
+                item.sample,
+                example.answer,
+                generated,
+                score_answer(generated, example.answer),
+            )
+        )
     return results
 
 
@@ -172,7 +186,9 @@ def needle_accuracy(results: Sequence[NeedleResult]) -> dict[str, Any]:
     by_length = {n: [r.correct for r in results if r.context_tokens == n] for n in lengths}
     return {
         "accuracy": sum(r.correct for r in results) / len(results) if results else None,
-        "by_length": [{"context_tokens": n, "accuracy": sum(cell) / len(cell)} for n, cell in by_length.items()],
+        "by_length": [
+            {"context_tokens": n, "accuracy": sum(cell) / len(cell)} for n, cell in by_length.items()
+        ],
         "examples": len(results),
     }
 
@@ -182,7 +198,9 @@ def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: 
     fig = new_figure(figsize=(7, 4))
     ax = fig.subplots()
     for label, rows in tables.items():
-        points = [(max(1, (r["start"] + r["end"]) / 2), r["mean_loss"]) for r in rows if r["mean_loss"] is not None]
+        points = [
+            (max(1, (r["start"] + r["end"]) / 2), r["mean_loss"]) for r in rows if r["mean_loss"] is not None
+        ]
         ax.plot([p for p, _ in points], [v for _, v in points], marker="o", label=label)
     ax.axvline(original, color="tab:red", linestyle="--", label=f"original context ({original})")
     ax.set_xscale("log", base=2)
@@ -235,11 +253,17 @@ def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int)
     labels = list(tables)
     widths = [max(10, len(label)) for label in labels]
     first = next(iter(tables.values()))
-    header = f"{'positions':>17} {'tokens':>9} " + " ".join(f"{label:>{w}}" for label, w in zip(labels, widths))
+    header = f"{'positions':>17} {'tokens':>9} " + " ".join(
+        f"{label:>{w}}" for label, w in zip(labels, widths)
+    )
     lines = [header]
     for k, r in enumerate(first):
         losses = [tables[label][k]["mean_loss"] for label in labels]
-        cells = " ".join(f"{loss:>{w}.4f}" if loss is not None else f"{'-':>{w}}" for loss, w in zip(losses, widths))
+        cells = " ".join(
+            f"{loss:>{w}.4f}" if loss is not None else f"{'-':>{w}}" for loss, w in zip(losses, widths)
+        )
         mark = "  <- original context" if r["start"] == original else ""
-        lines.append(f"{'[' + str(r['start']) + ', ' + str(r['end']) + ')':>17} {r['tokens']:>9} {cells}{mark}")
+        lines.append(
+            f"{'[' + str(r['start']) + ', ' + str(r['end']) + ')':>17} {r['tokens']:>9} {cells}{mark}"
+        )
     return "\n".join(lines)

@@ -175,8 +175,6 @@ def train_flops_per_token(model: ModelShape, length: int) -> float:
     return TRAIN_FACTOR * forward_flops_per_token(model, length, causal=True)
 
 
-
-
 def causal_pair_count(lengths: Iterable[int]) -> int:
     """(query, key) pairs that causal attention within each document computes: ``sum n (n + 1) / 2``
     over the documents' lengths ``n`` (a packed window's segments, padding included)."""

@@ -57,7 +57,9 @@ class KVCache:
         """``q`` ``[new, heads, dim]``, ``k``/``v`` ``[new, kv_heads, dim]`` of one layer."""
         layer, start, new = self._layer, self.length, k.shape[0]
         if start + new > self.capacity:
-            raise ValueError(f"the sequence ({start + new} tokens) exceeds the cache capacity {self.capacity}")
+            raise ValueError(
+                f"the sequence ({start + new} tokens) exceeds the cache capacity {self.capacity}"
+            )
         if self._keys is None or self._values is None:
             shape = (self.num_layers, self.capacity, *k.shape[1:])
             self._keys, self._values = k.new_empty(shape), v.new_empty(shape)
@@ -93,7 +95,9 @@ def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
         positions = torch.arange(keys.shape[0], device=q.device)
         seen = positions[None, :] <= positions[start:, None]
         scores = scores.masked_fill(~seen, float("-inf"))
-    weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))  # bf16 scores: fp32 softmax
+    weights = scores.softmax(
+        -1, dtype=torch.promote_types(scores.dtype, torch.float32)
+    )  # bf16 scores: fp32 softmax
     out = torch.einsum("kgnt,tkd->nkgd", weights.to(values.dtype), values)
     return out.reshape(new, heads, dim).to(q.dtype)
 

@@ -81,7 +81,7 @@ def _stored_names(files: Iterable[Path]) -> dict[str, Path]:
     where: dict[str, Path] = {}
     for file in files:
         with safe_open(file, framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 if name in where:
                     raise ValueError(f"tensor {name} is stored in both {where[name].name} and {file.name}")
                 where[name] = file
@@ -147,14 +147,19 @@ def stored_dtype(directory: str | os.PathLike[str]) -> torch.dtype:
     """The dtype of the checkpoint's floating-point tensors (the first one found), e.g. bf16 for Llama-3."""
     for file in weight_files(directory):
         with safe_open(file, framework="pt") as handle:
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
                 dtype = handle.get_slice(name).get_dtype()
                 if dtype in _SAFETENSORS_FLOATS:
                     return _SAFETENSORS_FLOATS[dtype]
     return torch.float32
 
 
-_SAFETENSORS_FLOATS = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+_SAFETENSORS_FLOATS = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
+}
 
 
 def load_model(

@@ -43,8 +43,16 @@ def torchrun_command(nproc: int, module: str, args: Sequence[str]) -> list[str]:
     """The equivalent ``torchrun`` command line, for users who start the ranks themselves."""
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", module, *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        module,
+        *args,
+    ]
 
 
 @contextlib.contextmanager
@@ -62,7 +70,9 @@ def _job_environment(updates: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dict[str, str] | None = None) -> int:
+def launch(
+    nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dict[str, str] | None = None
+) -> int:
     """Run ``python -m module *args`` as ``nproc`` local ranks; returns the job's exit status
     (0, 2 after a user error whose line was printed, 1 after another failure, 128 + signal).
 
@@ -96,7 +106,9 @@ def launch(nproc: int, module: str, args: Sequence[str], job_dir: Path, env: dic
     elastic_logger = logging.getLogger("torch.distributed.elastic")
     level = elastic_logger.level
     # the agent installs its own handlers (to stop the ranks); the caller's come back afterwards
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    handlers = {
+        sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    }
     elastic_logger.setLevel(logging.CRITICAL)  # we report failures ourselves, in one line
     try:
         with _job_environment(updates):
@@ -158,7 +170,9 @@ def follow_launcher(interval_s: float = 1.0) -> None:
     _set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != int(parent):  # the launcher died before the death signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=_watch_parent, args=(int(parent), interval_s), daemon=True, name="launcher-watch").start()
+    threading.Thread(
+        target=_watch_parent, args=(int(parent), interval_s), daemon=True, name="launcher-watch"
+    ).start()
 
 
 @contextlib.contextmanager

@@ -93,7 +93,6 @@ def block_param_count(model: ModelShape) -> int:
     return h * (2 * model.q_dim + 2 * model.kv_dim) + 3 * h * model.intermediate_size + 2 * h
 
 
-
 def activation_bytes_per_token(model: ModelShape, length: int, *, flash: bool) -> float:
     """Bytes one layer keeps for backward per token of a sequence of ``length`` tokens (bf16, no recompute).
 
@@ -118,7 +117,6 @@ def activation_bytes_per_token(model: ModelShape, length: int, *, flash: bool) -
     return common + ACTIVATION_BYTES * model.num_heads * length
 
 
-
 def kv_block_bytes(
     model: ModelShape, block_tokens: float, bytes_per_element: float = ACTIVATION_BYTES
 ) -> float:
@@ -126,9 +124,11 @@ def kv_block_bytes(
     return 2.0 * block_tokens * model.kv_dim * bytes_per_element
 
 
-
 def held_bytes_per_token(
-    model: ModelShape, mode: str, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
+    model: ModelShape,
+    mode: str,
+    compute_bytes: int = ACTIVATION_BYTES,
+    residual_bytes: int = ACTIVATION_BYTES,
 ) -> float:
     """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode.
 
@@ -142,8 +142,14 @@ def held_bytes_per_token(
     if mode == "full":
         return float(residual_bytes * model.hidden_size)
     if mode == "selective":
-        return residual_bytes * model.hidden_size + compute_bytes * (3 * model.q_dim + 2 * model.kv_dim) + 4.0 * model.num_heads
-    raise ConfigError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {mode!r}")
+        return (
+            residual_bytes * model.hidden_size
+            + compute_bytes * (3 * model.q_dim + 2 * model.kv_dim)
+            + 4.0 * model.num_heads
+        )
+    raise ConfigError(
+        f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {mode!r}"
+    )
 
 
 def saved_bytes_per_token(
@@ -160,7 +166,10 @@ def saved_bytes_per_token(
       an activation anew for every matmul that reads it.
     """
     h = model.hidden_size
-    saved = compute_bytes * (3 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size) + 4.0 * model.num_heads
+    saved = (
+        compute_bytes * (3 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size)
+        + 4.0 * model.num_heads
+    )
     saved += residual_bytes * 4 * h
     if residual_bytes > compute_bytes:
         saved += compute_bytes * 5 * h
@@ -168,7 +177,10 @@ def saved_bytes_per_token(
 
 
 def working_bytes_per_token(
-    model: ModelShape, mode: str, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
+    model: ModelShape,
+    mode: str,
+    compute_bytes: int = ACTIVATION_BYTES,
+    residual_bytes: int = ACTIVATION_BYTES,
 ) -> float:
     """Bytes per token of the one block being backpropagated, beyond what it held since forward.
 

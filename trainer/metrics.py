@@ -13,7 +13,14 @@ import torch.nn.functional as F
 from longctx.trainer.model import Transformer
 
 # Dense bf16 peak per device, FLOP/s, by a substring of torch.cuda.get_device_name().
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12, "4090": 165e12}
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "4090": 165e12,
+}
 
 
 def peak_flops(device: torch.device, configured_tflops: float | None) -> float | None:
@@ -27,11 +34,15 @@ def peak_flops(device: torch.device, configured_tflops: float | None) -> float |
 
 
 @torch.no_grad()
-def token_losses(model: Transformer, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+def token_losses(
+    model: Transformer, hidden: torch.Tensor, labels: torch.Tensor, chunk: int = 8192
+) -> torch.Tensor:
     """Per-token cross-entropy (float32, 0 where ``labels`` is -100), computed chunk by chunk."""
     flat_h, flat_l = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
     out = torch.empty(flat_l.shape, dtype=torch.float32, device=hidden.device)
     for start in range(0, flat_l.numel(), chunk):
         logits = model.logits(flat_h[start : start + chunk]).float()
-        out[start : start + chunk] = F.cross_entropy(logits, flat_l[start : start + chunk], reduction="none", ignore_index=-100)
+        out[start : start + chunk] = F.cross_entropy(
+            logits, flat_l[start : start + chunk], reduction="none", ignore_index=-100
+        )
     return out.view(labels.shape)

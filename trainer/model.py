@@ -440,7 +440,9 @@ class DecoderLayer(nn.Module):
         """Apply the block to ``[B, T, hidden]``."""
         if self.selective and torch.is_grad_enabled():
             q, k, v = checkpoint(self._attention_inputs, x, cos, sin, use_reentrant=False)
-            return checkpoint(self._after_attention, x, SelfAttention.attend(q, k, v, rows), use_reentrant=False)
+            return checkpoint(
+                self._after_attention, x, SelfAttention.attend(q, k, v, rows), use_reentrant=False
+            )
         return self._after_attention(x, SelfAttention.attend(*self._attention_inputs(x, cos, sin), rows))
 
 
@@ -452,7 +454,9 @@ def checkpointing_mode(value: str | bool) -> str:
     if isinstance(value, bool):
         return "full" if value else "none"
     if value not in ACTIVATION_CHECKPOINTING:
-        raise ValueError(f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {value!r}")
+        raise ValueError(
+            f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {value!r}"
+        )
     return value
 
 
@@ -467,7 +471,9 @@ class Decoder(nn.Module):
         if not weight.is_meta:  # nn.Embedding's own init on the meta device would import torch._dynamo
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
-        self.layers = nn.ModuleList(DecoderLayer(config, selective=selective) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, selective=selective) for _ in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
@@ -595,8 +601,8 @@ class Transformer(nn.Module):
         ``ignore_index``), differentiable.
 
         Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
-        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk is
-        recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
+        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk
+        is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
         Summing gives the loss of this rank's tokens, which the caller normalizes by the token count
         of the whole (data- and context-parallel) batch.
         """
@@ -627,7 +633,9 @@ class Transformer(nn.Module):
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
     ) -> Tensor:
         """Summed next-token cross-entropy (float32 scalar); see :meth:`token_cross_entropy`."""
-        return self.token_cross_entropy(hidden, labels, chunk_tokens=chunk_tokens, ignore_index=ignore_index).sum()
+        return self.token_cross_entropy(
+            hidden, labels, chunk_tokens=chunk_tokens, ignore_index=ignore_index
+        ).sum()
 
 
 def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:

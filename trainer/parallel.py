@@ -60,7 +60,11 @@ def mesh_shape(world_size: int, cp: int, dp_replicate: int = 1) -> MeshShape:
     Raises :class:`ConfigError` when ``cp x dp_replicate`` does not divide the world size.
     """
     if cp < 1 or dp_replicate < 1 or world_size % (cp * dp_replicate):
-        what = f"train.cp = {cp}" if dp_replicate == 1 else f"train.cp x train.dp_replicate = {cp * dp_replicate}"
+        what = (
+            f"train.cp = {cp}"
+            if dp_replicate == 1
+            else f"train.cp x train.dp_replicate = {cp * dp_replicate}"
+        )
         raise ConfigError(
             f"{what} must divide the number of processes ({world_size}); start a multiple of "
             f"{cp * dp_replicate} processes (torchrun --nproc-per-node, or longctx train --nproc)"

@@ -101,6 +101,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 """Public ``config.json`` dimensions of common models: the keys the planner reads, plus ``model_type``."""
 
+
 def load_model_shape(spec: str) -> ModelShape:
     """The shape named by ``spec``: a preset (case-insensitive), a model folder, or a ``config.json`` path.
 
@@ -151,8 +152,8 @@ def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = Tr
     """Forward FLOPs of one ring step of one layer: ``b`` queries against one block of ``b`` keys.
 
     Per head, ``QK^T`` and ``PV`` are each ``2 b^2 d``, so the full block pair is ``4 b^2 q``. With
-    causal attention in longctx's zigzag layout (``longctx.trainer.attention.zigzag.zigzag_indices``) every step computes
-    about half of the pair's scores, so ``2 b^2 q``.
+    causal attention in longctx's zigzag layout (``longctx.trainer.attention.zigzag.zigzag_indices``) every
+    step computes about half of the pair's scores, so ``2 b^2 q``.
     """
     return 4.0 * block_tokens**2 * model.q_dim * (0.5 if causal else 1.0)
 
@@ -291,7 +292,9 @@ class RunSettings:
         if self.gpus is not None and not self.gpus > 0:
             raise ConfigError(f"GPU count must be positive, got {self.gpus}")
         if self.tokens is not None and not self.tokens > 0:
-            raise ConfigError(f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}")
+            raise ConfigError(
+                f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}"
+            )
         if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
             raise ConfigError(
                 f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
@@ -406,7 +409,17 @@ def parse_lengths(text: str) -> list[int]:
     return [parse_length(item) for item in items]
 
 
-_BYTE_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2.0**10, "MI": 2.0**20, "GI": 2.0**30, "TI": 2.0**40}
+_BYTE_UNITS = {
+    "": 1.0,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "KI": 2.0**10,
+    "MI": 2.0**20,
+    "GI": 2.0**30,
+    "TI": 2.0**40,
+}
 
 
 def parse_bytes(text: str) -> float:

@@ -26,7 +26,8 @@ SUPERSEDED = "metrics.superseded.jsonl"
 
 
 def check_settings(folder: Path, saved: dict[str, Any], expected: dict[str, Any]) -> None:
-    """Refuse to resume checkpoint ``folder`` when a setting that fixes the data order or the model changed."""
+    """Refuse to resume checkpoint ``folder`` when a setting that fixes the data order or the model
+    changed."""
     changed = sorted(k for k, v in expected.items() if saved.get(k) != v)
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {expected[k]!r}" for k in changed)
@@ -36,7 +37,9 @@ def check_settings(folder: Path, saved: dict[str, Any], expected: dict[str, Any]
                 " (train.global_batch_rows defaults to the data-parallel size; set it to the checkpoint's "
                 "value to resume at another world size)"
             )
-        raise ConfigError(f"cannot resume from {folder}: the run changed ({details}){hint}; use a new output folder")
+        raise ConfigError(
+            f"cannot resume from {folder}: the run changed ({details}){hint}; use a new output folder"
+        )
 
 
 def _kept(line: str, resume_step: int) -> bool:

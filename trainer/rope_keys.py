@@ -60,7 +60,9 @@ def check_rope_scaling(scaling: Mapping[str, Any]) -> None:
     """Raise ``ValueError`` (one line) unless ``scaling`` declares a known ``rope_type`` with the
     keys that type needs, no key it does not take, and values of the right kind."""
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"must be a mapping like {{rope_type: yarn, factor: 4.0}}, got {type(scaling).__name__}")
+        raise ValueError(
+            f"must be a mapping like {{rope_type: yarn, factor: 4.0}}, got {type(scaling).__name__}"
+        )
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type is None:
         raise ValueError(f"needs a rope_type, one of {', '.join(_TYPE_KEYS)}")
@@ -74,7 +76,8 @@ def check_rope_scaling(scaling: Mapping[str, Any]) -> None:
         if key not in allowed:
             takes = ", ".join(_TYPE_KEYS[rope_type]) or "no scaling parameters"
             raise ValueError(
-                f"rope_type {rope_type!r} takes no key {key!r}{_did_you_mean(str(key), allowed)}; it takes {takes}"
+                f"rope_type {rope_type!r} takes no key "
+                f"{key!r}{_did_you_mean(str(key), allowed)}; it takes {takes}"
             )
     missing = [key for key in _REQUIRED_KEYS.get(rope_type, ()) if scaling.get(key) is None]
     if missing:
@@ -90,7 +93,10 @@ def check_rope_scaling(scaling: Mapping[str, Any]) -> None:
         elif key in _BOOL_KEYS:
             ok, kind = isinstance(value, bool), "true or false"
         elif key in _INT_KEYS:
-            ok, kind = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
+            ok, kind = (
+                isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                "a positive integer",
+            )
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
             kind = "a positive number"

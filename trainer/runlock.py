@@ -141,8 +141,11 @@ def _acquire(path: Path) -> int:
                     f"{path}: another longctx train is running on this output ({_describe(owner)}); "
                     "wait for it to finish or stop it"
                 )
-            print(f"longctx train: taking over the stale lock {path} of {_describe(owner)}, no longer running",
-                  file=sys.stderr, flush=True)
+            print(
+                f"longctx train: taking over the stale lock {path} of {_describe(owner)}, no longer running",
+                file=sys.stderr,
+                flush=True,
+            )
         me = {"pid": os.getpid(), "host": host, "since": time.time(), "start_time": _start_time(os.getpid())}
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)

@@ -53,9 +53,13 @@ def shard_model(model: Transformer, state: ParallelState, *, bf16: bool) -> floa
     fsdp = _fsdp()
     mesh = state.fsdp_mesh
     for layer in model.model.layers:
-        fsdp.fully_shard(layer, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16, cast_inputs=False))
+        fsdp.fully_shard(
+            layer, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16, cast_inputs=False)
+        )
     if model.lm_head is not None:  # a tied embedding must live in one group: the root's
-        fsdp.fully_shard(model.model.embed_tokens, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16))
+        fsdp.fully_shard(
+            model.model.embed_tokens, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16)
+        )
     # The root's parameters (final norm, output projection) are used at the end of forward and first in
     # backward: keeping them gathered in between saves one all-gather per micro-batch.
     fsdp.fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mixed_precision(bf16))

@@ -77,7 +77,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as err:
-            raise ConfigError(f"train.log.tensorboard needs TensorBoard: pip install 'longctx[tensorboard]' ({err})") from None
+            raise ConfigError(
+                f"train.log.tensorboard needs TensorBoard: pip install 'longctx[tensorboard]' ({err})"
+            ) from None
         # purge_step: TensorBoard hides what an earlier, killed run logged after the resumed checkpoint
         self.writer = SummaryWriter(str(folder), purge_step=resume_step + 1 if resume_step else None)
         if not resume_step:
@@ -97,11 +99,15 @@ class WandbSink:
     ``layout.wandb_run_id``, so a resumed training run continues the same W&B run; closing stops
     W&B's background service (``wandb-core``), so no process outlives training."""
 
-    def __init__(self, section: WandbConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any]) -> None:
+    def __init__(
+        self, section: WandbConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any]
+    ) -> None:
         try:
             import wandb
         except ImportError as err:
-            raise ConfigError(f"train.log.wandb needs Weights & Biases: pip install 'longctx[wandb]' ({err})") from None
+            raise ConfigError(
+                f"train.log.wandb needs Weights & Biases: pip install 'longctx[wandb]' ({err})"
+            ) from None
         self._wandb = wandb
         layout.wandb.mkdir(parents=True, exist_ok=True)
         id_file = layout.wandb_run_id
@@ -155,7 +161,9 @@ class Tracker:
     a run that fails midway still flushes its trackers and stops W&B's service.
     """
 
-    def __init__(self, log: LogConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, log: LogConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any] | None = None
+    ) -> None:
         config = config or {}
         self.sinks: list[Sink] = [JsonlSink(layout.metrics)]
         self._close = weakref.finalize(self, _close_all, self.sinks)

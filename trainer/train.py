@@ -1,4 +1,5 @@
-"""The training loop: packed shards -> zigzag context-parallel rows -> ring attention -> AdamW on FSDP2 shards.
+"""The training loop: packed shards -> zigzag context-parallel rows -> ring attention ->
+AdamW on FSDP2 shards.
 
 One optimizer step takes ``train.global_batch_rows`` packed rows over all data-parallel ranks
 (``longctx.trainer.data``); each row is split across the ``cp`` ranks of its ring (zigzag). Every rank
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
@@ -42,7 +44,6 @@ from longctx.trainer.checkpoint import (
 from longctx.trainer.config import TrainConfig
 from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
 from longctx.trainer.data import StepRows
-from longctx.core import remote
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import load_config as load_hf_config
@@ -72,7 +73,8 @@ class TrainResult:
 
 
 def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole (``*_total``)."""
+    """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole
+    (``*_total``)."""
     params = list(model.parameters())
     states = list(optimizer_tensors(optimizer))
     return {
@@ -102,7 +104,9 @@ def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> 
     else:
         config = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
     return config.with_rope(
-        rope_scaling=section.rope_scaling, rope_theta=section.rope_theta, max_position_embeddings=context.target
+        rope_scaling=section.rope_scaling,
+        rope_theta=section.rope_theta,
+        max_position_embeddings=context.target,
     )
 
 
@@ -111,7 +115,8 @@ def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None
     if vocab_size > config.vocab_size:
         raise ConfigError(
             f"the shards in {folder} use a vocabulary of {vocab_size} tokens but the model's embedding has "
-            f"{config.vocab_size} rows: pack with the model's tokenizer (or a model whose vocab_size covers it)"
+            f"{config.vocab_size} rows: pack with the model's tokenizer (or a "
+            "model whose vocab_size covers it)"
         )
 
 
@@ -139,7 +144,9 @@ def memory_name(device: torch.device) -> str:
     return "this machine's memory" + (f" shared by {ranks} ranks" if ranks > 1 else "")
 
 
-def check_memory(tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool) -> None:
+def check_memory(
+    tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
+) -> None:
     """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
     device_bytes = device_memory(state.device)
     if device_bytes is None:
@@ -166,7 +173,10 @@ def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms and biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": tcfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": tcfg.optim.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=tcfg.optim.lr, betas=tcfg.optim.betas, eps=tcfg.optim.eps)
 
 
@@ -261,11 +271,16 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     manifest = rows.dataset.shards.manifest
     seq_len, original = rows.seq_len, job.context.original
     if seq_len % (2 * state.cp_size):
-        raise ConfigError(f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}")
+        raise ConfigError(
+            f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}"
+        )
     required = required_position(original, job.context.target, tcfg.coverage.required_position)
     try:
         check_shard_coverage(
-            manifest.max_position, {name: s.max_position for name, s in manifest.sources.items()}, required, original
+            manifest.max_position,
+            {name: s.max_position for name, s in manifest.sources.items()},
+            required,
+            original,
         )
     except CoverageError as err:
         if not tcfg.coverage.allow_short:
@@ -311,7 +326,10 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
         for key, value in saved["coverage"].items():
             setattr(run.tracker, key, value)
         if state.is_main:
-            print(f"resuming from {resume_from.folder} (step {run.start_step}, {state.shape.describe()})", flush=True)
+            print(
+                f"resuming from {resume_from.folder} (step {run.start_step}, {state.shape.describe()})",
+                flush=True,
+            )
     return run
 
 
@@ -327,7 +345,9 @@ class _StepStats:
     attention_score_fraction: float | None
 
 
-def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool, position_losses: bool) -> _StepStats:
+def _forward_backward(
+    run: _Run, shards: list, state: ParallelState, bf16: bool, position_losses: bool
+) -> _StepStats:
     """Backward of every micro-batch's summed token losses, then one collective for the step's token
     count and statistics, and the gradients divided by the batch's token count.
 
@@ -363,7 +383,9 @@ def _forward_backward(run: _Run, shards: list, state: ParallelState, bf16: bool,
             stats[2] = max(float(stats[2]), float(shard.position_ids[mask].max()))
         if position_losses:
             per_token = token_losses.detach().double().cpu()
-            stats[3 : 3 + n_buckets].index_add_(0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask])
+            stats[3 : 3 + n_buckets].index_add_(
+                0, run.tracker.bucket_of(shard.position_ids)[mask], per_token[mask]
+            )
         stats[3 + n_buckets :] += run.tracker.local_counts(shard.position_ids, mask).double()
     start = time.perf_counter()
     every_rank = all_gather_stats(stats, state)
@@ -391,7 +413,10 @@ def _trainer_state(run: _Run, job: _Job, state: ParallelState) -> dict[str, Any]
         "data": run.rows.state_dict(),
         "coverage": _tracker_state(run.tracker),
         "mesh": {"world_size": state.world_size, **state.shape.__dict__},
-        "config": {"train": job.train.model_dump(mode="json"), "context": job.context.model_dump(mode="json")},
+        "config": {
+            "train": job.train.model_dump(mode="json"),
+            "context": job.context.model_dump(mode="json"),
+        },
     }
 
 
@@ -474,7 +499,8 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
                 "comm_fraction": comm / elapsed,
                 "attention_score_fraction": stats.attention_score_fraction,
                 "max_position": tracker.max_position,
-                "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original) / max(1, sum(counts)),
+                "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original)
+                / max(1, sum(counts)),
                 "loss_by_position": {
                     str(edge): total / n if n and logged else None
                     for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)

@@ -11,20 +11,22 @@ from pathlib import Path
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "curate",
-        help="read books, papers and code repositories; filter by token length; remove exact and near duplicates",
+        help="read books, papers and code repositories; filter by token length; "
+        "remove exact and near duplicates",
         description=(
             "Curate long documents. Reads the sources of --config (or --input DIR with books/, papers/ and "
             "code/ subfolders), filters by token length, removes exact and near duplicates, and writes "
             "<output>/documents/<source>/*.parquet, <output>/ledger.parquet (one row per input document), "
-            "<output>/stats.json and <output>/stats.png. Killed runs resume where they stopped when run again. "
-            "With curate.output (or --publish) the finished curation is also uploaded there (documents/, "
-            "tokenizer, ledger and stats, then curation.json listing them with checksums), e.g. to s3://, "
-            "for `longctx pack` elsewhere to read with pack.input."
+            "<output>/stats.json and <output>/stats.png. Killed runs resume where they stopped when run "
+            "again. With curate.output (or --publish) the finished curation is also uploaded there "
+            "(documents/, tokenizer, ledger and stats, then curation.json listing them with checksums), e.g. "
+            "to s3://, for `longctx pack` elsewhere to read with pack.input."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config (see configs/)")
     parser.add_argument(
-        "--input", help="folder (local path or fsspec URL such as s3://bucket/corpus) with books/, papers/, code/ "
+        "--input",
+        help="folder (local path or fsspec URL such as s3://bucket/corpus) with books/, papers/, code/ "
         "subfolders (overrides curate.input)",
     )
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
@@ -34,7 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="also upload the finished curation to URL, e.g. s3://bucket/run (overrides curate.output)",
     )
     parser.add_argument("--tasks", type=int, help="number of tasks (overrides curate.executor.tasks)")
-    parser.add_argument("--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)")
+    parser.add_argument(
+        "--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)"
+    )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
     parser.set_defaults(func=run)
 

@@ -13,17 +13,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "The main job end to end on the embedded default corpus (Python's standard library and its "
             "bundled documentation): curate, pack two window lengths, validate the shards, train a tiny "
-            "model for a few steps on 2 CPU ranks with ring attention, compare the base and the trained model "
-            "on loss by position and needle retrieval, and print one summary. Finished stages are reused when "
-            "run again. The config ships with the package, so it runs from any folder; results go to "
-            "runs/demo under the current folder unless --output says otherwise."
+            "model for a few steps on 2 CPU ranks with ring attention, compare the base and the trained "
+            "model on loss by position and needle retrieval, and print one summary. Finished stages are "
+            "reused when run again. The config ships with the package, so it runs from any folder; results "
+            "go to runs/demo under the current folder unless --output says otherwise."
         ),
     )
     parser.add_argument("--config", type=Path, help="YAML config (default: the packaged demo config)")
     parser.add_argument("--output", type=Path, help="output folder (overrides output)")
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs")
     parser.add_argument(
-        "--print-config", action="store_true", help="print the packaged demo config (to copy and edit) and exit"
+        "--print-config",
+        action="store_true",
+        help="print the packaged demo config (to copy and edit) and exit",
     )
     parser.set_defaults(func=run)
 

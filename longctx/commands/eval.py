@@ -15,19 +15,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "per position bucket on packed windows (a healthy extended model's loss keeps falling past the "
             "original context) and a needle-retrieval grid of context lengths x depths, several samples per "
             "cell, scored by greedy decoding. Each run writes a new folder <output>/eval/<NNN>/ "
-            "(loss_by_position.{json,png,txt}, needle.{json,png}, summary.json) and never replaces an earlier "
-            "one. Models (eval.models, default: base trained): 'base' is the model training starts from "
-            "(train.model), 'trained' is <output>/train/final, anything else a Hugging Face checkpoint folder "
-            "(Llama, Mistral, Qwen2)."
+            "(loss_by_position.{json,png,txt}, needle.{json,png}, summary.json) and never replaces an "
+            "earlier one. Models (eval.models, default: base trained): 'base' is the model training starts "
+            "from (train.model), 'trained' is <output>/train/final, anything else a Hugging Face checkpoint "
+            "folder (Llama, Mistral, Qwen2)."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with an eval section")
-    parser.add_argument("--output", type=Path, help="run folder (overrides output); results go to <output>/eval/<NNN>")
+    parser.add_argument(
+        "--output", type=Path, help="run folder (overrides output); results go to <output>/eval/<NNN>"
+    )
     parser.add_argument(
         "--model",
         action="append",
         metavar="MODEL",
-        help="base, trained or a Hugging Face checkpoint folder; repeat to compare several (overrides eval.models)",
+        help="base, trained or a Hugging Face checkpoint folder; repeat to compare "
+        "several (overrides eval.models)",
     )
     parser.set_defaults(func=run)
 
@@ -37,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
 
-    cfg = load_config(args.config, {"output": str(args.output) if args.output else None, "eval.models": args.model})
+    cfg = load_config(
+        args.config, {"output": str(args.output) if args.output else None, "eval.models": args.model}
+    )
     if cfg.eval is None:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)
@@ -46,7 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if result["needle_accuracy"] is not None:
         print("\nneedle retrieval accuracy (all cells; by context length)")
         for label, accuracy in result["needle_accuracy"].items():
-            by_length = ", ".join(f"{c['context_tokens']}: {c['accuracy']:.0%}" for c in result["needle_by_length"][label])
+            by_length = ", ".join(
+                f"{c['context_tokens']}: {c['accuracy']:.0%}" for c in result["needle_by_length"][label]
+            )
             print(f"  {label}: {accuracy:.1%}  ({by_length})")
     print(f"\nwritten to {result['folder']}:")
     print("\n".join(f"  {path}" for path in result["files"]))

@@ -22,9 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "Summarize packed shards: rows, tokens, padding, tokens per source, and histograms of position "
             "ids and segment lengths, all recomputed from the rows. PATH is an output folder "
             "(<output>/shards/seq<N>, with its manifest.json), the shards folder above several of them, or a "
-            "single .arrow shard; locally or as an fsspec URL (s3://bucket/run/shards/seq<N>), which is first "
-            "copied into a local cache, every shard checked against its manifest. Credentials and endpoint "
-            "come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)."
+            "single .arrow shard; locally or as an fsspec URL (s3://bucket/run/shards/seq<N>), which is "
+            "first copied into a local cache, every shard checked against its manifest. Credentials and "
+            "endpoint come from the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)."
         ),
     )
     parser.add_argument(

@@ -106,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
     if model_spec is None:
-        raise ConfigError("no model: pass --model (a preset or a config.json), or a --config with train.model.hf_path")
+        raise ConfigError(
+            "no model: pass --model (a preset or a config.json), or a --config with train.model.hf_path"
+        )
     lengths_spec = args.lengths or defaults.get("lengths")
     if lengths_spec is None:
         raise ConfigError("no lengths: pass --lengths, or a --config (its context.target)")
@@ -124,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         link_bytes_per_s=args.link_gbytes_per_s * 1e9,
         achieved_flops=args.achieved_tflops * 1e12,
         state_shards=shards,
-        activation_checkpointing=args.activation_checkpointing or defaults.get("activation_checkpointing", "none"),
+        activation_checkpointing=args.activation_checkpointing
+        or defaults.get("activation_checkpointing", "none"),
         tokens=parse_count(args.tokens) if args.tokens is not None else None,
         gpus=args.gpus,
         peak_flops=args.peak_tflops * 1e12,
@@ -246,7 +249,9 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
         ("train FLOP/token", lambda p: human_flops(p.train_flops_per_token)),
     ]
     if settings.gpu_memory_bytes is not None:
-        rows.append((f"fits {human_bytes(settings.gpu_memory_bytes)} per GPU", lambda p: "yes" if p.fits else "NO"))
+        rows.append(
+            (f"fits {human_bytes(settings.gpu_memory_bytes)} per GPU", lambda p: "yes" if p.fits else "NO")
+        )
     if settings.tokens is not None:
         rows.append(("wall-clock", lambda p: human_seconds(p.train_seconds or 0.0)))
     return rows

@@ -16,8 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have "
             "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
             "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
-            "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a killed "
-            "run resumes from its newest intact checkpoint when started again, at any world size."
+            "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a "
+            "killed run resumes from its newest intact checkpoint when started again, at any world size."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
@@ -76,11 +76,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         result = jobs.train(cfg, restart=args.restart)
     if int(os.environ.get("RANK", "0")) == 0:
-        first, last = result.losses[0] if result.losses else None, result.losses[-1] if result.losses else None
+        first, last = (
+            result.losses[0] if result.losses else None,
+            result.losses[-1] if result.losses else None,
+        )
         print(
             f"\ntrained {result.steps} steps (resumed at {result.resumed_from}); loss {first} -> {last}; "
-            f"{result.tokens_per_s:,.0f} tokens/s; largest trained position {result.coverage['max_position']}\n"
-            f"metrics: {RunLayout(cfg.output).metrics}\nmodel: {result.final_model}"
+            f"{result.tokens_per_s:,.0f} tokens/s; largest trained position "
+            f"{result.coverage['max_position']}\nmetrics: "
+            f"{RunLayout(cfg.output).metrics}\nmodel: {result.final_model}"
         )
     return 0
 

@@ -103,12 +103,21 @@ class SourceReader(BaseDiskReader):
     def list_units(self) -> tuple[list[Unit], list[Entry]]:
         """The source's units (after ``limit``) and the listing they come from."""
         if not self.data_folder.isdir(""):
-            raise ConfigError(f"{self.source}: input folder {self.data_folder.resolve_paths('')} does not exist")
+            raise ConfigError(
+                f"{self.source}: input folder {self.data_folder.resolve_paths('')} does not exist"
+            )
         entries = list_tree(self.data_folder)
         units = self.units(entries)
         if self.unit_limit >= 0:
             units = units[: self.unit_limit] + [
-                Unit(u.path, u.size, u.files, u.is_dir, "over_limit", f"only the first {self.unit_limit} units are read")
+                Unit(
+                    u.path,
+                    u.size,
+                    u.files,
+                    u.is_dir,
+                    "over_limit",
+                    f"only the first {self.unit_limit} units are read",
+                )
                 for u in units[self.unit_limit :]
             ]
         return units, entries
@@ -142,7 +151,9 @@ class SourceReader(BaseDiskReader):
         """The document of ``unit``: read, or a placeholder with the reason it was not."""
         with self.track_time():
             if unit.skip:
-                doc = Document(text="", id=self.doc_id(unit.path), metadata={"skip_reason": unit.skip, "skipped": True})
+                doc = Document(
+                    text="", id=self.doc_id(unit.path), metadata={"skip_reason": unit.skip, "skipped": True}
+                )
                 if unit.detail:
                     doc.metadata["skip_detail"] = unit.detail
                 self.stat_update(f"skipped_{unit.skip}")
@@ -239,7 +250,10 @@ def decode_text(raw: bytes) -> str:
                 text = raw[len(bom) :].decode(name)
                 break
             except UnicodeDecodeError as err:
-                problem = f"not valid {name.upper()} after its byte-order mark ({err.reason} at byte {err.start + len(bom)})"
+                problem = (
+                    f"not valid {name.upper()} after its byte-order mark ({err.reason} "
+                    f"at byte {err.start + len(bom)})"
+                )
         if text is None:
             raise UnreadableInput("bad_encoding", problem)
     else:

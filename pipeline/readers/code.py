@@ -2,8 +2,8 @@
 
 The document is every kept file of the repository, each preceded by a header line with its path
 (:data:`FILE_HEADER`), files separated by one blank line, in the order of
-:func:`longctx.pipeline.readers.code_order.order_files`: a file comes after the in-repository files it imports, so a
-model reading the document front to back has seen a definition before its use. The repository's
+:func:`longctx.pipeline.readers.code_order.order_files`: a file comes after the in-repository files it
+imports, so a model reading the document front to back has seen a definition before its use. The repository's
 top-level README comes first, as an overview.
 
 Only hand-written source and documentation is kept. Every other file is recorded, with a reason, in
@@ -111,7 +111,17 @@ GENERATED_NAME_SUFFIXES = (
 MINIFIED_NAME_SUFFIXES = (".min.js", ".min.mjs", ".min.css", "-min.js", ".bundle.js")
 # Copies of other projects kept inside a repository.
 VENDORED_DIRS = frozenset(
-    {"vendor", "_vendor", "vendored", "third_party", "third-party", "thirdparty", "3rdparty", "external", "extern"}
+    {
+        "vendor",
+        "_vendor",
+        "vendored",
+        "third_party",
+        "third-party",
+        "thirdparty",
+        "3rdparty",
+        "external",
+        "extern",
+    }
 )
 # Installed dependencies: never this repository's own work, and often larger than it.
 DEPENDENCY_DIRS = frozenset(
@@ -277,12 +287,14 @@ def scan_repo(
     """
     kept: dict[str, str] = {}
     skipped: list[SkippedFile] = []
-    for rel_dir, dirs, files in tree.walk():
+    for _rel_dir, dirs, files in tree.walk():
         descend = []
         for entry in dirs:
             reason = dir_skip_reason(entry.name, tree.kind(f"{entry.path}/__init__.py") == "file", vendored)
             if reason:
-                skipped.append(SkippedFile(display_path(entry.path) + "/", reason, count_files(tree.under(entry.path))))
+                skipped.append(
+                    SkippedFile(display_path(entry.path) + "/", reason, count_files(tree.under(entry.path)))
+                )
             else:
                 descend.append(entry)
         dirs[:] = descend
@@ -294,7 +306,13 @@ def scan_repo(
                 kept[entry.path] = _read_file(tree, entry.path, max_file_bytes)
             except UnreadableInput as err:
                 reason = "symlink" if entry.kind == "symlink" else err.reason
-                skipped.append(SkippedFile(display_path(entry.path) + ("/" if reason == "symlink" and _is_dir_link(tree, entry.path) else ""), reason))
+                skipped.append(
+                    SkippedFile(
+                        display_path(entry.path)
+                        + ("/" if reason == "symlink" and _is_dir_link(tree, entry.path) else ""),
+                        reason,
+                    )
+                )
     return dict(sorted(kept.items())), sorted(skipped, key=lambda s: s.path)
 
 
@@ -321,7 +339,9 @@ def render(order: list[str], texts: dict[str, str]) -> tuple[str, list[FileSpan]
 
 
 def build_repo_text(
-    tree: Tree, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, vendored: VendoredPolicy = "read",
+    tree: Tree,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    vendored: VendoredPolicy = "read",
     drop: frozenset[str] = frozenset(),
 ) -> RepoDocument:
     """Read the repository in ``tree`` into one document, files in dependency order, leaving out the
@@ -385,7 +405,9 @@ class CodeRepoReader(SourceReader):
     def read_unit(self, unit: Unit, tree: Tree) -> Document:
         repo_id = self.doc_id(unit.path)
         duplicates = self.duplicates_of(repo_id)
-        repo = build_repo_text(tree, self.max_file_bytes, self.vendored, frozenset(d["path"] for d in duplicates))
+        repo = build_repo_text(
+            tree, self.max_file_bytes, self.vendored, frozenset(d["path"] for d in duplicates)
+        )
         reasons = Counter(s.reason for s in repo.skipped)
         for reason, count in sorted(reasons.items()):
             self.stat_update(f"skipped_file_{reason}", value=count)

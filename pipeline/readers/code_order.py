@@ -92,7 +92,7 @@ def _join(folder: str, relative: str) -> str | None:
     joined = posixpath.normpath(posixpath.join(folder, relative)) if folder else posixpath.normpath(relative)
     if joined == ".":
         return ""
-    if joined.startswith("../") or joined == ".." or joined.startswith("/"):
+    if joined.startswith(("../", "/")) or joined == "..":
         return None
     return joined
 

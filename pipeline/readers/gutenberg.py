@@ -102,7 +102,7 @@ def _header_end(text: str) -> int:
         if end and match.start() - end > FOOTER_CLUSTER_CHARS:
             break
         end = _line_end(text, match.start())
-        if not text[match.start():end].rstrip().endswith("*"):
+        if not text[match.start() : end].rstrip().endswith("*"):
             wrapped = _WRAPPED_MARKER_END_RE.match(text, end)
             end = wrapped.end() if wrapped else end
     return end
@@ -131,6 +131,7 @@ def _paragraphs(text: str, start: int) -> Iterator[tuple[list[str], int]]:
 
 def _is_field_paragraph(lines: list[str]) -> bool:
     """Whether a paragraph holds only title-block fields, their indented continuations and notes."""
+
     def is_field(line: str) -> bool:
         return bool(_FIELD_RE.match(line) or _BRACKETED_NOTE_RE.match(line.strip()))
 
@@ -201,7 +202,9 @@ def _footer_start(text: str, start: int) -> int | None:
         if offset >= begin:
             _line_end(text, offset)
     if len(text) - begin > MAX_FOOTER_CHARS:
-        raise UnsafeMarkers(f"the footer would be {len(text) - begin} characters, more than {MAX_FOOTER_CHARS}")
+        raise UnsafeMarkers(
+            f"the footer would be {len(text) - begin} characters, more than {MAX_FOOTER_CHARS}"
+        )
     return begin
 
 

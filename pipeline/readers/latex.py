@@ -34,12 +34,18 @@ MAX_FILE_BYTES = 32 * 1024 * 1024
 PREFERRED_MAIN_NAMES = ("main.tex", "paper.tex", "ms.tex")
 
 # Environments whose body TeX reads verbatim: a ``%`` or ``\input`` inside them is plain text.
-VERBATIM_ENVS = ("verbatim", "verbatim*", "Verbatim", "Verbatim*", "BVerbatim", "LVerbatim",
-                 "lstlisting", "minted")
-
-_BEGIN_VERBATIM_RE = re.compile(
-    r"\\begin\s*\{(" + "|".join(re.escape(env) for env in VERBATIM_ENVS) + r")\}"
+VERBATIM_ENVS = (
+    "verbatim",
+    "verbatim*",
+    "Verbatim",
+    "Verbatim*",
+    "BVerbatim",
+    "LVerbatim",
+    "lstlisting",
+    "minted",
 )
+
+_BEGIN_VERBATIM_RE = re.compile(r"\\begin\s*\{(" + "|".join(re.escape(env) for env in VERBATIM_ENVS) + r")\}")
 _INLINE_VERBATIM_RE = re.compile(r"\\(verb\*?|lstinline)(?![A-Za-z@])")
 _SPECIAL_RE = re.compile(r"[%\\]")  # where a line of code can change state: a comment, a control sequence
 _DOCUMENTCLASS_RE = re.compile(r"\\documentclass(?![A-Za-z@])")
@@ -175,7 +181,7 @@ def split_code_and_verbatim(text: str) -> list[Segment]:
             comment_at, begin = _scan_code_line(rest)
             if begin is not None:
                 pieces.append((False, rest[: begin.end()]))
-                verbatim_env, rest, emitted = begin.group(1), rest[begin.end():], True
+                verbatim_env, rest, emitted = begin.group(1), rest[begin.end() :], True
                 continue
             if comment_at is None:
                 pieces.append((False, rest + newline))
@@ -269,7 +275,7 @@ def subfile_body(text: str) -> str:
     if begin is None:
         return text
     end = _END_DOCUMENT_RE.search(text, begin.end())
-    return text[begin.end(): end.start() if end else len(text)].strip("\n") + "\n"
+    return text[begin.end() : end.start() if end else len(text)].strip("\n") + "\n"
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,7 +344,7 @@ class _Flattener:
                 inlined = self.inline(match.group("cmd"), name, current, stack)
                 if inlined is None:
                     continue
-                result.append(Segment(segment.text[pos: match.start()]))
+                result.append(Segment(segment.text[pos : match.start()]))
                 result.extend(inlined)
                 pos = match.end()
             result.append(Segment(segment.text[pos:]))
@@ -398,7 +404,9 @@ def flatten_latex(
     """
     if tree.kind(main) != "file":
         raise UnreadableInput("outside_root", f"{main} is not a regular file inside {tree.url()}")
-    flattener = _Flattener(tree=tree, main_dir=posixpath.dirname(main), max_depth=max_depth, max_includes=max_includes)
+    flattener = _Flattener(
+        tree=tree, main_dir=posixpath.dirname(main), max_depth=max_depth, max_includes=max_includes
+    )
     segments = flattener.expand(read_text(tree, main, max_bytes=MAX_FILE_BYTES), main, (main,))
     return FlattenResult(trim_blank_lines(join_segments(segments)), flattener.problems, flattener.included)
 
@@ -411,7 +419,8 @@ def flatten_latex(
 def tex_files(tree: Tree) -> list[str]:
     """The regular ``.tex`` files of a paper outside hidden folders, shallowest first, then by path."""
     found = [
-        e.path for e in tree.files()
+        e.path
+        for e in tree.files()
         if e.kind == "file" and e.path.endswith(".tex") and not any(is_hidden(p) for p in e.path.split("/"))
     ]
     return sorted(found, key=lambda rel: (rel.count("/"), rel))

@@ -77,7 +77,9 @@ def list_tree(folder: DataFolder, sub: str = "") -> list[Entry]:
             if found.get(rel, Entry(rel, "file")).kind != "unreadable":
                 found[rel] = Entry(rel, _kind(info), int(info.get("size") or 0))
     prefix = f"{sub.rstrip('/')}/" if sub else ""
-    return sorted((e for e in found.values() if e.path.startswith(prefix) and e.path != "."), key=lambda e: e.path)
+    return sorted(
+        (e for e in found.values() if e.path.startswith(prefix) and e.path != "."), key=lambda e: e.path
+    )
 
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")

@@ -4,9 +4,10 @@ Units, directly under the input folder (a local path or an fsspec URL), sorted; 
 symbolic links and other files are recorded as skipped units:
 
 * ``*.tex`` file: one paper; includes resolve against the file's folder and may not leave it;
-* sub-folder: one paper; its main ``.tex`` file is found with :func:`longctx.pipeline.readers.latex.find_main_file`,
-  or, for a folder without any ``.tex`` file, its main Markdown file (:func:`find_main_markdown`);
-  the folder's other files (figures, bibliographies) are accounted for by the paper's unit;
+* sub-folder: one paper; its main ``.tex`` file is found with
+  :func:`longctx.pipeline.readers.latex.find_main_file`, or, for a folder without any ``.tex`` file, its main
+  Markdown file (:func:`find_main_markdown`); the folder's other files (figures, bibliographies) are accounted
+  for by the paper's unit;
 * ``*.md`` / ``*.markdown`` / ``*.txt`` file: one paper, passed through with newlines normalized.
 
 LaTeX papers are flattened statically (comments dropped, includes inlined; nothing is executed).
@@ -71,8 +72,12 @@ def find_main_markdown(tree: Tree) -> MainFileChoice | None:
     give ``None`` rather than a guess or a concatenation of unrelated notes.
     """
     files = sorted(
-        e.path for e in tree.files()
-        if e.kind == "file" and "/" not in e.path and not e.path.startswith(".") and suffix_of(e.path) in MARKDOWN_SUFFIXES
+        e.path
+        for e in tree.files()
+        if e.kind == "file"
+        and "/" not in e.path
+        and not e.path.startswith(".")
+        and suffix_of(e.path) in MARKDOWN_SUFFIXES
     )
     by_stem = {name.rsplit(".", 1)[0].lower(): name for name in reversed(files)}
     for stem in PREFERRED_MARKDOWN_STEMS:
@@ -126,8 +131,15 @@ class PaperReader(SourceReader):
             raise UnreadableInput("empty", "nothing left after removing comments")
         for problem in result.problems:
             self.stat_update(f"problem_{problem['kind']}")
-        return self._document(unit, result.text, "latex", main.path, main.reason,
-                              problems=result.problems, included_count=len(result.included))
+        return self._document(
+            unit,
+            result.text,
+            "latex",
+            main.path,
+            main.reason,
+            problems=result.problems,
+            included_count=len(result.included),
+        )
 
     def _document(
         self,

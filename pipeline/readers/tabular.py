@@ -40,18 +40,31 @@ def _adapter(self: BaseReader, data: dict, path: str, id_in_file: int | str) -> 
 
 
 def make_tabular_reader(
-    kind: str, path: str | os.PathLike, source: str, text_key: str = "text", id_key: str = "id",
-    glob: str | None = None, limit: int = -1,
+    kind: str,
+    path: str | os.PathLike,
+    source: str,
+    text_key: str = "text",
+    id_key: str = "id",
+    glob: str | None = None,
+    limit: int = -1,
 ) -> BaseReader:
     """A datatrove reader for ``kind`` in ``{"jsonl", "parquet", "hf_dataset"}`` that tags every
     document with ``source`` and records unusable rows instead of dropping them."""
-    common = dict(adapter=_adapter, text_key=text_key, id_key=id_key, default_metadata={"source": source}, limit=limit)
+    common = {
+        "adapter": _adapter,
+        "text_key": text_key,
+        "id_key": id_key,
+        "default_metadata": {"source": source},
+        "limit": limit,
+    }
     if kind == "jsonl":
         return JsonlReader(str(path), glob_pattern=glob or "**/*.jsonl*", recursive=True, **common)
     if kind == "parquet":
         return ParquetReader(str(path), glob_pattern=glob or "**/*.parquet", recursive=True, **common)
     if kind == "hf_dataset":
         if not (Path(path) / "dataset_info.json").exists() and not (Path(path) / "state.json").exists():
-            raise ValueError(f"{path} is not a datasets.save_to_disk folder (no dataset_info.json/state.json)")
+            raise ValueError(
+                f"{path} is not a datasets.save_to_disk folder (no dataset_info.json/state.json)"
+            )
         return HuggingFaceDatasetReader(str(path), load_from_disk=True, **common)
     raise ValueError(f"unknown tabular kind {kind!r}")

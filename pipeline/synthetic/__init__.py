@@ -1,1 +1,2 @@
-"""Synthetic long-context tasks: pure builders (``tasks``) and the datatrove stage that runs them (``stage``)."""
+"""Synthetic long-context tasks: pure builders (``tasks``) and the datatrove stage that runs them
+(``stage``)."""

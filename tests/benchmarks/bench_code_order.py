@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import re
 import symtable
 import sysconfig
@@ -43,7 +44,12 @@ from bench_curate import CODE_PACKAGES
 from benchtools import Samples
 
 from longctx.pipeline.readers import code_order
-from longctx.pipeline.readers.code_order import PythonImport, file_dependencies, load_time_imports, python_imports
+from longctx.pipeline.readers.code_order import (
+    PythonImport,
+    file_dependencies,
+    load_time_imports,
+    python_imports,
+)
 
 _DEF_LINE = re.compile(r"([ \t]*)(?:async[ \t]+)?def[ \t]")
 
@@ -123,22 +129,27 @@ def parse_floor(texts: list[str]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for text in texts:
-            try:
+            with contextlib.suppress(SyntaxError, ValueError, RecursionError, MemoryError):
                 symtable.symtable(text, "<source>", "exec")
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                pass
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--all", action="store_true", help="every .py file of the stdlib outside test folders")
+    parser.add_argument(
+        "--all", action="store_true", help="every .py file of the stdlib outside test folders"
+    )
     parser.add_argument("--live-objects", type=int, default=0, help="small lists kept alive during the run")
     args = parser.parse_args()
     live = [[] for _ in range(args.live_objects)]  # kept until the end of main
     packages = read_packages(args.all)
     texts = [text for files in packages.values() for text in files.values()]
-    print(f"{len(texts)} Python files, {sum(map(len, texts)) / 1e6:.1f} MB, {len(packages)} packages; {args.reps} reps")
+    print(
+        f"{len(texts)} Python files, {sum(map(len, texts)) / 1e6:.1f} MB, "
+        f"{len(packages)} packages; {args.reps} reps"
+    )
 
     contenders = {
         "reference": lambda: [reference(t) for t in texts],
@@ -163,7 +174,9 @@ def main() -> None:
     print(f"file_dependencies vs file_deps reference: CPU {deps:.2f}x")
     same = sum(1 for t in texts if python_imports(t) == reference(t))
     blanked = sum(1 for t in texts if python_imports(blank_function_bodies(t)) == reference(t))
-    print(f"same imports as reference: python_imports {same}, bodies blanked {blanked}, of {len(texts)} files")
+    print(
+        f"same imports as reference: python_imports {same}, bodies blanked {blanked}, of {len(texts)} files"
+    )
     del live
 
 

@@ -29,7 +29,8 @@ per extra MB and its fixed cost (the intercept at 0 MB), the marginal throughput
 against the tokenizer's (what a curation of gigabytes runs at) and the size from which it reaches
 0.75x.
 
-    .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4] [--one-line-mb 50]
+    .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4]
+        [--one-line-mb 50]
 """
 
 from __future__ import annotations
@@ -55,7 +56,23 @@ REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_PROCESSES = "tokenizer, 2 processes of 1 thread"
 """The tokenizer as curation's tasks run it: one process per core, one thread each, half the texts
 each (split by length as curation splits its inputs)."""
-CODE_PACKAGES = ("asyncio", "email", "json", "logging", "multiprocessing", "unittest", "xml", "urllib", "http", "importlib", "sqlite3", "concurrent", "ctypes", "tomllib", "zoneinfo")
+CODE_PACKAGES = (
+    "asyncio",
+    "email",
+    "json",
+    "logging",
+    "multiprocessing",
+    "unittest",
+    "xml",
+    "urllib",
+    "http",
+    "importlib",
+    "sqlite3",
+    "concurrent",
+    "ctypes",
+    "tomllib",
+    "zoneinfo",
+)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -74,11 +91,19 @@ def build_input(corpus: Path, dest: Path, copies: int = 1) -> Path:
         shutil.copytree(corpus / sub, dest / sub, symlinks=False)
         for copy in range(1, copies):
             for path in sorted(p for p in (corpus / sub).iterdir() if p.is_file()):
-                shuffled_copy(path, dest / sub / f"{path.stem}_copy{copy}{path.suffix}", random.Random(f"{path.name}{copy}"))
+                shuffled_copy(
+                    path,
+                    dest / sub / f"{path.stem}_copy{copy}{path.suffix}",
+                    random.Random(f"{path.name}{copy}"),
+                )
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for name in CODE_PACKAGES:
         if (stdlib / name).is_dir():
-            shutil.copytree(stdlib / name, dest / "code" / name, ignore=shutil.ignore_patterns("__pycache__", "test", "tests"))
+            shutil.copytree(
+                stdlib / name,
+                dest / "code" / name,
+                ignore=shutil.ignore_patterns("__pycache__", "test", "tests"),
+            )
     return dest
 
 
@@ -179,7 +204,11 @@ def run_children(
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
             preexec_fn=lambda cores=cores: os.sched_setaffinity(0, cores),
         )
         for args, cores in commands
@@ -218,8 +247,8 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
         script = (
             "import resource, runpy, sys; sys.argv = ['longctx', 'curate', '--config', sys.argv[1]]\n"
             "try:\n    runpy.run_module('longctx.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "r = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
-            "print(r)"
+            "r = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, "
+            "resource.RUSAGE_CHILDREN))\nprint(r)"
         )
         _, _, out = run_child([sys.executable, "-c", script, str(config)], os.sched_getaffinity(0))
         peaks.append(int(out.strip().splitlines()[-1]) / 1024)
@@ -273,24 +302,45 @@ def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
     cur2, cur1 = med["curate, 2 task(s) on 2 core(s)"], med["curate, 1 task(s) on 1 core(s)"]
     sig = med["MinHash + exact hash, 1 core"]
     print("ratios of medians                                            CPU     wall")
-    print(f"curate (2 tasks, 2 cores) / tokenizer (2 cores)            {cur2['cpu'] / tok2['cpu']:6.2f}  {cur2['wall'] / tok2['wall']:6.2f}")
+    print(
+        f"curate (2 tasks, 2 cores) / tokenizer (2 cores)            {cur2['cpu'] / tok2['cpu']:6.2f}  "
+        f"{cur2['wall'] / tok2['wall']:6.2f}"
+    )
     print(f"curate (2 tasks, 2 cores) / tokenizer (1 thread)           {cur2['cpu'] / tok1['cpu']:6.2f}")
-    print(f"  throughput of curate relative to the bare tokenizer (wall, 2 cores): {tok2['wall'] / cur2['wall']:.2f}x")
+    print(
+        "  throughput of curate relative to the bare tokenizer (wall, 2 cores): "
+        f"{tok2['wall'] / cur2['wall']:.2f}x"
+    )
     e2e = med["curate + pack, 2 tasks on 2 cores"]
-    print(f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  {e2e['wall'] / tok2['wall']:6.2f}")
-    print(f"  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): {tok2['wall'] / e2e['wall']:.2f}x")
-    print(f"  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the tokenizer's "
-          f"own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x")
-    print(f"scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): {cur1['wall'] / cur2['wall']:.2f}x")
+    print(
+        f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  "
+        f"{e2e['wall'] / tok2['wall']:6.2f}"
+    )
+    print(
+        "  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): "
+        f"{tok2['wall'] / e2e['wall']:.2f}x"
+    )
+    print(
+        "  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the "
+        f"tokenizer's own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x"
+    )
+    print(
+        "scaling: curate 1 task on 1 core / 2 tasks on 2 cores (wall; goal 1.8): "
+        f"{cur1['wall'] / cur2['wall']:.2f}x"
+    )
     procs = med[TOKENIZER_PROCESSES]["wall"]
-    print(f"  the tokenizer's own, 1 thread on 1 core / 2 processes of 1 thread (curation's tasks without "
-          f"the rest): {tok1['wall'] / procs:.2f}x; / 1 process of 2 threads: "
-          f"{tok1['wall'] / tok2['wall']:.2f}x")
+    print(
+        f"  the tokenizer's own, 1 thread on 1 core / 2 processes of 1 thread (curation's tasks without "
+        f"the rest): {tok1['wall'] / procs:.2f}x; / 1 process of 2 threads: "
+        f"{tok1['wall'] / tok2['wall']:.2f}x"
+    )
     print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
 
 
-def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
-                   large: tuple[float, dict[str, dict[str, list[float]]]]) -> None:
+def print_marginal(
+    small: tuple[float, dict[str, dict[str, list[float]]]],
+    large: tuple[float, dict[str, dict[str, list[float]]]],
+) -> None:
     """What the megabytes between two input sizes cost, each contender against itself: the
     per-megabyte cost, without the fixed costs (process starts, imports, pools, the code files, the
     stats figure) that a larger input spreads thinner. A curation of gigabytes runs at the marginal
@@ -308,34 +358,56 @@ def print_marginal(small: tuple[float, dict[str, dict[str, list[float]]]],
         return [n / d for n, d in zip(slopes(num), slopes(den))]
 
     tok2, tok1 = "tokenizer, 2 cores", "tokenizer, 1 thread on 1 core"
-    e2e, cur2, cur1 = "curate + pack, 2 tasks on 2 cores", "curate, 2 task(s) on 2 core(s)", "curate, 1 task(s) on 1 core(s)"
+    e2e, cur2, cur1 = (
+        "curate + pack, 2 tasks on 2 cores",
+        "curate, 2 task(s) on 2 core(s)",
+        "curate, 1 task(s) on 1 core(s)",
+    )
     print(f"\nmarginal, from {mb1:.1f} MB to {mb2:.1f} MB (wall; per repetition, median [min-max]):")
     for name in (tok2, e2e):
-        print(f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept at 0 MB) {fmt(fixed(name))} s")
-    print(f"  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): {fmt(ratios(tok2, e2e))}x"
-          f"; curate alone {fmt(ratios(tok2, cur2))}x")
-    print(f"  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): {fmt(ratios(cur1, cur2))}x"
-          f"; the tokenizer's own, 1 thread / 2 processes of 1 thread: "
-          f"{fmt(ratios(tok1, TOKENIZER_PROCESSES))}x, "
-          f"1 thread / 1 process of 2 threads: {fmt(ratios(tok1, tok2))}x")
+        print(
+            f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept "
+            f"at 0 MB) {fmt(fixed(name))} s"
+        )
+    print(
+        "  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): "
+        f"{fmt(ratios(tok2, e2e))}x; curate alone {fmt(ratios(tok2, cur2))}x"
+    )
+    print(
+        "  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): "
+        f"{fmt(ratios(cur1, cur2))}x; the tokenizer's own, 1 thread / 2 processes of 1 thread: "
+        f"{fmt(ratios(tok1, TOKENIZER_PROCESSES))}x, "
+        f"1 thread / 1 process of 2 threads: {fmt(ratios(tok1, tok2))}x"
+    )
     # the size S from which tok(S) >= 0.75 e2e(S), with each repetition's line; none if it never does
     crossing = [
         max(0.0, (0.75 * f_e - f_t) / (s_t - 0.75 * s_e)) if s_t > 0.75 * s_e else float("inf")
         for s_t, s_e, f_t, f_e in zip(slopes(tok2), slopes(e2e), fixed(tok2), fixed(e2e))
     ]
-    print(f"  input size from which curate + pack reaches 0.75x of the tokenizer's throughput: {fmt(crossing)} MB"
-          " (inf: never, in that repetition)")
+    print(
+        f"  input size from which curate + pack reaches 0.75x of the tokenizer's throughput: {fmt(crossing)} "
+        "MB (inf: never, in that repetition)"
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=Path, default=CORPUS)
-    parser.add_argument("--copies", type=int, nargs="+", default=[1],
-                        help="books and papers this many times (copies with shuffled words; see build_input); "
-                             "several values measure each size and the marginal cost between the smallest and largest")
+    parser.add_argument(
+        "--copies",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="books and papers this many times (copies with shuffled words; see build_input); "
+        "several values measure each size and the marginal cost between the smallest and largest",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--one-line-mb", type=float, default=0, help="also measure peak memory on a one-line book")
+    parser.add_argument(
+        "--one-line-mb", type=float, default=0, help="also measure peak memory on a one-line book"
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -370,7 +442,9 @@ def main() -> int:
             for copies in sizes:
                 input_dir, texts_file, halves, _, _ = inputs[copies]
 
-                cpu, wall, out = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread)
+                cpu, wall, out = run_child(
+                    py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread
+                )
                 record(rows[copies], "tokenizer, 1 thread on 1 core", cpu, wall)
                 tokens[copies] = json.loads(out)["tokens"]
                 cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
@@ -385,13 +459,19 @@ def main() -> int:
                     shutil.rmtree(output, ignore_errors=True)
                     config = work / f"curate{tasks}.yaml"
                     config.write_text(yaml.safe_dump(curate_config(input_dir, output, tokenizer, tasks)))
-                    cpu, wall, _ = run_child([sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given)
+                    cpu, wall, _ = run_child(
+                        [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given
+                    )
                     record(rows[copies], f"curate, {tasks} task(s) on {len(given)} core(s)", cpu, wall)
                     if tasks == 2:
-                        pcpu, pwall, out = run_child([sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given)
+                        pcpu, pwall, out = run_child(
+                            [sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given
+                        )
                         record(rows[copies], "pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
                         record(rows[copies], "curate + pack, 2 tasks on 2 cores", cpu + pcpu, wall + pwall)
-                        logs = "".join(p.read_text(errors="replace") for p in (output / "work").rglob("*.log"))
+                        logs = "".join(
+                            p.read_text(errors="replace") for p in (output / "work").rglob("*.log")
+                        )
                         if "re-tokenized" in logs:
                             print("  warning: pack re-tokenized some documents (see its logs)")
                 _, _, out = run_child(py + ["signatures", str(texts_file)], one)
@@ -404,18 +484,22 @@ def main() -> int:
         megabytes: dict[int, float] = {}
         for copies in sizes:
             _, _, _, n_chars, n_bytes = inputs[copies]
-            print(f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of {args.corpus}"
-                  f"{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}, "
-                  f"stdlib code), {tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
-                  f"load average {' '.join(load)}")
+            print(
+                f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of "
+                f"{args.corpus}{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}, "
+                f"stdlib code), {tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
+                f"load average {' '.join(load)}"
+            )
             megabytes[copies] = n_bytes / 1e6
             print_size(rows[copies], args.reps)
         if len(sizes) > 1:
             print_marginal(*((megabytes[c], rows[c]) for c in (sizes[0], sizes[-1])))
         if args.one_line_mb:
             small, big = peak_memory(args.one_line_mb, tokenizer, work)
-            print(f"\npeak RSS of curate on a {args.one_line_mb:g} MB one-line book: {big:.0f} MB "
-                  f"({(big - small) / args.one_line_mb:.1f}x its size above the {small:.0f} MB of a 1 MB book)")
+            print(
+                f"\npeak RSS of curate on a {args.one_line_mb:g} MB one-line book: {big:.0f} MB "
+                f"({(big - small) / args.one_line_mb:.1f}x its size above the {small:.0f} MB of a 1 MB book)"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -46,7 +46,7 @@ def tree_cpu(root: int) -> float:
             continue
         procs[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICKS)
     total = 0.0
-    for pid, (parent, cpu) in procs.items():
+    for _pid, (parent, cpu) in procs.items():
         while parent in procs and parent != root:
             parent = procs[parent][0]
         if parent == root:
@@ -68,7 +68,9 @@ def run_curate(config: Path, cores: set[int]) -> dict[str, tuple[float, float]]:
     start, start_cpu = time.perf_counter(), reaped_cpu()
     proc = subprocess.Popen(
         [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         preexec_fn=lambda: os.sched_setaffinity(0, cores),
     )
     stages: dict[str, tuple[float, float]] = {}
@@ -96,10 +98,16 @@ def run_curate(config: Path, cores: set[int]) -> dict[str, tuple[float, float]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--corpus", type=Path, default=CORPUS)
-    parser.add_argument("--copies", type=int, default=1,
-                        help="books and papers this many times, as bench_curate.py --copies builds them")
+    parser.add_argument(
+        "--copies",
+        type=int,
+        default=1,
+        help="books and papers this many times, as bench_curate.py --copies builds them",
+    )
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     require_corpus(args.corpus, "bench_curate_stages")
@@ -124,8 +132,10 @@ def main() -> int:
         with open("/proc/loadavg") as f:
             load = " ".join(f.read().split()[:3])
         print(f"\nseconds per stage, median [min-max] of {args.reps}; load average {load}")
-        print(f"{'stage':14s}{'1 task CPU':>24s}{'2 tasks CPU':>24s}{'extra CPU':>11s}"
-              f"{'1 task wall':>24s}{'2 tasks wall':>24s}")
+        print(
+            f"{'stage':14s}{'1 task CPU':>24s}{'2 tasks CPU':>24s}{'extra CPU':>11s}"
+            f"{'1 task wall':>24s}{'2 tasks wall':>24s}"
+        )
         for stage in runs[2][0]:
             one = [r[stage] for r in runs[1] if stage in r]
             two = [r[stage] for r in runs[2] if stage in r]
@@ -133,8 +143,10 @@ def main() -> int:
                 continue
             c1, c2 = [c for _, c in one], [c for _, c in two]
             w1, w2 = [w for w, _ in one], [w for w, _ in two]
-            print(f"{stage:14s}{fmt(c1):>24s}{fmt(c2):>24s}{statistics.median(c2) - statistics.median(c1):11.2f}"
-                  f"{fmt(w1):>24s}{fmt(w2):>24s}")
+            print(
+                f"{stage:14s}{fmt(c1):>24s}{fmt(c2):>24s}"
+                f"{statistics.median(c2) - statistics.median(c1):11.2f}{fmt(w1):>24s}{fmt(w2):>24s}"
+            )
         total1 = statistics.median(r["total"][1] for r in runs[1])
         total2 = statistics.median(r["total"][1] for r in runs[2])
         wall1 = statistics.median(r["total"][0] for r in runs[1])

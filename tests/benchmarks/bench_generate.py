@@ -34,7 +34,9 @@ def recompute_generate(model, prompt: list[int], new: int) -> list[int]:
     with torch.no_grad():
         for _ in range(new):
             positions = torch.arange(len(ids))
-            hidden = model(torch.tensor(ids), positions, positions, torch.zeros_like(positions), rope_seq_len=len(ids))
+            hidden = model(
+                torch.tensor(ids), positions, positions, torch.zeros_like(positions), rope_seq_len=len(ids)
+            )
             out.append(int(model.logits(hidden[-1:]).argmax(-1)))
             ids.append(out[-1])
     return out
@@ -57,7 +59,9 @@ def describe(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens")
     parser.add_argument("--new", type=int, default=32, help="generated tokens")
     parser.add_argument("--reps", type=int, default=5)
@@ -68,19 +72,34 @@ def main() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=4096, hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3,
-                         num_hidden_layers=args.layers, num_attention_heads=args.hidden // 32, num_key_value_heads=2,
-                         max_position_embeddings=args.prompt + args.new, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 8 // 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 32,
+        num_key_value_heads=2,
+        max_position_embeddings=args.prompt + args.new,
+        attn_implementation="sdpa",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         theirs = LlamaForCausalLM(config).eval()
         theirs.save_pretrained(Path(tmp), safe_serialization=True)
         ours = hf_io.load_model(tmp)
-    prompt = torch.randint(0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(
+        0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
 
     def transformers_generate() -> list[int]:
         with torch.no_grad():
-            out = theirs.generate(torch.tensor([prompt]), max_new_tokens=args.new, min_new_tokens=args.new,
-                                  do_sample=False, pad_token_id=0, eos_token_id=None)
+            out = theirs.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=args.new,
+                min_new_tokens=args.new,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
         return out[0, args.prompt :].tolist()
 
     runs = {
@@ -88,8 +107,10 @@ def main() -> None:
         "transformers generate (sdpa, cache)": transformers_generate,
         "longctx, recompute the prefix": lambda: recompute_generate(ours, prompt, args.new),
     }
-    print(f"load: {os.getloadavg()[0]:.1f} (1-min average); 1 thread; model hidden {args.hidden}, {args.layers} layers; "
-          f"prompt {args.prompt} tokens, {args.new} new; {args.reps} repetitions")
+    print(
+        f"load: {os.getloadavg()[0]:.1f} (1-min average); 1 thread; model hidden {args.hidden}, "
+        f"{args.layers} layers; prompt {args.prompt} tokens, {args.new} new; {args.reps} repetitions"
+    )
     results = {name: measure(run, args.reps) for name, run in runs.items()}
     reference = results["transformers generate (sdpa, cache)"][2]
     for name, (cpu, wall, tokens) in results.items():

@@ -42,12 +42,14 @@ printed too (by then each worker has hashed its shards: the per-row cost of a fi
 the workers' start). Repetitions are interleaved (each runs every case once, in turn), so a change
 in the machine's load affects every case alike.
 
-    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 384] [--reps 5] [--passes 4]
+    .venv/bin/python tests/benchmarks/bench_loader.py [--seq-lens 16384 65536] [--rows 384] [--reps 5]
+        [--passes 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -66,8 +68,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from longctx.packer.dataset import PackedDataset, collate_packed
-from longctx.packer.loader import PackedLoader
 from longctx.packer.format import ShardHeader, TokenizerInfo, open_shard, shard_schema, write_shard
+from longctx.packer.loader import PackedLoader
 from longctx.packer.manifest import build_manifest, write_manifest
 from longctx.packer.reader import ShardColumns
 from longctx.packer.report import stats_from_shards
@@ -79,7 +81,10 @@ def write_folder(folder: Path, seq_len: int, rows: int, rows_per_shard: int, see
     """``rows`` windows of random documents (lengths up to ``seq_len``) plus padding, in shards."""
     rng = np.random.default_rng(seed)
     header = ShardHeader(
-        seq_len=seq_len, original_context=seq_len // 4, target_context=seq_len, strategy="bfd",
+        seq_len=seq_len,
+        original_context=seq_len // 4,
+        target_context=seq_len,
+        strategy="bfd",
         tokenizer=TokenizerInfo(sha256="0" * 64, vocab_size=VOCAB, eos_id=0, bos_id=None, pad_id=0),
         config_sha256="0" * 64,
     )
@@ -108,19 +113,29 @@ def write_folder(folder: Path, seq_len: int, rows: int, rows_per_shard: int, see
             positions.append(pos)
             masks.append(mask)
             docs.append(len(lengths))
-        names = [[f"d{i}_{j}" for j in range(k)] + ([None] if len(c) - 1 > k else []) for i, (k, c) in
-                 enumerate(zip(docs, cu_rows))]
+        names = [
+            [f"d{i}_{j}" for j in range(k)] + ([None] if len(c) - 1 > k else [])
+            for i, (k, c) in enumerate(zip(docs, cu_rows))
+        ]
         columns = {
             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(ids)), seq_len),
             "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(positions)), seq_len),
             "loss_mask": pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(masks)), seq_len),
             "cu_seqlens": pa.array([c.tolist() for c in cu_rows], pa.list_(pa.int32())),
             "doc_id": pa.array(names, pa.list_(pa.string())),
-            "doc_source": pa.array([[None if x is None else "s" for x in r] for r in names], pa.list_(pa.string())),
-            "doc_offset": pa.array([[None if x is None else 0 for x in r] for r in names], pa.list_(pa.int64())),
+            "doc_source": pa.array(
+                [[None if x is None else "s" for x in r] for r in names], pa.list_(pa.string())
+            ),
+            "doc_offset": pa.array(
+                [[None if x is None else 0 for x in r] for r in names], pa.list_(pa.int64())
+            ),
             "doc_length": pa.array(
-                [[None if names[i][j] is None else int(c[j + 1] - c[j]) for j in range(len(names[i]))]
-                 for i, c in enumerate(cu_rows)], pa.list_(pa.int64())),
+                [
+                    [None if names[i][j] is None else int(c[j + 1] - c[j]) for j in range(len(names[i]))]
+                    for i, c in enumerate(cu_rows)
+                ],
+                pa.list_(pa.int64()),
+            ),
         }
         batch = pa.RecordBatch.from_pydict(columns, schema=shard_schema(seq_len))
         entries.append(write_shard(folder / f"00000_{len(entries):05d}.arrow", batch, header))
@@ -173,7 +188,9 @@ def measure(cases: dict[str, tuple[Callable[[], int], int]], reps: int) -> dict[
     return results
 
 
-def mapped_rows(folder: Path, order: np.ndarray, starts: np.ndarray, files: list[str]) -> Iterator[list[np.ndarray]]:
+def mapped_rows(
+    folder: Path, order: np.ndarray, starts: np.ndarray, files: list[str]
+) -> Iterator[list[np.ndarray]]:
     """Each row of ``order``'s ``input_ids``, ``position_ids``, ``loss_mask`` and ``cu_seqlens``: views of
     the shards' record batches, zero-copy from ``pa.memory_map``."""
     tables = [pa.ipc.open_stream(pa.memory_map(str(folder / f))).read_all() for f in files]
@@ -183,7 +200,10 @@ def mapped_rows(folder: Path, order: np.ndarray, starts: np.ndarray, files: list
         # the record batch's own arrays, zero-copy from the map (combine_chunks would copy them)
         cu = t.column("cu_seqlens").chunk(0)
         views.append(
-            [t.column(n).chunk(0).flatten().to_numpy().reshape(-1, seq_len) for n in ("input_ids", "position_ids", "loss_mask")]
+            [
+                t.column(n).chunk(0).flatten().to_numpy().reshape(-1, seq_len)
+                for n in ("input_ids", "position_ids", "loss_mask")
+            ]
             + [cu.offsets.to_numpy(), cu.values.to_numpy()]
         )
     for r in order:
@@ -223,7 +243,12 @@ def child_first_pass(folder: str, workers: str) -> None:
     loader.close()
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = time.process_time() - before + (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    cpu = (
+        time.process_time()
+        - before
+        + (after.ru_utime - children.ru_utime)
+        + (after.ru_stime - children.ru_stime)
+    )
     imported = sorted(m for m in set(sys.modules) - seen if "." not in m and not m.startswith("_"))
     print(json.dumps({"wall": wall, "cpu": cpu, "tokens": rows * ds.seq_len, "imported": imported}))
 
@@ -234,7 +259,10 @@ def fresh_first_passes(folder: Path, workers: int, reps: int) -> tuple[Measured,
     walls, cpus, imported, tokens = [], [], set(), 0
     for _ in range(reps):
         out = subprocess.run(
-            [sys.executable, __file__, "--child", str(folder), str(workers)], check=True, capture_output=True, text=True
+            [sys.executable, __file__, "--child", str(folder), str(workers)],
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         found = json.loads(out.strip().splitlines()[-1])
         walls.append(found["wall"])
@@ -245,11 +273,17 @@ def fresh_first_passes(folder: Path, workers: int, reps: int) -> tuple[Measured,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
-    parser.add_argument("--rows", type=int, default=384,
-                        help="windows at 64K (x 2 at 16K): 25M tokens, a baseline pass of ~15 ms (with 96, "
-                             "~5 ms passes were within the machine's noise and flattered the loader)")
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=384,
+        help="windows at 64K (x 2 at 16K): 25M tokens, a baseline pass of ~15 ms (with 96, "
+        "~5 ms passes were within the machine's noise and flattered the loader)",
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--passes", type=int, default=4, help="later passes timed per repetition")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -258,7 +292,10 @@ def main() -> None:
         child_first_pass(*args.child)
         return
     torch.set_num_threads(1)
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.reps} repetitions: median [min-max]")
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+        f"{args.reps} repetitions: median [min-max]"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for seq_len in args.seq_lens:
             rows = args.rows * max(1, 65536 // seq_len // 2)
@@ -271,8 +308,14 @@ def main() -> None:
 
             late: dict[str, list[float]] = {}  # first passes: wall-clock tokens/s over their second half
 
-            def first_pass(workers: int | None) -> tuple[Callable[[], int], int]:
+            def first_pass(
+                workers: int | None,
+                folder: Path = folder,
+                seq_len: int = seq_len,
+                late: dict[str, list[float]] = late,
+            ) -> tuple[Callable[[], int], int]:
                 """A new dataset and loader, one pass; ``workers`` None: a plain DataLoader, no workers."""
+
                 def run() -> int:
                     ds = PackedDataset(folder, tokenizer=None, seed=1)
                     if workers is None:
@@ -286,24 +329,37 @@ def main() -> None:
                         rate = (len(handed) - 1 - half) * seq_len / (handed[-1] - handed[half])
                         late.setdefault(f"PackedLoader, workers {workers}, first pass", []).append(rate)
                     return len(handed) * seq_len
+
                 return run, 1
 
             kept: list[PackedLoader] = []
 
-            def later_passes(workers: int) -> tuple[Callable[[], int], int]:
-                """One loader for every repetition, its first pass made now; each run makes ``passes`` more."""
-                loader = PackedLoader(PackedDataset(folder, tokenizer=None, seed=1), batch_size=1, num_workers=workers)
+            def later_passes(
+                workers: int, folder: Path = folder, seq_len: int = seq_len, kept: list[PackedLoader] = kept
+            ) -> tuple[Callable[[], int], int]:
+                """One loader for every repetition, its first pass made now; each run makes
+                ``passes`` more."""
+                loader = PackedLoader(
+                    PackedDataset(folder, tokenizer=None, seed=1), batch_size=1, num_workers=workers
+                )
                 for _ in loader:
                     pass
                 kept.append(loader)
 
                 def run() -> int:
                     return sum(1 for _ in range(args.passes) for _ in loader) * seq_len
+
                 return run, args.passes
 
             cases = {
-                "plain memory-mapped read (baseline)": (lambda: plain_read(folder, order, starts, files), 1),
-                "verification alone (checksums + row checks)": (lambda: verification_only(folder), 1),
+                "plain memory-mapped read (baseline)": (
+                    functools.partial(plain_read, folder, order, starts, files),
+                    1,
+                ),
+                "verification alone (checksums + row checks)": (
+                    functools.partial(verification_only, folder),
+                    1,
+                ),
                 "DataLoader(PackedDataset), workers 0": first_pass(None),
                 "PackedLoader, workers 0, first pass": first_pass(0),
                 "PackedLoader, workers 2, first pass": first_pass(2),
@@ -320,19 +376,21 @@ def main() -> None:
                 loader.close()
             base_wall, base_cpu, _, _ = results["plain memory-mapped read (baseline)"]
             print(f"\nseq_len {seq_len}: {rows} rows, {rows * seq_len / 1e6:.1f}M tokens per pass; per pass:")
-            for name, (wall, cpu, main, tokens) in results.items():
+            for name, (wall, cpu, _main, tokens) in results.items():
                 w, c = statistics.median(wall), statistics.median(cpu)
                 print(
                     f"  {name:50s} wall {w:7.3f} s [{min(wall):.3f}-{max(wall):.3f}]  CPU {c:7.3f} s "
                     f"[{min(cpu):.3f}-{max(cpu):.3f}]  {tokens / w / 1e6:6.0f}M tok/s  "
-                    f"vs baseline: wall {statistics.median(base_wall) / w:.2f}x, CPU {statistics.median(base_cpu) / c:.2f}x"
+                    f"vs baseline: wall {statistics.median(base_wall) / w:.2f}x, CPU "
+                    f"{statistics.median(base_cpu) / c:.2f}x"
                 )
             for name, (_, _, main, _) in results.items():
                 if "workers 2" in name and "fresh" not in name:  # a fresh process's split is not measured
                     m = statistics.median(main)
                     print(
-                        f"  {name}: the training process's own CPU {m:.3f} s [{min(main):.3f}-{max(main):.3f}], "
-                        f"vs baseline CPU {statistics.median(base_cpu) / m:.2f}x"
+                        f"  {name}: the training process's own CPU {m:.3f} s "
+                        f"[{min(main):.3f}-{max(main):.3f}], vs baseline CPU "
+                        f"{statistics.median(base_cpu) / m:.2f}x"
                     )
             print(f"  first passes in a fresh process imported: {', '.join(sorted(imported)) or 'nothing'}")
             base_rate = rows * seq_len / statistics.median(base_wall)
@@ -340,7 +398,8 @@ def main() -> None:
                 rate = statistics.median(rates)
                 print(
                     f"  {name}, over its second half: {rate / 1e6:.0f}M tok/s "
-                    f"[{min(rates) / 1e6:.0f}-{max(rates) / 1e6:.0f}], vs baseline wall {rate / base_rate:.2f}x"
+                    f"[{min(rates) / 1e6:.0f}-{max(rates) / 1e6:.0f}], "
+                    f"vs baseline wall {rate / base_rate:.2f}x"
                 )
 
 

@@ -43,7 +43,6 @@ from longctx.pipeline.docstore import DocumentWriter
 from longctx.pipeline.readers.base import read_text_file
 
 
-
 def interleaved(
     contenders: dict[str, Callable[[], Any]], rounds: int
 ) -> tuple[dict[str, Samples], dict[str, Any]]:
@@ -116,7 +115,10 @@ def main() -> int:
         timings, results = interleaved(contenders, args.repeats)
         tokens = sum(len(e.ids) for e in results["encode_batch"]) + len(all_texts)  # + one EOS per document
         bare, fast = timings["encode_batch"], timings["encode_batch_fast"]
-        print(f"\n{tokens:,} tokens; {args.repeats} interleaved rounds: median [min-max]; load {os.getloadavg()[0]:.1f}")
+        print(
+            f"\n{tokens:,} tokens; {args.repeats} interleaved rounds: median [min-max]; "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
         print(f"  bare encode_batch:      {bare}, {tokens / bare.median_wall / 1e6:.3f} M tokens/s wall")
         print(
             f"  bare encode_batch_fast: {fast}, {tokens / fast.median_wall / 1e6:.3f} M tokens/s wall "
@@ -131,7 +133,8 @@ def main() -> int:
                 f"  seq_lens {seq_lens}: {job}, {tokens / job.median_wall / 1e6:.3f} M tokens/s wall; "
                 f"throughput relative to encode_batch {bare.median_wall / job.median_wall:.2f} (wall) "
                 f"{bare.median_cpu / job.median_cpu:.2f} (CPU), to encode_batch_fast "
-                f"{fast.median_wall / job.median_wall:.2f} (wall) {fast.median_cpu / job.median_cpu:.2f} (CPU)"
+                f"{fast.median_wall / job.median_wall:.2f} (wall) "
+                f"{fast.median_cpu / job.median_cpu:.2f} (CPU)"
             )
 
         print("\npacking efficiency (non-padding tokens / all tokens):")

@@ -42,7 +42,11 @@ from longctx.trainer.attention.zigzag import zigzag_indices
 
 
 def time_attention(
-    args: argparse.Namespace, group: dist.ProcessGroup | None, segments: torch.Tensor, skip: bool, tile: bool = True
+    args: argparse.Namespace,
+    group: dist.ProcessGroup | None,
+    segments: torch.Tensor,
+    skip: bool,
+    tile: bool = True,
 ):
     """Per-repetition fwd+bwd wall and CPU seconds of this rank, and its plan."""
     world = 1 if group is None else dist.get_world_size(group)
@@ -141,8 +145,10 @@ def main() -> None:
     args = parser.parse_args()
     world = args.world
     shape = f"heads {args.heads}/{args.kv_heads}, head_dim {args.head_dim}"
-    print(f"seq_len {args.seq_len}, {shape}, fp32, CPU, gloo, one thread per process, P={world}, "
-          f"{args.iters} repetitions: median [min-max]; load {os.getloadavg()[0]:.1f}")
+    print(
+        f"seq_len {args.seq_len}, {shape}, fp32, CPU, gloo, one thread per process, P={world}, "
+        f"{args.iters} repetitions: median [min-max]; load {os.getloadavg()[0]:.1f}"
+    )
 
     torch.set_num_threads(1)
     single, single_cpu, _ = time_attention(args, None, document_segments(args.seq_len, None), True)
@@ -154,20 +160,31 @@ def main() -> None:
     med = statistics.median
     one = ring["one_doc"]
     print(f"\none document, fwd+bwd: single process {summary(single)} wall, {summary(single_cpu)} CPU")
-    print(f"  ring P={world}: {summary(one['seconds'])} wall, {summary(one['cpu_seconds'])} CPU (busiest rank)")
-    print(f"  ring / single: wall {med(one['seconds']) / med(single):.2f}, CPU {med(one['cpu_seconds']) / med(single_cpu):.2f}")
+    print(
+        f"  ring P={world}: {summary(one['seconds'])} wall, {summary(one['cpu_seconds'])} CPU (busiest rank)"
+    )
+    print(
+        f"  ring / single: wall {med(one['seconds']) / med(single):.2f}, CPU "
+        f"{med(one['cpu_seconds']) / med(single_cpu):.2f}"
+    )
     print(
         f"  ring pairs computed {one['compute_fraction']:.2f}, scores in computed rectangles"
         f" {one['score_fraction']:.3f}, in kernel tiles {one['kernel_fraction']:.3f}"
     )
     print(f"\nmany documents (mean length {args.mean_doc}), ring P={world}:")
-    labels = {"both": "skip + tile", "tiling_only": "tile only", "skipping_only": "skip only", "neither": "neither"}
+    labels = {
+        "both": "skip + tile",
+        "tiling_only": "tile only",
+        "skipping_only": "skip only",
+        "neither": "neither",
+    }
     for name, label in labels.items():
         row = ring[name]
         print(
             f"  {label:12s} {summary(row['seconds'])} wall, {summary(row['cpu_seconds'])} CPU,"
             f" pairs {row['compute_fraction']:.2f}, scores in rectangles {row['score_fraction']:.3f},"
-            f" in kernel tiles {row['kernel_fraction']:.3f}, kv sends {row['kv_sends']}/{row['kv_sends_dense']}"
+            f" in kernel tiles {row['kernel_fraction']:.3f}, kv sends "
+            f"{row['kv_sends']}/{row['kv_sends_dense']}"
         )
 
     def ratio(slow: str, fast: str) -> str:

@@ -43,7 +43,9 @@ def become_subreaper(script: str) -> None:
 
     PR_SET_CHILD_SUBREAPER = 36
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        sys.exit(f"{script}: cannot become a child subreaper (Linux only); CPU times would miss worker processes")
+        sys.exit(
+            f"{script}: cannot become a child subreaper (Linux only); CPU times would miss worker processes"
+        )
 
 
 def reap_descendants() -> None:

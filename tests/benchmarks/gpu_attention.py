@@ -278,7 +278,9 @@ def probe_kernels(settings, emit: Emit) -> list[str]:
                     status = "unavailable" if not_installed(backend) else "FAIL"
                     emit({**case, "status": status, "reason": unavailable_reason(backend, exc)})
                     if status == "FAIL":
-                        failures.append(f"{dtype} {backend} probe at head_dim/heads/kv {head_dim}/{heads}/{kv_heads}")
+                        failures.append(
+                            f"{dtype} {backend} probe at head_dim/heads/kv {head_dim}/{heads}/{kv_heads}"
+                        )
                     continue
                 emit({**case, "status": "ok"})
     return failures

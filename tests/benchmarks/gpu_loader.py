@@ -1,4 +1,4 @@
-"""``PackedLoader`` feeding one GPU: worker processes and pinned memory, checked and timed.
+r"""``PackedLoader`` feeding one GPU: worker processes and pinned memory, checked and timed.
 
 For 16K and 64K windows (random documents in the real shard format, written as
 ``bench_loader.py`` writes them), on a CUDA device:
@@ -19,7 +19,9 @@ Exit status 0 when every exactness check passed, 1 otherwise, 2 without a CUDA d
 ``--cpu-smoke``, which runs every path on the CPU, small, without pinned memory). On this workplace's
 lent H200 (after ``make gpu-wheels``), ``run`` with ``carry=[".whl"]`` and::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 tests/benchmarks/gpu_loader.py --out $OUT/gpu_loader.json
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 tests/benchmarks/gpu_loader.py \
+        --out $OUT/gpu_loader.json
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_loader import mapped_rows, write_folder  # noqa: E402
+from bench_loader import mapped_rows, write_folder
 
-from longctx.packer.dataset import PackedDataset, collate_packed  # noqa: E402
-from longctx.packer.loader import PackedLoader  # noqa: E402
+from longctx.packer.dataset import PackedDataset, collate_packed
+from longctx.packer.loader import PackedLoader
 
 BATCH = 2
 
@@ -58,7 +60,9 @@ def reference(folder: Path, epochs: int) -> list[dict[str, torch.Tensor]]:
 
 def to_device(batch: dict, device: torch.device) -> dict:
     """The batch's tensors copied to ``device`` (asynchronously from pinned memory); other values kept."""
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    return {
+        k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()
+    }
 
 
 def first_difference(got: list[dict[str, torch.Tensor]], want: list[dict[str, torch.Tensor]]) -> str | None:
@@ -75,7 +79,10 @@ def first_difference(got: list[dict[str, torch.Tensor]], want: list[dict[str, to
                 continue
             x = a[key].cpu()
             if x.dtype != b[key].dtype or x.shape != b[key].shape or not torch.equal(x, b[key]):
-                return f"batch {i}, {key}: {x.dtype} {tuple(x.shape)} differs from {b[key].dtype} {tuple(b[key].shape)}"
+                return (
+                    f"batch {i}, {key}: {x.dtype} {tuple(x.shape)} differs from "
+                    f"{b[key].dtype} {tuple(b[key].shape)}"
+                )
     return None
 
 
@@ -87,7 +94,9 @@ def check_loader(folder: Path, workers: int, device: torch.device, pin: bool) ->
     got, unpinned = [], 0
     for _ in range(2):
         for batch in loader:
-            unpinned += sum(not t.is_pinned() for t in batch.values() if isinstance(t, torch.Tensor)) if pin else 0
+            unpinned += (
+                sum(not t.is_pinned() for t in batch.values() if isinstance(t, torch.Tensor)) if pin else 0
+            )
             got.append(to_device(batch, device))
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -104,14 +113,25 @@ def check_loader(folder: Path, workers: int, device: torch.device, pin: bool) ->
     state = first.state_dict()
     second = PackedDataset(folder, tokenizer=None, seed=1)
     second.load_state_dict(state)
-    resumed += [to_device(b, device) for b in PackedLoader(second, batch_size=BATCH, num_workers=workers, pin_memory=pin)]
+    resumed += [
+        to_device(b, device)
+        for b in PackedLoader(second, batch_size=BATCH, num_workers=workers, pin_memory=pin)
+    ]
     if device.type == "cuda":
         torch.cuda.synchronize()
     resume_problem = first_difference(resumed, want[:per_pass])
     ok = problem is None and resume_problem is None and unpinned == 0
-    return {"workers": workers, "batches": len(got), "equal": problem is None, "difference": problem,
-            "resumed_at_batch": stop, "resume_equal": resume_problem is None, "resume_difference": resume_problem,
-            "unpinned_tensors": unpinned, "passed": ok}
+    return {
+        "workers": workers,
+        "batches": len(got),
+        "equal": problem is None,
+        "difference": problem,
+        "resumed_at_batch": stop,
+        "resume_equal": resume_problem is None,
+        "resume_difference": resume_problem,
+        "unpinned_tensors": unpinned,
+        "passed": ok,
+    }
 
 
 def plain_pass(folder: Path, device: torch.device, pin: bool) -> Callable[[], int]:
@@ -124,7 +144,9 @@ def plain_pass(folder: Path, device: torch.device, pin: bool) -> Callable[[], in
         tokens, held = 0, []
         for columns in mapped_rows(folder, order, starts, files):
             for column in columns:
-                host = torch.empty(column.shape, dtype=torch.from_numpy(np.empty(0, column.dtype)).dtype, pin_memory=pin)
+                host = torch.empty(
+                    column.shape, dtype=torch.from_numpy(np.empty(0, column.dtype)).dtype, pin_memory=pin
+                )
                 host.numpy()[...] = column
                 held.append(host.to(device, non_blocking=True))
             tokens += len(columns[0])
@@ -157,7 +179,7 @@ def time_cases(cases: dict[str, Callable[[], int]], reps: int) -> dict[str, dict
     walls: dict[str, list[float]] = {name: [] for name in cases}
     cpus: dict[str, list[float]] = {name: [] for name in cases}
     tokens: dict[str, int] = {}
-    for name, run in cases.items():
+    for _name, run in cases.items():
         run()
     for _ in range(reps):
         for name, run in cases.items():
@@ -182,32 +204,51 @@ def passes(args: argparse.Namespace, device: torch.device, pin: bool) -> Iterato
             write_folder(folder, seq_len, rows, rows_per_shard=max(4, rows // 2), seed=seq_len)
             checks = [check_loader(folder, w, device, pin) for w in args.workers]
             for c in checks:
-                print(f"seq_len {seq_len}, workers {c['workers']}: {c['batches']} batches "
-                      f"{'equal' if c['equal'] else 'DIFFER: ' + str(c['difference'])}; resumed at batch "
-                      f"{c['resumed_at_batch']}: {'equal' if c['resume_equal'] else 'DIFFER: ' + str(c['resume_difference'])}; "
-                      f"unpinned tensors {c['unpinned_tensors']}", flush=True)
+                print(
+                    f"seq_len {seq_len}, workers {c['workers']}: {c['batches']} batches "
+                    f"{'equal' if c['equal'] else 'DIFFER: ' + str(c['difference'])}; resumed at batch "
+                    f"{c['resumed_at_batch']}: "
+                    f"{'equal' if c['resume_equal'] else 'DIFFER: ' + str(c['resume_difference'])}; "
+                    f"unpinned tensors {c['unpinned_tensors']}",
+                    flush=True,
+                )
             cases = {"plain read -> pinned -> GPU (baseline)": plain_pass(folder, device, pin)}
-            cases |= {f"PackedLoader workers {w} -> GPU": loader_pass(folder, w, device, pin) for w in args.workers}
+            cases |= {
+                f"PackedLoader workers {w} -> GPU": loader_pass(folder, w, device, pin) for w in args.workers
+            }
             timed = time_cases(cases, args.reps)
             base = timed["plain read -> pinned -> GPU (baseline)"]
-            print(f"seq_len {seq_len}: {rows} rows per pass; wall / CPU s per pass, median [min-max] of {args.reps}")
+            print(
+                f"seq_len {seq_len}: {rows} rows per pass; wall / CPU s per pass, "
+                f"median [min-max] of {args.reps}"
+            )
             for name, t in timed.items():
                 t["wall_ratio"] = statistics.median(base["wall_s"]) / statistics.median(t["wall_s"])
                 t["cpu_ratio"] = statistics.median(base["cpu_s"]) / statistics.median(t["cpu_s"])
                 rate = t["tokens"] / statistics.median(t["wall_s"])
-                print(f"  {name:42s} wall {spread(t['wall_s'])}  CPU {spread(t['cpu_s'])}  {rate / 1e6:7.0f}M tok/s  "
-                      f"vs baseline: wall {t['wall_ratio']:.2f}x, CPU {t['cpu_ratio']:.2f}x", flush=True)
+                print(
+                    f"  {name:42s} wall {spread(t['wall_s'])}  CPU {spread(t['cpu_s'])}  "
+                    f"{rate / 1e6:7.0f}M tok/s  vs baseline: wall {t['wall_ratio']:.2f}x, "
+                    f"CPU {t['cpu_ratio']:.2f}x",
+                    flush=True,
+                )
             yield {"seq_len": seq_len, "rows": rows, "checks": checks, "timing": timed}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[16384, 65536])
-    parser.add_argument("--rows", type=int, default=96, help="windows per pass at 64K (more at shorter lengths)")
+    parser.add_argument(
+        "--rows", type=int, default=96, help="windows per pass at 64K (more at shorter lengths)"
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, help="the JSON report")
-    parser.add_argument("--cpu-smoke", action="store_true", help="every path on the CPU, small, without pinning")
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="every path on the CPU, small, without pinning"
+    )
     args = parser.parse_args(argv)
     if args.cpu_smoke:
         device, pin = torch.device("cpu"), False
@@ -218,14 +259,26 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device (use --cpu-smoke for a dry run)", file=sys.stderr)
         return 2
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"{name}; torch {torch.__version__}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{name}; torch {torch.__version__}; {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.1f}", flush=True
+    )
     entries = list(passes(args, device, pin))
     passed = all(c["passed"] for e in entries for c in e["checks"])
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_name(args.out.name + ".tmp")
-        tmp.write_text(json.dumps({"device": name, "torch": torch.__version__, "cpus": os.cpu_count(),
-                                   "passed": passed, "lengths": entries}, indent=1))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "cpus": os.cpu_count(),
+                    "passed": passed,
+                    "lengths": entries,
+                },
+                indent=1,
+            )
+        )
         tmp.replace(args.out)
     print("PackedLoader on the GPU:", "PASSED" if passed else "FAILED")
     return 0 if passed else 1

@@ -1,4 +1,4 @@
-"""The CUDA paths on one GPU, in one run: kernel exactness, attention speed, training, longest context.
+r"""The CUDA paths on one GPU, in one run: kernel exactness, attention speed, training, longest context.
 
 Sections (each with a time cap; the JSON report is rewritten, atomically, after every case, so a run
 stopped by a timeout still leaves what it measured):
@@ -36,7 +36,9 @@ built here with ``make gpu-wheels``, which also builds this checkout's own wheel
 the device tool sends, after the last code change), the whole call is ``run`` with
 ``carry=[".whl"]``, ``timeout_s=600`` and this command (one line)::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 python3 tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site || exit; set -o pipefail; PYTHONUNBUFFERED=1 \
+        python3 tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
 
 The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up); then copy
 ``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is
@@ -179,7 +181,7 @@ def smoke_settings(budget_s: float) -> Settings:
         longest_tokens=(256, 512, 1024),
         longest_max_document=128,
         memory_cases=(("selective", 256), ("none", 256)),
-        caps={name: 60.0 for name in SECTIONS},
+        caps=dict.fromkeys(SECTIONS, 60.0),
         budget_s=budget_s,
         reps={1 << 30: (1, 2)},
     )
@@ -468,7 +470,9 @@ def memory_cases(text: str) -> tuple[tuple[str, int], ...]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         mode, _, tokens = item.partition(":")
         if mode not in ("none", "full", "selective") or not tokens.isdigit() or int(tokens) <= 0:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected MODE:TOKENS with MODE none, full or selective")
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected MODE:TOKENS with MODE none, full or selective"
+            )
         cases.append((mode, int(tokens)))
     if not cases:
         raise argparse.ArgumentTypeError("no case given")

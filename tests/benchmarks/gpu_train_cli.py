@@ -1,4 +1,4 @@
-"""``longctx train`` itself on one GPU: the command users run, not the suite's replica of its step.
+r"""``longctx train`` itself on one GPU: the command users run, not the suite's replica of its step.
 
 ``tests/benchmarks/gpu_suite.py`` measures the trainer's model and step; this checks the rest of the
 CUDA path of ``longctx train``: the data loader and its checks, bf16 autocast, DCP checkpoints written and
@@ -21,7 +21,8 @@ beside a copy of them (``cp: 1``; the demo trains on 2 CPU ranks). ``check``, on
 Exit status 0 when every check passed. On this workplace's lent H200 the call is ``run`` with
 ``carry=[".whl", "runs/gpu_carry"]`` and the command (after ``make gpu-wheels``)::
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 tests/benchmarks/gpu_train_cli.py check
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site || exit; python3 tests/benchmarks/gpu_train_cli.py check
 """
 
 from __future__ import annotations
@@ -52,8 +53,14 @@ train:
   checkpoint: {{every: 6, keep: 2}}
   log: {{every: 1}}
 """
-DEMO_MODEL = "{hidden_size: 64, intermediate_size: 172, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2}"
-SEVEN_B = "{hidden_size: 4096, intermediate_size: 14336, num_hidden_layers: 32, num_attention_heads: 32, num_key_value_heads: 8}"
+DEMO_MODEL = (
+    "{hidden_size: 64, intermediate_size: 172, num_hidden_layers: 2, "
+    "num_attention_heads: 4, num_key_value_heads: 2}"
+)
+SEVEN_B = (
+    "{hidden_size: 4096, intermediate_size: 14336, num_hidden_layers: 32, "
+    "num_attention_heads: 32, num_key_value_heads: 8}"
+)
 
 
 def prepare(demo: Path, dest: Path) -> None:
@@ -81,12 +88,16 @@ def train(config: Path, output: Path, logs: Path) -> subprocess.CompletedProcess
     )
     (logs / f"{output.name}.log").write_text(run.stdout[-20000:] + run.stderr[-20000:])
     last = (run.stderr or run.stdout).strip().splitlines()
-    print(f"train --output {output.name}: exit {run.returncode}; {last[-1][:400] if last else ''}", flush=True)
+    print(
+        f"train --output {output.name}: exit {run.returncode}; {last[-1][:400] if last else ''}", flush=True
+    )
     return run
 
 
 def step_losses(output: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (output / "train" / "metrics.jsonl").read_text().splitlines() if line]
+    rows = [
+        json.loads(line) for line in (output / "train" / "metrics.jsonl").read_text().splitlines() if line
+    ]
     return {row["step"]: row["loss"] for row in rows if "loss" in row}
 
 
@@ -108,7 +119,10 @@ def check(dest: Path) -> bool:
         a, b = step_losses(straight), step_losses(resumed)
         diff = max(abs(a[s] - b[s]) / abs(a[s]) for s in a if s in b)
         print(f"losses, uninterrupted: {[round(a[s], 4) for s in sorted(a)]}")
-        print(f"losses, resumed at 6:  {[round(b[s], 4) for s in sorted(b)]}; largest relative difference {diff:.1e}")
+        print(
+            f"losses, resumed at 6:  {[round(b[s], 4) for s in sorted(b)]}; largest "
+            f"relative difference {diff:.1e}"
+        )
         ok &= len(a) == len(b) == 12 and diff < 1e-3
         for name in (straight, resumed):
             shutil.copy2(name / "train" / "metrics.jsonl", logs / f"{name.name}-metrics.jsonl")
@@ -124,14 +138,19 @@ def check(dest: Path) -> bool:
         with torch.no_grad():
             expected, actual = on_cpu(ids).logits, on_device(ids.to(device)).logits.cpu()
         error = float((expected - actual).abs().max() / expected.abs().max())
-        print(f"export: {sorted(p.name for p in final.iterdir())}; logits on {device} vs CPU, relative error {error:.1e}")
+        print(
+            f"export: {sorted(p.name for p in final.iterdir())}; logits on {device} vs "
+            f"CPU, relative error {error:.1e}"
+        )
         ok &= error < 1e-3
     print("longctx train on the GPU:", "PASSED" if ok else "FAILED")
     return ok
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("mode", choices=("prepare", "check"))
     parser.add_argument("--demo", type=Path, default=Path("runs/demo"), help="a finished longctx demo run")
     parser.add_argument("--dest", type=Path, default=Path("runs/gpu_carry"), help="the folder to carry")

@@ -185,9 +185,15 @@ def plan_estimate_gib(trainer: Trainer, seq_len: int) -> dict:
         "total_gib": memory.total / 2**30,
         "model_states_gib": memory.model_states / 2**30,
         "activations_gib": memory.activations / 2**30,
-        **{f"{key}_gib": value / 2**30 for key, value in
-           (("gathered_params", memory.gathered_params), ("logits", memory.logits), ("ring_buffers", memory.ring_buffers),
-            ("optimizer_step", memory.optimizer_step))},
+        **{
+            f"{key}_gib": value / 2**30
+            for key, value in (
+                ("gathered_params", memory.gathered_params),
+                ("logits", memory.logits),
+                ("ring_buffers", memory.ring_buffers),
+                ("optimizer_step", memory.optimizer_step),
+            )
+        },
     }
 
 

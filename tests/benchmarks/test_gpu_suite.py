@@ -65,7 +65,10 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     assert training["plan_estimate"]["total_gib"] > 0
     assert sections["longest"]["summary"]["fits"] == [256, 512, 1024]
     memory_cases = sections["memory"]["cases"]
-    assert [(c["mode"], c["status"]) for c in memory_cases] == [("selective", "measured"), ("none", "measured")]
+    assert [(c["mode"], c["status"]) for c in memory_cases] == [
+        ("selective", "measured"),
+        ("none", "measured"),
+    ]
     assert all(c["plan_estimate"]["total_gib"] > 0 and c["loss"] > 0 for c in memory_cases)
     # Everything the suite's code imports is on the GPU machine or travels as a wheel.
     from importlib.metadata import packages_distributions
@@ -187,8 +190,14 @@ def test_training_step_is_the_trainers_step() -> None:
     from longctx.trainer.memory import rank_memory
     from longctx.trainer.train import _forward_backward
 
-    dims = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "tie_word_embeddings": False}
+    dims = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+    }
     seq_len, vocab = 256, 500
     suite, trainer = (gpu_training.build_trainer(dims, seq_len, vocab) for _ in range(2))
     assert suite.config.activation_checkpointing == "full" and not suite.bf16  # precision auto on CPU
@@ -198,8 +207,12 @@ def test_training_step_is_the_trainers_step() -> None:
     shard = gpu_training.training_shard(gpu_training.synthetic_row(seq_len, vocab, 64, seed=3)[0])
 
     loss = gpu_training.train_step(suite, shard, seq_len)
-    run = SimpleNamespace(model=trainer.model, loss_multiplier=trainer.loss_multiplier, seq_len=seq_len,
-                          tracker=CoverageTracker(seq_len // 4, seq_len, 1000))
+    run = SimpleNamespace(
+        model=trainer.model,
+        loss_multiplier=trainer.loss_multiplier,
+        seq_len=seq_len,
+        tracker=CoverageTracker(seq_len // 4, seq_len, 1000),
+    )
     stats = _forward_backward(run, [shard], trainer.state, False, position_losses=False)
     torch.nn.utils.clip_grad_norm_(list(trainer.model.parameters()), trainer.config.optim.grad_clip)
     trainer.optimizer.step()
@@ -209,7 +222,9 @@ def test_training_step_is_the_trainers_step() -> None:
         assert p.grad is None  # freed after the step, as the trainer does
 
     estimate = gpu_training.plan_estimate_gib(suite, seq_len)["total_gib"] * 2**30
-    checked = rank_memory(suite.model.config.shape, seq_len, 1, activation_checkpointing="full", compute_bytes=4)
+    checked = rank_memory(
+        suite.model.config.shape, seq_len, 1, activation_checkpointing="full", compute_bytes=4
+    )
     assert estimate == pytest.approx(checked.total)
     assert checked.total < rank_memory(suite.model.config.shape, seq_len, 1, compute_bytes=4).total
 

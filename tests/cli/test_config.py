@@ -54,12 +54,12 @@ def test_missing_path_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         parse_config(BASE | {"curate": {"sources": [src]}})
     assert "curate.sources.0.path: path does not exist" in str(err.value)
-    with pytest.raises(ConfigError, match="tokenizer.path: path does not exist"):
+    with pytest.raises(ConfigError, match=r"tokenizer\.path: path does not exist"):
         parse_config(BASE | {"tokenizer": {"path": str(missing)}})
 
 
 def test_semantic_checks() -> None:
-    with pytest.raises(ConfigError, match="target .* must be at least original"):
+    with pytest.raises(ConfigError, match=r"target .* must be at least original"):
         parse_config({"context": {"original": 4096, "target": 1024}})
     with pytest.raises(ConfigError, match="needs a 'slurm' section"):
         parse_config(BASE | {"curate": {"executor": {"kind": "slurm"}}})
@@ -89,7 +89,9 @@ def test_cli_reports_config_errors_before_work(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml")))
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml"))
+)
 def test_shipped_configs_are_valid(name: str) -> None:
     path = Path(__file__).parents[2] / "configs" / name
     data = yaml.safe_load(path.read_text())

@@ -31,8 +31,13 @@ def test_the_demo_config_ships_in_the_package_and_the_repository_links_to_it(tmp
         text = path.read_text(encoding="utf-8")
         cfg = load_config(path)
     assert cfg.train is not None and cfg.eval is not None and str(cfg.output) == "runs/demo"
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "demo", "--print-config"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "demo", "--print-config"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout == text
 
 
@@ -45,14 +50,30 @@ def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_pat
     first = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     out = first.stdout
-    for expected in ("documents (kept / filtered with reasons / duplicates)", "windows of 1024", "windows of 2048",
-                     "all invariants hold", "training loss", "evaluate (base vs trained)",
-                     "needle retrieval accuracy: base", "where things are"):
+    for expected in (
+        "documents (kept / filtered with reasons / duplicates)",
+        "windows of 1024",
+        "windows of 2048",
+        "all invariants hold",
+        "training loss",
+        "evaluate (base vs trained)",
+        "needle retrieval accuracy: base",
+        "where things are",
+    ):
         assert expected in out, expected
     root = cwd / "runs" / "demo"
-    for path in ("ledger.parquet", "stats.png", "shards/seq1024/manifest.json", "shards/seq2048/manifest.json",
-                 "documents/synthetic", "train/final/config.json", "train/metrics.jsonl",
-                 "eval/001/loss_by_position.png", "eval/001/needle.png", "eval/001/summary.json"):
+    for path in (
+        "ledger.parquet",
+        "stats.png",
+        "shards/seq1024/manifest.json",
+        "shards/seq2048/manifest.json",
+        "documents/synthetic",
+        "train/final/config.json",
+        "train/metrics.jsonl",
+        "eval/001/loss_by_position.png",
+        "eval/001/needle.png",
+        "eval/001/summary.json",
+    ):
         assert (root / path).exists(), path
     scored = json.loads((root / "eval" / "001" / "loss_by_position.json").read_text())
     assert scored["held_out_rows"] == 8 == len(scored["rows"])

@@ -39,8 +39,15 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
     jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
     base = root / "base-llama"
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=SEQ_LEN)
+    config = transformers.LlamaConfig(
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SEQ_LEN,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(base, safe_serialization=True)
     (readme_eval,) = (yaml.safe_load(b)["eval"] for b in code_blocks(SECTION, "yaml"))
     settings: dict[str, Any] = {
@@ -56,8 +63,16 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
             "checkpoint": {"every": 3, "keep": 1},
         },
         # the README's eval section, on this run's short windows and few steps
-        "eval": {**readme_eval, "rows": 4,
-                 "needle": {**readme_eval["needle"], "lengths": [256, 384], "depths": [0.0, 1.0], "max_new_tokens": 4}},
+        "eval": {
+            **readme_eval,
+            "rows": 4,
+            "needle": {
+                **readme_eval["needle"],
+                "lengths": [256, 384],
+                "depths": [0.0, 1.0],
+                "max_new_tokens": 4,
+            },
+        },
     }
     path = root / "run.yaml"
     path.write_text(yaml.safe_dump(settings))
@@ -67,7 +82,12 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 def readme_command(config: Path) -> list[str]:
     """The README's ``longctx eval`` command with its config replaced."""
-    (line,) = [line for b in code_blocks(SECTION, "bash") for line in b.splitlines() if line.startswith("longctx eval")]
+    (line,) = [
+        line
+        for b in code_blocks(SECTION, "bash")
+        for line in b.splitlines()
+        if line.startswith("longctx eval")
+    ]
     argv = shlex.split(line)[1:]
     argv[argv.index("--config") + 1] = str(config)
     return argv
@@ -97,7 +117,9 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert needles["models"]["base"]["results"] == needles["models"]["base-llama"]["results"]
 
     def mean(buckets: list[dict]) -> float:
-        return sum(b["mean_loss"] * b["tokens"] for b in buckets if b["tokens"]) / sum(b["tokens"] for b in buckets)
+        return sum(b["mean_loss"] * b["tokens"] for b in buckets if b["tokens"]) / sum(
+            b["tokens"] for b in buckets
+        )
 
     assert mean(by_model["trained"]) < mean(by_model["base"])
 
@@ -109,7 +131,10 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
         scored = needles["models"][label]["results"]
         assert needles["models"][label]["accuracy"] == sum(r["correct"] for r in scored) / 12
         assert needles["models"][label]["by_length"] == [
-            {"context_tokens": n, "accuracy": sum(r["correct"] for r in scored if r["context_tokens"] == n) / 6}
+            {
+                "context_tokens": n,
+                "accuracy": sum(r["correct"] for r in scored if r["context_tokens"] == n) / 6,
+            }
             for n in (256, 384)
         ]
     for plot in ("loss_by_position.png", "needle.png"):
@@ -123,7 +148,9 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     second = json.loads((root / "eval" / "002" / "summary.json").read_text())
     assert [m["label"] for m in second["models"]] == ["trained"]
-    assert second["needle_accuracy"] == [{"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}]
+    assert second["needle_accuracy"] == [
+        {"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}
+    ]
 
 
 def test_bad_models_are_refused_before_any_work(trained_run, tmp_path: Path, capsys) -> None:
@@ -134,13 +161,16 @@ def test_bad_models_are_refused_before_any_work(trained_run, tmp_path: Path, cap
     assert "eval.models" in err and "missing" in err and len(err.strip().splitlines()) == 2
     assert main(["eval", "--config", str(config), "--model", "trained", "--model", "trained"]) == 2
     assert "listed twice" in capsys.readouterr().err
-    assert main(["eval", "--config", str(config), "--output", str(tmp_path / "empty"), "--model", "trained"]) == 2
+    assert (
+        main(["eval", "--config", str(config), "--output", str(tmp_path / "empty"), "--model", "trained"])
+        == 2
+    )
     assert "no trained model at" in capsys.readouterr().err
     after = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
     assert after == before and not (tmp_path / "empty").exists()
 
 
-def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: Path) -> None:  # noqa: F811
+def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: Path) -> None:
     """``eval.shards`` given as an ``s3://`` URL (published from the run's shards) scores exactly the
     windows and losses of the same folder read locally, from a checked copy in the run's cache;
     its storage options never reach the results."""
@@ -162,7 +192,9 @@ def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: 
     got = json.loads((Path(by_url["folder"]) / "loss_by_position.json").read_text())
     assert got["shards"] == url and expected["shards"] == str(local)
     assert got["rows"] == expected["rows"] and got["models"] == expected["models"]
-    assert (cache_folder(url, root / "cache") / "manifest.json").read_bytes() == (local / "manifest.json").read_bytes()
+    assert (cache_folder(url, root / "cache") / "manifest.json").read_bytes() == (
+        local / "manifest.json"
+    ).read_bytes()
     assert s3.endpoint not in (Path(by_url["folder"]) / "summary.json").read_text()
     with pytest.raises(Exception, match=r"eval\.shards.*path does not exist"):
         parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}})

@@ -82,7 +82,9 @@ def _python(
 def test_trainer_imports_without_datatrove(tmp_path: Path) -> None:
     imported = int(_python(_NO_DATATROVE, cwd=tmp_path))
     # every module and subpackage of the trainer, the dataloader, and what evaluation reads
-    modules = [p for p in (REPO / "trainer").rglob("*.py") if p.parent.name != "trainer" or p.stem != "__init__"]
+    modules = [
+        p for p in (REPO / "trainer").rglob("*.py") if p.parent.name != "trainer" or p.stem != "__init__"
+    ]
     assert imported == len(modules) + 5
 
 
@@ -137,7 +139,8 @@ def test_wheel_installs_only_longctx(tmp_path: Path) -> None:
         "generic = [n for n in ('core', 'pipeline', 'packer', 'trainer') if importlib.util.find_spec(n)]\n"
         "import importlib.resources\n"
         "demo = importlib.resources.files('longctx') / 'configs' / 'demo.yaml'\n"  # what `longctx demo` reads
-        "print(json.dumps({'parts': parts, 'generic': generic, 'demo': str(demo), 'demo_text': demo.read_text()}))\n"
+        "print(json.dumps({'parts': parts, 'generic': generic, 'demo': str(demo), "
+        "'demo_text': demo.read_text()}))\n"
     )
     # -S: no site-packages, so the checkout's editable install is out of the picture (the parts'
     # package modules import nothing beyond the standard library)

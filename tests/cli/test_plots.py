@@ -86,7 +86,9 @@ def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
     results = {
         label: [
-            evaluate.NeedleResult(n, d, "single_needle", s, "42", "42" if (n + s) % 3 else "7", bool((n + s) % 3))
+            evaluate.NeedleResult(
+                n, d, "single_needle", s, "42", "42" if (n + s) % 3 else "7", bool((n + s) % 3)
+            )
             for n in (256, 512)
             for d in (0.0, 0.5, 1.0)
             for s in range(2)
@@ -94,4 +96,6 @@ def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
         for label in ("base", "extended")
     }
     (tmp_path / "needle").mkdir()
-    same_as_pyplot(monkeypatch, evaluate, lambda p: evaluate.plot_needle_heatmap(results, p), tmp_path / "needle")
+    same_as_pyplot(
+        monkeypatch, evaluate, lambda p: evaluate.plot_needle_heatmap(results, p), tmp_path / "needle"
+    )

@@ -8,6 +8,7 @@ elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -67,10 +68,8 @@ def describe(pids: list[int]) -> str:
 def kill_survivors(pids: list[int]) -> None:
     """Clean up after a failed assertion: kill the processes this test started."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def longctx_command(*args: str) -> list[str]:

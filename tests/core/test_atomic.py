@@ -36,16 +36,14 @@ def test_writers_create_parents_and_leave_no_temporary(tmp_path: Path) -> None:
 def test_failure_keeps_the_old_file_and_removes_the_temporary(tmp_path: Path) -> None:
     target = tmp_path / "out.json"
     write_json(target, {"v": 1})
-    with pytest.raises(RuntimeError, match="disk full"):
-        with atomic_path(target) as tmp:
-            tmp.write_text("{half")
-            raise RuntimeError("disk full")
+    with pytest.raises(RuntimeError, match="disk full"), atomic_path(target) as tmp:
+        tmp.write_text("{half")
+        raise RuntimeError("disk full")
     assert json.loads(target.read_text()) == {"v": 1}
     assert not temporary_path(target).exists()
-    with pytest.raises(KeyboardInterrupt):  # an interrupt cleans up too
-        with atomic_path(target) as tmp:
-            tmp.write_text("x")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), atomic_path(target) as tmp:  # an interrupt cleans up too
+        tmp.write_text("x")
+        raise KeyboardInterrupt
     assert not temporary_path(target).exists() and json.loads(target.read_text()) == {"v": 1}
 
 
@@ -59,10 +57,9 @@ def test_folders_are_replaced_whole_and_stale_temporaries_removed(tmp_path: Path
         (tmp / "new").mkdir(parents=True)
     assert sorted(p.name for p in target.iterdir()) == ["new"]
     assert not stale.exists()
-    with pytest.raises(ValueError):
-        with atomic_path(target) as tmp:
-            (tmp / "partial").mkdir(parents=True)
-            raise ValueError
+    with pytest.raises(ValueError), atomic_path(target) as tmp:
+        (tmp / "partial").mkdir(parents=True)
+        raise ValueError
     assert sorted(p.name for p in target.iterdir()) == ["new"] and not stale.exists()
 
 

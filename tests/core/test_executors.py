@@ -25,10 +25,14 @@ def _config(tmp_path: Path, executor: dict):
     (tmp_path / "in" / "books" / "a.txt").write_text("some words " * 50)
     tok = tmp_path / "tok.json"
     train_bpe(["some words"] * 10, 270, tok)
-    return parse_config({
-        "output": str(tmp_path / "out"), "context": {"original": 8, "target": 16},
-        "tokenizer": {"path": str(tok)}, "curate": {"input": str(tmp_path / "in"), "executor": executor},
-    })
+    return parse_config(
+        {
+            "output": str(tmp_path / "out"),
+            "context": {"original": 8, "target": 16},
+            "tokenizer": {"path": str(tok)},
+            "curate": {"input": str(tmp_path / "in"), "executor": executor},
+        }
+    )
 
 
 def test_local_executor_caps_workers_at_tasks(tmp_path: Path) -> None:
@@ -63,7 +67,9 @@ def test_run_curation_returns_none_after_slurm_submission(tmp_path: Path, monkey
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install longctx[ray])")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install longctx[ray])"
+)
 def test_ray_run_equals_local_run(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -98,7 +104,11 @@ def test_local_stages_chain_in_order_and_resume(tmp_path: Path, capsys) -> None:
     local = ExecutorConfig(tasks=2, workers=2)
 
     def stages(fail: bool) -> list:
-        return [("a", [_Record(log, "a")], 2), ("b", [_Record(log, "b", fail)], 2), ("c", [_Record(log, "c")], 1)]
+        return [
+            ("a", [_Record(log, "a")], 2),
+            ("b", [_Record(log, "b", fail)], 2),
+            ("c", [_Record(log, "c")], 1),
+        ]
 
     with pytest.raises(RuntimeError, match="stage b broke"):
         run_stages(local, stages(fail=True), tmp_path / "work", "job")
@@ -138,8 +148,13 @@ def test_pool_workers_start_as_asked(tmp_path: Path, start_method: str) -> None:
     of the server (datatrove's default); the stage runs either way."""
     import os
 
-    assert run_stages(ExecutorConfig(tasks=2, workers=2), [("s", [_Parent(tmp_path)], 2)], tmp_path / "w", "job",
-                      start_method=start_method)
+    assert run_stages(
+        ExecutorConfig(tasks=2, workers=2),
+        [("s", [_Parent(tmp_path)], 2)],
+        tmp_path / "w",
+        "job",
+        start_method=start_method,
+    )
     parents = {int((tmp_path / f"{rank}.ppid").read_text()) for rank in range(2)}
     assert (parents == {os.getpid()}) == (start_method == "fork")
 
@@ -189,7 +204,9 @@ class _Where(PipelineStep):
         yield from data or ()
 
 
-def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(tmp_path: Path, capfd, monkeypatch) -> None:
+def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(
+    tmp_path: Path, capfd, monkeypatch
+) -> None:
     """Stages named in ``in_driver`` run their tasks in this process, the others in pool workers
     (from the forkserver started before the first stage, whose workers' stderr is the console log,
     not the terminal); completions are recorded either way, and a finished job starts no forkserver
@@ -201,7 +218,10 @@ def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(tmp_path
     stages = [(name, [_Where(tmp_path, name)], 2) for name in ("small", "big", "tail")]
     cfg = ExecutorConfig(tasks=2, workers=2)
     assert run_stages(cfg, stages, tmp_path / "w", "job", in_driver={"small", "tail"})
-    pids = {name: {int((tmp_path / f"{name}.{rank}.pid").read_text()) for rank in range(2)} for name in ("small", "big", "tail")}
+    pids = {
+        name: {int((tmp_path / f"{name}.{rank}.pid").read_text()) for rank in range(2)}
+        for name in ("small", "big", "tail")
+    }
     assert pids["small"] == pids["tail"] == {os.getpid()}
     assert os.getpid() not in pids["big"]
     captured = capfd.readouterr()
@@ -238,7 +258,9 @@ def test_workers_start_with_the_checks_datatrove_repeats_per_process_and_task(mo
     calls = []
     real = sysconfig.get_path
     monkeypatch.setattr(sysconfig, "get_path", lambda *a, **k: calls.append(a) or real(*a, **k))
-    monkeypatch.setattr(importlib.metadata, "distributions", lambda *a, **k: calls.append("distributions") or [])
+    monkeypatch.setattr(
+        importlib.metadata, "distributions", lambda *a, **k: calls.append("distributions") or []
+    )
     for _ in range(3):
         logger.remove(logger.add(io.StringIO()))
     StageDocumentWriter("unused")

@@ -51,7 +51,11 @@ def test_a_figure_is_drawn_as_pyplot_draws_it(tmp_path: Path) -> None:
 
 
 def test_the_format_comes_from_the_suffix(tmp_path: Path) -> None:
-    for name, magic in (("plot.png", b"\x89PNG\r\n\x1a\n"), ("plot", b"\x89PNG\r\n\x1a\n"), ("plot.pdf", b"%PDF")):
+    for name, magic in (
+        ("plot.png", b"\x89PNG\r\n\x1a\n"),
+        ("plot", b"\x89PNG\r\n\x1a\n"),
+        ("plot.pdf", b"%PDF"),
+    ):
         figure = new_figure()
         figure.subplots().plot([0, 1], [1, 0])
         write_figure(tmp_path / name, figure)

@@ -17,7 +17,9 @@ def test_urls_and_cache_folders(tmp_path: Path) -> None:
     assert is_remote("s3://b/k") and is_remote("gs://b") and is_remote("hf://datasets/x")
     assert not is_remote("/data/x") and not is_remote("file:///data/x") and not is_remote(tmp_path)
     assert join("s3://b/run/", "/shards", "seq8") == "s3://b/run/shards/seq8"
-    assert cache_folder("s3://b/run/shards/seq8", tmp_path) == tmp_path / "s3" / "b" / "run" / "shards" / "seq8"
+    assert (
+        cache_folder("s3://b/run/shards/seq8", tmp_path) == tmp_path / "s3" / "b" / "run" / "shards" / "seq8"
+    )
     for bad in ("s3://", "s3://b/../../etc"):
         with pytest.raises(RemoteError, match="not a folder URL"):
             cache_folder(bad, tmp_path)
@@ -30,7 +32,9 @@ def make_folder(root: Path) -> Path:
     return root
 
 
-def test_publish_sends_every_file_and_the_manifest_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_publish_sends_every_file_and_the_manifest_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     source = make_folder(tmp_path / "src")
     order: list[str] = []
     put = local_fs.LocalFileSystem.put_file
@@ -43,9 +47,11 @@ def test_publish_sends_every_file_and_the_manifest_last(tmp_path: Path, monkeypa
     sent = publish_folder(source, f"file://{tmp_path / 'dest'}", last="manifest.json")
     assert order == sent == ["a.bin", "sub/b.bin", "manifest.json"]
     assert {p.relative_to(tmp_path / "dest") for p in (tmp_path / "dest").rglob("*") if p.is_file()} == {
-        Path("a.bin"), Path("sub/b.bin"), Path("manifest.json")
+        Path("a.bin"),
+        Path("sub/b.bin"),
+        Path("manifest.json"),
     }
-    with pytest.raises(RemoteError, match="no missing.json to publish"):
+    with pytest.raises(RemoteError, match=r"no missing\.json to publish"):
         publish_folder(source, f"file://{tmp_path / 'dest2'}", last="missing.json")
 
 

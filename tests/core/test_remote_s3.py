@@ -15,7 +15,7 @@ from tests.s3server import S3, s3  # noqa: F401  (the fixture)
 PART = 5 * 2**20  # S3's smallest part (all but the last)
 
 
-def test_resume_recognises_intact_multipart_uploads(s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_resume_recognises_intact_multipart_uploads(s3: S3, tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.mkdir()
     big = source / "big.bin"

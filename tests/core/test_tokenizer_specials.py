@@ -20,7 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ["the quick brown fox jumps over the lazy dog " * 20, "def f(x):\n    return x + 1\n" * 20]
 
 
-def make_tokenizer(folder: Path, specials: list[str], template: str | None = None, config: dict | None = None) -> Path:
+def make_tokenizer(
+    folder: Path, specials: list[str], template: str | None = None, config: dict | None = None
+) -> Path:
     """A small byte-level BPE with ``specials``, an optional post-processor ``template`` (TemplateProcessing
     ``single``) and an optional ``tokenizer_config.json`` beside it."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -28,7 +30,9 @@ def make_tokenizer(folder: Path, specials: list[str], template: str | None = Non
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.train_from_iterator(
         CORPUS,
-        trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
     )
     if template:
         used = [t for t in specials if t in template]
@@ -55,7 +59,9 @@ def test_trained_tokenizer_declares_its_own_specials(tmp_path: Path) -> None:
 def test_llama3_style_tokenizer_without_config(tmp_path: Path) -> None:
     """Llama-3's tokenizer.json prepends <|begin_of_text|> in its post-processor and has no EOS there;
     its end-of-text token is found among its special tokens."""
-    path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|begin_of_text|> $A")
+    path = make_tokenizer(
+        tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|begin_of_text|> $A"
+    )
     found = document_specials(path)
     tok = Tokenizer.from_file(str(path))
     assert (found.eos, found.bos, found.pad) == ("<|end_of_text|>", "<|begin_of_text|>", None)
@@ -65,11 +71,20 @@ def test_llama3_style_tokenizer_without_config(tmp_path: Path) -> None:
 
 
 def test_tokenizer_config_wins_and_may_use_dict_tokens(tmp_path: Path) -> None:
-    config = {"bos_token": {"content": "<s>", "special": True}, "eos_token": {"content": "</s>"}, "add_bos_token": True,
-              "pad_token": "<unk>"}
+    config = {
+        "bos_token": {"content": "<s>", "special": True},
+        "eos_token": {"content": "</s>"},
+        "add_bos_token": True,
+        "pad_token": "<unk>",
+    }
     path = make_tokenizer(tmp_path, ["<unk>", "<s>", "</s>", "<|endoftext|>"], config=config)
     found = document_specials(path)
-    assert (found.eos, found.bos, found.pad, found.origin) == ("</s>", "<s>", "<unk>", "tokenizer_config.json")
+    assert (found.eos, found.bos, found.pad, found.origin) == (
+        "</s>",
+        "<s>",
+        "<unk>",
+        "tokenizer_config.json",
+    )
 
 
 def test_post_processor_eos_is_used_when_nothing_else_says(tmp_path: Path) -> None:
@@ -79,17 +94,23 @@ def test_post_processor_eos_is_used_when_nothing_else_says(tmp_path: Path) -> No
 
 
 def test_explicit_settings_win(tmp_path: Path) -> None:
-    path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|begin_of_text|> $A")
+    path = make_tokenizer(
+        tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], "<|begin_of_text|> $A"
+    )
     found = document_specials(path, eos="<|eot_id|>", add_bos=False)
     assert (found.eos, found.bos, found.origin) == ("<|eot_id|>", None, "config")
-    quiet = make_tokenizer(tmp_path / "quiet", ["<s>", "</s>"], config={"eos_token": "</s>", "add_bos_token": False})
+    quiet = make_tokenizer(
+        tmp_path / "quiet", ["<s>", "</s>"], config={"eos_token": "</s>", "add_bos_token": False}
+    )
     assert document_specials(quiet).bos is None
     assert document_specials(quiet, bos="<s>").bos == "<s>"  # a BOS set explicitly is used
 
 
 def test_a_token_missing_from_the_vocabulary_is_named(tmp_path: Path) -> None:
     path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"])
-    with pytest.raises(ConfigError, match=r"pack\.eos_token: '<\|endoftext\|>' is not in the vocabulary .*<\|end_of_text\|>"):
+    with pytest.raises(
+        ConfigError, match=r"pack\.eos_token: '<\|endoftext\|>' is not in the vocabulary .*<\|end_of_text\|>"
+    ):
         document_specials(path, eos="<|endoftext|>")
     with pytest.raises(ConfigError, match=r"pack\.pad_token"):
         document_specials(path, pad="<pad>")
@@ -97,7 +118,7 @@ def test_a_token_missing_from_the_vocabulary_is_named(tmp_path: Path) -> None:
 
 def test_no_end_token_anywhere_is_a_clear_error(tmp_path: Path) -> None:
     path = make_tokenizer(tmp_path, ["<mask>"])
-    with pytest.raises(ConfigError, match="declares no end-of-document token.*set pack.eos_token"):
+    with pytest.raises(ConfigError, match=r"declares no end-of-document token.*set pack\.eos_token"):
         document_specials(path)
 
 
@@ -107,7 +128,7 @@ def test_tokenizer_named_by_file_or_folder(tmp_path: Path) -> None:
         files = resolve_tokenizer(spec)
         assert files.tokenizer == path and files.config == path.parent / "tokenizer_config.json"
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConfigError, match="has no tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"has no tokenizer\.json"):
         resolve_tokenizer(tmp_path / "empty")
     with pytest.raises(ConfigError, match="neither a tokenizer file, a folder, nor a Hugging Face hub id"):
         resolve_tokenizer(tmp_path / "missing" / "deeper" / "tokenizer.json")
@@ -138,18 +159,30 @@ def _offline_env(hub: Path) -> dict[str, str]:
 
 
 def test_tokenizer_named_by_hub_id_from_an_offline_cache(tmp_path: Path) -> None:
-    source = make_tokenizer(tmp_path / "src", ["<|begin_of_text|>", "<|end_of_text|>"], "<|begin_of_text|> $A",
-                            config={"eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"})
+    source = make_tokenizer(
+        tmp_path / "src",
+        ["<|begin_of_text|>", "<|end_of_text|>"],
+        "<|begin_of_text|> $A",
+        config={"eos_token": "<|end_of_text|>", "bos_token": "<|begin_of_text|>"},
+    )
     hub = tmp_path / "hub"
-    commit = lay_out_hub_cache(hub, "acme/tiny-tok", {"tokenizer.json": source,
-                                                      "tokenizer_config.json": source.with_name("tokenizer_config.json")})
+    commit = lay_out_hub_cache(
+        hub,
+        "acme/tiny-tok",
+        {"tokenizer.json": source, "tokenizer_config.json": source.with_name("tokenizer_config.json")},
+    )
     script = (
         "import json, sys\nfrom longctx.core.tokenizer import resolve_tokenizer, document_specials\n"
         "f = resolve_tokenizer(sys.argv[1])\ns = document_specials(f.tokenizer)\n"
         "print(json.dumps([str(f.tokenizer), str(f.config), s.eos, s.bos]))\n"
     )
-    run = subprocess.run([sys.executable, "-c", script, "acme/tiny-tok"], env=_offline_env(hub),
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script, "acme/tiny-tok"],
+        env=_offline_env(hub),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     tokenizer, config, eos, bos = json.loads(run.stdout)
     assert Path(tokenizer).read_bytes() == source.read_bytes()
@@ -157,7 +190,12 @@ def test_tokenizer_named_by_hub_id_from_an_offline_cache(tmp_path: Path) -> None
     assert (eos, bos) == ("<|end_of_text|>", "<|begin_of_text|>")
     # a pinned revision that the cache does not hold, and a repository it does not hold: one line each
     for spec in ("acme/tiny-tok@" + "0" * 40, "acme/not-cached"):
-        run = subprocess.run([sys.executable, "-c", script, spec], env=_offline_env(hub),
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [sys.executable, "-c", script, spec],
+            env=_offline_env(hub),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode != 0
         assert f"tokenizer.path: {spec} is not a local path" in run.stderr.strip().splitlines()[-1]

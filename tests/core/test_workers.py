@@ -31,6 +31,7 @@ def test_workers_preload_the_jobs_modules_and_keep_sockets_in_the_run(tmp_path: 
     work = tmp_path / "work" / "job"
     stale = work / "tmp" / "pymp-left-by-a-killed-run"
     stale.mkdir(parents=True)
+
     def settings() -> tuple:
         config = multiprocess.process.current_process()._config
         return tempfile.tempdir, os.environ.get("TMPDIR"), config.get("tempdir")
@@ -74,7 +75,9 @@ def test_a_work_folder_too_deep_for_unix_sockets_gets_a_named_system_temporary_f
     assert temporary_folder(tmp_path / "w") == tmp_path / "w" / "tmp"
 
 
-@pytest.mark.skipif(not workers.SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux")
+@pytest.mark.skipif(
+    not workers.SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux"
+)
 def test_a_jobs_semaphores_are_named_after_it_and_a_killed_runs_are_removed(tmp_path: Path) -> None:
     """A pool's named semaphores carry the job's prefix while the job runs; one a killed run of the
     same job left (a file of that prefix no object here owns) is gone once the job starts again, and
@@ -82,7 +85,10 @@ def test_a_jobs_semaphores_are_named_after_it_and_a_killed_runs_are_removed(tmp_
     work, other = tmp_path / "work" / "job", tmp_path / "work" / "other"
     prefix = workers.semaphore_prefix(work)
     assert prefix != workers.semaphore_prefix(other)
-    left = [workers.SEMAPHORE_FOLDER / f"sem.{p.lstrip('/')}-{tmp_path.name}" for p in (prefix, workers.semaphore_prefix(other), "/mp")]
+    left = [
+        workers.SEMAPHORE_FOLDER / f"sem.{p.lstrip('/')}-{tmp_path.name}"
+        for p in (prefix, workers.semaphore_prefix(other), "/mp")
+    ]
     try:
         for path in left:
             path.write_bytes(b"\0" * 32)
@@ -95,7 +101,9 @@ def test_a_jobs_semaphores_are_named_after_it_and_a_killed_runs_are_removed(tmp_
             assert (workers.SEMAPHORE_FOLDER / f"sem.{name.lstrip('/')}").exists()
             del lock
         assert multiprocess.process.current_process()._config.get("semprefix") == before
-        assert not list(workers.SEMAPHORE_FOLDER.glob(f"sem.{prefix.lstrip('/')}-*"))  # the pool's own unlinked
+        assert not list(
+            workers.SEMAPHORE_FOLDER.glob(f"sem.{prefix.lstrip('/')}-*")
+        )  # the pool's own unlinked
     finally:
         for path in left:
             path.unlink(missing_ok=True)

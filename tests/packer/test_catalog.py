@@ -17,9 +17,13 @@ def write_curation(documents: Path) -> dict[str, list[dict]]:
     """Three sources: counts as a column (some null), counts inside a ``metadata`` struct as other
     datatrove writers store them (some null), and no counts at all; one source in two files."""
     rows = {
-        "books": [{"id": f"b{i}", "text": "x" * i, "token_count": None if i == 2 else 10 * i} for i in range(5)],
-        "papers": [{"id": f"p{i}", "text": "y", "metadata": {"token_count": None if i == 0 else i, "url": "u"}}
-                   for i in range(3)],
+        "books": [
+            {"id": f"b{i}", "text": "x" * i, "token_count": None if i == 2 else 10 * i} for i in range(5)
+        ],
+        "papers": [
+            {"id": f"p{i}", "text": "y", "metadata": {"token_count": None if i == 0 else i, "url": "u"}}
+            for i in range(3)
+        ],
         "code": [{"id": f"c{i}", "text": "z"} for i in range(4)],
     }
     for source, source_rows in rows.items():

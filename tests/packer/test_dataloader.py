@@ -156,14 +156,18 @@ def test_heldout_rows_are_never_in_a_training_order(packed_run: PackedRun) -> No
     assert held != set(range(total - 5, total))  # drawn at random, not the part-filled tail
     for world in (1, 2, 3):
         for rank in range(world):
-            ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, dp_rank=rank, dp_world_size=world,
-                               holdout_rows=5)
+            ds = PackedDataset(
+                folder, tokenizer=packed_run.tokenizer_path, dp_rank=rank, dp_world_size=world, holdout_rows=5
+            )
             assert set(ds.heldout_rows()) == held
             for epoch in range(3):
                 assert not held & set(ds.order(epoch).tolist())
     ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5)
     assert sorted(ds.order(0).tolist()) == sorted(set(range(total)) - held)
-    assert ds.heldout_rows() == PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5, seed=0).heldout_rows()
+    assert (
+        ds.heldout_rows()
+        == PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=5, seed=0).heldout_rows()
+    )
     with pytest.raises(ValueError, match="holding out"):
         PackedDataset(folder, tokenizer=packed_run.tokenizer_path, holdout_rows=total)
 
@@ -181,7 +185,9 @@ def step_rows(ds: PackedDataset, steps: int) -> list[list[int]]:
 
 
 def group(run: PackedRun, dp: int, **kwargs: object) -> list[PackedDataset]:
-    return [dataset(run, seed=7, dp_rank=r, dp_world_size=dp, global_batch_rows=G, **kwargs) for r in range(dp)]
+    return [
+        dataset(run, seed=7, dp_rank=r, dp_world_size=dp, global_batch_rows=G, **kwargs) for r in range(dp)
+    ]
 
 
 def global_steps(ranks: list[PackedDataset], steps: int) -> list[list[int]]:
@@ -240,12 +246,16 @@ def test_a_mid_step_state_resumes_only_at_its_data_parallel_size(packed_run: Pac
 def test_global_batch_must_be_a_multiple_of_the_data_parallel_size(packed_run: PackedRun) -> None:
     from longctx.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="global_batch_rows=6 must be a positive multiple of the data-parallel size 4"):
+    with pytest.raises(
+        ConfigError, match="global_batch_rows=6 must be a positive multiple of the data-parallel size 4"
+    ):
         dataset(packed_run, dp_rank=0, dp_world_size=4, global_batch_rows=6)
     with pytest.raises(ConfigError, match="fewer than one optimizer step"):
         dataset(packed_run, global_batch_rows=10_000)
     with pytest.raises(ValueError, match="different global_batch_rows"):
-        dataset(packed_run, global_batch_rows=2).load_state_dict(dataset(packed_run, global_batch_rows=4).state_dict())
+        dataset(packed_run, global_batch_rows=2).load_state_dict(
+            dataset(packed_run, global_batch_rows=4).state_dict()
+        )
 
 
 # --- PackedLoader: DataLoader workers with an exact position --------------------------------------

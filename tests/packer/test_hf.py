@@ -6,6 +6,7 @@ References: a transformers Llama running each document alone (logits and loss), 
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -38,8 +39,14 @@ def busiest_rows(run: PackedRun, n: int = 2) -> list[dict[str, torch.Tensor]]:
 
 def tiny_llama(attn: str, vocab: int) -> torch.nn.Module:
     config = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=SEQ_LEN, attn_implementation=attn,
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ_LEN,
+        attn_implementation=attn,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
@@ -56,10 +63,15 @@ def test_each_document_gets_the_logits_and_loss_it_gets_alone(packed_run: Packed
         total, count = 0.0, 0
         for r, sample in enumerate(samples):
             cu = sample["cu_seqlens"].tolist()
-            for a, b in zip(cu[:-1], cu[1:]):
+            for a, b in itertools.pairwise(cu):
                 ids = sample["input_ids"][a:b][None]
                 alone = model(input_ids=ids, use_cache=False)  # positions 0..n-1, no other document
-                assert torch.allclose(packed.logits[r, a:b], alone.logits[0], atol=1e-5, rtol=0), (attn, r, a, b)
+                assert torch.allclose(packed.logits[r, a:b], alone.logits[0], atol=1e-5, rtol=0), (
+                    attn,
+                    r,
+                    a,
+                    b,
+                )
                 if b - a > 1 and bool(sample["loss_mask"][a:b].any()):  # a document segment
                     loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                     total, count = total + float(loss) * (b - a - 1), count + (b - a - 1)
@@ -85,8 +97,10 @@ def test_flash_kwargs_equal_transformers_flattening_collator(packed_run: PackedR
     examples = []  # every segment as its own example, as DataCollatorWithFlattening takes them
     for sample in samples:
         cu = sample["cu_seqlens"].tolist()
-        examples += [{"input_ids": sample["input_ids"][a:b].tolist()} for a, b in zip(cu[:-1], cu[1:])]
-    theirs = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(examples, return_tensors="pt")
+        examples += [{"input_ids": sample["input_ids"][a:b].tolist()} for a, b in itertools.pairwise(cu)]
+    theirs = transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        examples, return_tensors="pt"
+    )
     for key in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k"):
         assert torch.equal(ours[key].to(torch.int64), theirs[key].to(torch.int64)), key
     assert ours["max_length_q"] == ours["max_length_k"] == theirs["max_length_q"]
@@ -107,11 +121,22 @@ def test_a_short_transformers_trainer_run_trains(packed_run: PackedRun, tmp_path
     ds = dataset(packed_run)
     model = tiny_llama("sdpa", ds.shards.manifest.header.tokenizer.vocab_size).train()
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=30, per_device_train_batch_size=2, learning_rate=3e-3,
-        logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True, seed=0, remove_unused_columns=False,
+        output_dir=str(tmp_path / "out"),
+        max_steps=30,
+        per_device_train_batch_size=2,
+        learning_rate=3e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+        remove_unused_columns=False,
     )
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, data_collator=PackedCollator("sdpa"))
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=ds, data_collator=PackedCollator("sdpa")
+    )
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 30
@@ -136,14 +161,22 @@ def test_the_header_survives_datasets(packed_run: PackedRun, tmp_path: Path) -> 
     files = sorted(str(p) for p in folder.glob("*.arrow"))
     loaded = {
         "from_file": datasets.Dataset.from_file(files[0]),
-        "load_dataset": datasets.load_dataset("arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache")),
+        "load_dataset": datasets.load_dataset(
+            "arrow", data_files=files, split="train", cache_dir=str(tmp_path / "cache")
+        ),
     }
-    loaded["after_map"] = loaded["from_file"].map(lambda row: row, cache_file_name=str(tmp_path / "mapped.arrow"))
+    loaded["after_map"] = loaded["from_file"].map(
+        lambda row: row, cache_file_name=str(tmp_path / "mapped.arrow")
+    )
     for how, ds in loaded.items():
         got = read_header(ds)
         assert got.model_dump(exclude={"rows"}) == header, how
-        assert got.seq_len == SEQ_LEN and got.tokenizer.sha256 == tokenizer_fingerprint(packed_run.tokenizer_path), how
-    assert len(loaded["load_dataset"]) == sum(s["rows"] for s in json.loads((folder / "manifest.json").read_text())["shards"])
+        assert got.seq_len == SEQ_LEN and got.tokenizer.sha256 == tokenizer_fingerprint(
+            packed_run.tokenizer_path
+        ), how
+    assert len(loaded["load_dataset"]) == sum(
+        s["rows"] for s in json.loads((folder / "manifest.json").read_text())["shards"]
+    )
     with pytest.raises(ShardError, match="no longctx shard header"):
         read_header(datasets.Dataset.from_dict({"input_ids": [[1, 2]]}))
 

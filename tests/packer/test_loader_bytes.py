@@ -32,7 +32,12 @@ def arrow_rows(folder: Path) -> list[dict[str, np.ndarray]]:
     for entry in json.loads((folder / "manifest.json").read_text())["shards"]:
         table = pa.ipc.open_stream(pa.OSFile(str(folder / entry["file"]))).read_all().to_pydict()
         for i in range(len(table["input_ids"])):
-            rows.append({name: np.asarray(table[name][i]) for name in ("input_ids", "position_ids", "loss_mask", "cu_seqlens")})
+            rows.append(
+                {
+                    name: np.asarray(table[name][i])
+                    for name in ("input_ids", "position_ids", "loss_mask", "cu_seqlens")
+                }
+            )
     return rows
 
 
@@ -44,7 +49,9 @@ def reference_batch(rows: list[dict[str, np.ndarray]]) -> dict[str, object]:
     targets = np.concatenate([following, np.zeros((len(rows), 1), bool)], axis=1)
     labels = np.full_like(ids, IGNORE_INDEX)
     labels[:, :-1] = np.where(following, ids[:, 1:], IGNORE_INDEX)
-    cu = [int(c) + b * SEQ_LEN for b, r in enumerate(rows) for c in r["cu_seqlens"][:-1]] + [len(rows) * SEQ_LEN]
+    cu = [int(c) + b * SEQ_LEN for b, r in enumerate(rows) for c in r["cu_seqlens"][:-1]] + [
+        len(rows) * SEQ_LEN
+    ]
     return {
         "input_ids": torch.from_numpy(ids),
         "labels": torch.from_numpy(labels),
@@ -60,7 +67,9 @@ def assert_same(batch: dict[str, object], expected: dict[str, object]) -> None:
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):
             got = batch[key]
-            assert isinstance(got, torch.Tensor) and got.dtype == value.dtype and got.shape == value.shape, key
+            assert isinstance(got, torch.Tensor) and got.dtype == value.dtype and got.shape == value.shape, (
+                key
+            )
             assert torch.equal(got, value), key
         else:
             assert batch[key] == value, key
@@ -114,13 +123,21 @@ def test_a_custom_collate_gets_the_samples(packed_run: PackedRun) -> None:
     for samples, chunk in zip(got, [order[0:2], order[2:4], order[4:6]], strict=True):
         for sample, r in zip(samples, chunk, strict=True):
             expected = reference_batch([rows[int(r)]])
-            assert_same({**{k: v[None] for k, v in sample.items() if k != "cu_seqlens"},
-                         "cu_seqlens": sample["cu_seqlens"], "max_seqlen": expected["max_seqlen"]}, expected)
+            assert_same(
+                {
+                    **{k: v[None] for k, v in sample.items() if k != "cu_seqlens"},
+                    "cu_seqlens": sample["cu_seqlens"],
+                    "max_seqlen": expected["max_seqlen"],
+                },
+                expected,
+            )
 
 
 @pytest.mark.usefixtures("small_transfers")
 @pytest.mark.parametrize("source", ["dataset", "loader-workers-0", "loader-workers-2"])
-def test_reused_memory_never_changes_a_batch_still_held(packed_run: PackedRun, source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reused_memory_never_changes_a_batch_still_held(
+    packed_run: PackedRun, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Items are built into memory reused once nothing refers to an earlier item: every batch is right
     when it arrives (most are dropped at once, so memory is reused), and the batches the caller keeps
     are still right at the end of the pass."""

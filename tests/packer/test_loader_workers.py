@@ -87,7 +87,14 @@ def states(run: PackedRun) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize(
     ("workers", "batch_size", "context", "persistent"),
-    [(0, 2, None, True), (1, 1, None, True), (2, 1, None, True), (2, 3, None, True), (1, 2, "spawn", True), (2, 2, None, False)],
+    [
+        (0, 2, None, True),
+        (1, 1, None, True),
+        (2, 1, None, True),
+        (2, 3, None, True),
+        (1, 2, "spawn", True),
+        (2, 2, None, False),
+    ],
 )
 def test_workers_kept_across_passes_give_the_rows_of_in_process_iteration(
     packed_run: PackedRun, workers: int, batch_size: int, context: str | None, persistent: bool
@@ -110,7 +117,9 @@ def test_workers_kept_across_passes_give_the_rows_of_in_process_iteration(
         for batch, reference in zip(got_pass, expected_pass):
             assert batch.keys() == reference.keys()
             for key, value in reference.items():
-                assert torch.equal(batch[key], value) if isinstance(value, torch.Tensor) else batch[key] == value, key
+                assert (
+                    torch.equal(batch[key], value) if isinstance(value, torch.Tensor) else batch[key] == value
+                ), key
     assert (ds.epoch, ds.consumed) == (reference_ds.epoch, reference_ds.consumed)
     loader.close()
     assert not {p.pid for p in multiprocessing.active_children()} - before
@@ -145,7 +154,9 @@ def test_an_earlier_pass_ends_when_a_new_one_starts(packed_run: PackedRun) -> No
     with pytest.raises(RuntimeError, match="the loader was closed"):
         next(second)
     assert ds.consumed == 2
-    third = [b["input_ids"][0] for b in itertools.islice(loader, 2)]  # new workers, from where the position is
+    third = [
+        b["input_ids"][0] for b in itertools.islice(loader, 2)
+    ]  # new workers, from where the position is
     assert all(torch.equal(r, ds[int(ds.order(0)[i])]["input_ids"]) for i, r in zip((2, 3), third))
     loader.close()
 
@@ -186,13 +197,19 @@ def _torch_shared_memory(pids: list[int]) -> list[str]:
 @pytest.mark.parametrize("end", ["exit", "killed"])
 def test_no_worker_or_shared_memory_outlives_the_process(packed_run: PackedRun, end: str) -> None:
     env, mark = marked_env()
-    command = [sys.executable, "-c", textwrap.dedent(_CHILD), str(packed_run.folder(SEQ_LEN)), str(packed_run.tokenizer_path)]
+    command = [
+        sys.executable,
+        "-c",
+        textwrap.dedent(_CHILD),
+        str(packed_run.folder(SEQ_LEN)),
+        str(packed_run.tokenizer_path),
+    ]
     process = subprocess.Popen(
         [*command, "wait" if end == "killed" else "exit"], env=env, stdout=subprocess.PIPE, text=True
     )
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        started = [pid for pid in survivors_after(mark, 0)]
+        started = list(survivors_after(mark, 0))
         assert len(started) == 3, describe(started)  # the script and its two workers
         if end == "killed":
             os.kill(process.pid, signal.SIGKILL)  # as the OOM killer would: the workers get no signal
@@ -228,9 +245,13 @@ def test_a_training_loop_gets_every_batch_from_the_slots_also_after_passes_left_
     for _ in range(2):
         assert all(in_slots(loader, batch) for batch in loader)  # one batch held at a time
     held = list(loader)  # every batch held: the workers run out of slots and send the rest
-    assert not all(in_slots(loader, batch) for batch in held) and any(in_slots(loader, batch) for batch in held)
+    assert not all(in_slots(loader, batch) for batch in held) and any(
+        in_slots(loader, batch) for batch in held
+    )
     expected = [reference[int(r)]["input_ids"] for r in reference.order(ds.epoch - 1)]
-    assert len(held) == len(expected) and all(torch.equal(b["input_ids"][0], e) for b, e in zip(held, expected))
+    assert len(held) == len(expected) and all(
+        torch.equal(b["input_ids"][0], e) for b, e in zip(held, expected)
+    )
     loader.close()
 
 
@@ -251,7 +272,10 @@ def test_batches_held_across_passes_never_change(
         for _ in loader:
             pass
     for batch, copy in zip(held, kept):
-        assert all(torch.equal(batch[k], v) if isinstance(v, torch.Tensor) else batch[k] == v for k, v in copy.items())
+        assert all(
+            torch.equal(batch[k], v) if isinstance(v, torch.Tensor) else batch[k] == v
+            for k, v in copy.items()
+        )
     loader.close()
 
 

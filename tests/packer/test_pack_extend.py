@@ -118,12 +118,13 @@ def test_a_folder_the_run_did_not_write_is_refused(curated: Path, tmp_path: Path
     config = root.parent / "run.yaml"
     config.write_text(
         f"output: {root}\ncontext: {{original: 128, target: 1024}}\n"
-        "pack: {seq_lens: [256, 1024], shard_tokens: 4096, pool_tokens: 8192, executor: {tasks: 2, workers: 1}}\n"
+        "pack: {seq_lens: [256, 1024], shard_tokens: 4096, pool_tokens: 8192, "
+        "executor: {tasks: 2, workers: 1}}\n"
     )
     assert main(["pack", "--config", str(config)]) == 2
 
 
 def test_every_pack_setting_is_classified() -> None:
     """A new setting must say whether it changes every output, one output, or none."""
-    assert DATA_FIELDS | WINDOW_FIELDS | NOT_IN_OUTPUT == set(PackConfig.model_fields)
+    assert set(PackConfig.model_fields) == DATA_FIELDS | WINDOW_FIELDS | NOT_IN_OUTPUT
     assert not (DATA_FIELDS & WINDOW_FIELDS or DATA_FIELDS & NOT_IN_OUTPUT or WINDOW_FIELDS & NOT_IN_OUTPUT)

@@ -43,7 +43,12 @@ def curated_with_ids(
                 ids = np.array(tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
                 if scramble:
                     ids = ids[::-1].copy()
-                meta = {"source": source, "token_count": len(ids), "path": f"{source}/doc{i:03d}.txt", "token_ids": ids}
+                meta = {
+                    "source": source,
+                    "token_count": len(ids),
+                    "path": f"{source}/doc{i:03d}.txt",
+                    "token_ids": ids,
+                }
                 if some_without and i % 3 == 1:
                     del meta["token_ids"]
                 writer.write(Document(text=text, id=f"{source}/doc{i:03d}.txt", metadata=meta), rank=i % 2)
@@ -152,7 +157,9 @@ print(len(os.listdir("/proc/self/task")) - before)
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
 @pytest.mark.parametrize("tasks, threads", [(1, 2), (2, 0)])
-def test_pack_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Path, tasks: int, threads: int) -> None:
+def test_pack_tasks_times_tokenizer_threads_never_exceed_the_cores(
+    tmp_path: Path, tasks: int, threads: int
+) -> None:
     """A pack task that tokenizes on 2 cores runs the tokenizer's pool of 2 threads when alone and
     encodes on its calling thread when 2 tasks run at once (as curation's tasks do); threads are
     counted in /proc, the tokenizer's pool being the only source of new ones."""
@@ -177,7 +184,9 @@ def test_encoded_documents_are_the_whole_texts_ids_with_their_specials(tmp_path:
     encoder = TokenEncoder(tokenizer, piece_chars=1000, call_chars=5000)
     got = encode_documents(encoder, texts, info)
     assert [len(encoder.tokenizer.encode(t).ids) > 100 for t in texts[:3]] == [True] * 3
-    assert [a.tolist() for a in got] == [[2, *tokenizer.encode(t, add_special_tokens=False).ids, 1] for t in texts]
+    assert [a.tolist() for a in got] == [
+        [2, *tokenizer.encode(t, add_special_tokens=False).ids, 1] for t in texts
+    ]
     assert all(a.dtype == np.int32 for a in got)
 
 

@@ -32,7 +32,7 @@ def run(code: str, run_: PackedRun, tmp_path: Path) -> dict:
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
-        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+        exec(compile(code, "README.md", "exec"), namespace)
     finally:
         os.chdir(cwd)
     return namespace

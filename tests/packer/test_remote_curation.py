@@ -35,7 +35,7 @@ def pack_settings(output: Path, **pack) -> dict:
 
 
 @pytest.fixture(scope="module")
-def curated(s3: S3, tmp_path_factory) -> dict:  # noqa: F811
+def curated(s3: S3, tmp_path_factory) -> dict:
     """A curation run with ``curate.output: s3://...``, and the same run folder packed locally."""
     root = tmp_path_factory.mktemp("publish")
     build_input(root / "input")
@@ -51,7 +51,7 @@ def curated(s3: S3, tmp_path_factory) -> dict:  # noqa: F811
     return {"root": root, "run": root / "curated", "url": url, "config": cfg}
 
 
-def test_the_published_curation_is_the_run_folders_files(curated, s3: S3) -> None:  # noqa: F811
+def test_the_published_curation_is_the_run_folders_files(curated, s3: S3) -> None:
     run, objects = curated["run"], remote_files(s3, curated["url"])
     documents = {f"documents/{k}" for k in local_files(run / "documents")}
     assert documents and set(objects) == PUBLISHED | documents | {"curation.json"}
@@ -63,7 +63,9 @@ def test_the_published_curation_is_the_run_folders_files(curated, s3: S3) -> Non
         assert entry["bytes"] == len(data) and entry["xxh3_128"] == xxhash.xxh3_128_hexdigest(data)
 
 
-def test_packing_the_published_curation_elsewhere_equals_packing_the_run(curated, s3: S3, tmp_path: Path, capsys) -> None:  # noqa: F811
+def test_packing_the_published_curation_elsewhere_equals_packing_the_run(
+    curated, s3: S3, tmp_path: Path, capsys
+) -> None:
     """``longctx pack --input URL`` in a fresh folder (the README's command): the same shards, byte
     for byte, as packing the curation's own run folder; the tokenizer becomes the run's."""
     config = tmp_path / "pack.yaml"
@@ -81,21 +83,26 @@ def test_packing_the_published_curation_elsewhere_equals_packing_the_run(curated
     assert main(["pack", "--config", str(config), "--input", curated["url"]]) == 0
     assert "already packed, kept as it is" in capsys.readouterr().out
     assert (copy / "ledger.parquet").stat().st_mtime_ns == stamp
-    assert s3.endpoint not in json.dumps([p.read_text() for p in out.rglob("*.json") if "cache" not in p.parts])
+    assert s3.endpoint not in json.dumps(
+        [p.read_text() for p in out.rglob("*.json") if "cache" not in p.parts]
+    )
 
     # evaluation hides its needles in the documents the run packed: the checked copy (the run
     # folder has no documents/ of its own)
     settings = pack_settings(out, input=curated["url"], storage_options=s3.storage_options) | {
         "train": {},
-        "eval": {"models": ["base"], "rows": 1,
-                 "needle": {"lengths": [240], "depths": [0.5], "samples": 1, "max_new_tokens": 1}},
+        "eval": {
+            "models": ["base"],
+            "rows": 1,
+            "needle": {"lengths": [240], "depths": [0.5], "samples": 1, "max_new_tokens": 1},
+        },
     }
     result = jobs.evaluate(parse_config(settings))
     needles = json.loads((Path(result["folder"]) / "needle.json").read_text())
     assert len(needles["models"][0]["results"]) == 1
 
 
-def test_publishing_again_sends_nothing_and_an_interrupted_publish_resumes(curated, s3: S3, capsys) -> None:  # noqa: F811
+def test_publishing_again_sends_nothing_and_an_interrupted_publish_resumes(curated, s3: S3, capsys) -> None:
     url = curated["url"]
     jobs.curate(parse_config(curated["config"]))
     assert f"{url}: already published, unchanged" in capsys.readouterr().out
@@ -110,7 +117,9 @@ def test_publishing_again_sends_nothing_and_an_interrupted_publish_resumes(curat
     assert remote_files(s3, url) == before
 
 
-def test_unfinished_damaged_or_conflicting_inputs_are_refused_changing_nothing(curated, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_unfinished_damaged_or_conflicting_inputs_are_refused_changing_nothing(
+    curated, s3: S3, tmp_path: Path
+) -> None:
     opts = s3.storage_options
     out = tmp_path / "out"
     unfinished = curated["url"].replace("/run", "/unfinished")
@@ -135,16 +144,27 @@ def test_unfinished_damaged_or_conflicting_inputs_are_refused_changing_nothing(c
 
     # a pack refused for its settings (a mix naming no curated source) writes no tokenizer either
     with pytest.raises(ConfigError, match=r"pack.mix gives no fraction for curated source"):
-        jobs.pack(parse_config(pack_settings(out, input=curated["url"], storage_options=opts, mix={"nosuch": 1.0})))
-    assert not (out / "tokenizer.json").exists() and not (out / "shards").exists() and not (out / "work").exists()
+        jobs.pack(
+            parse_config(pack_settings(out, input=curated["url"], storage_options=opts, mix={"nosuch": 1.0}))
+        )
+    assert (
+        not (out / "tokenizer.json").exists()
+        and not (out / "shards").exists()
+        and not (out / "work").exists()
+    )
 
     # a run folder with a tokenizer or documents of its own is left as it is
     other = tmp_path / "other"
     other.mkdir()
     (other / "tokenizer.json").write_text("{}")
-    with pytest.raises(ConfigError, match=rf"^pack.input: {other}/tokenizer.json differs from the tokenizer.json published"):
+    with pytest.raises(
+        ConfigError, match=rf"^pack.input: {other}/tokenizer.json differs from the tokenizer.json published"
+    ):
         jobs.pack(parse_config(pack_settings(other, input=curated["url"], storage_options=opts)))
-    assert sorted(p.name for p in other.iterdir()) == ["tokenizer.json"] and (other / "tokenizer.json").read_text() == "{}"
+    assert (
+        sorted(p.name for p in other.iterdir()) == ["tokenizer.json"]
+        and (other / "tokenizer.json").read_text() == "{}"
+    )
     with pytest.raises(ConfigError, match=r"holds curated documents of this run"):
         jobs.pack(parse_config(pack_settings(curated["run"], input=curated["url"], storage_options=opts)))
 
@@ -154,7 +174,9 @@ def test_the_readme_object_storage_config_is_valid(tmp_path: Path) -> None:
     from tests.readme import code_blocks
 
     (block,) = code_blocks("Object storage", "yaml")
-    cfg = parse_config(yaml.safe_load(block) | {"output": str(tmp_path), "context": {"original": 64, "target": SEQ_LEN}})
+    cfg = parse_config(
+        yaml.safe_load(block) | {"output": str(tmp_path), "context": {"original": 64, "target": SEQ_LEN}}
+    )
     assert cfg.curate.output == cfg.pack.input and cfg.pack.output.startswith(cfg.pack.input)
 
 

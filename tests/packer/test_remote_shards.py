@@ -26,7 +26,7 @@ SEQ_LEN = 256
 
 
 @pytest.fixture(scope="module")
-def published(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:  # noqa: F811
+def published(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A run packed with ``pack.output`` on a fresh bucket: ``(local run folder, shards URL)``."""
     root = tmp_path_factory.mktemp("remote_pack")
     make_run(root)
@@ -36,7 +36,7 @@ def published(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     return root, url
 
 
-def test_published_shards_are_the_local_packs_bytes(published, packed_run: PackedRun, s3: S3) -> None:  # noqa: F811
+def test_published_shards_are_the_local_packs_bytes(published, packed_run: PackedRun, s3: S3) -> None:
     """Every output folder is uploaded whole, and equals byte for byte what a purely local pack of
     the same input wrote (the shared ``packed_run``, packed without ``pack.output``)."""
     root, url = published
@@ -44,16 +44,25 @@ def test_published_shards_are_the_local_packs_bytes(published, packed_run: Packe
     for n in SEQ_LENS:
         expected = local_files(packed_run.folder(n))
         assert expected == local_files(root / "shards" / f"seq{n}")
-        assert {k.removeprefix(f"seq{n}/"): v for k, v in objects.items() if k.startswith(f"seq{n}/")} == expected
+        assert {
+            k.removeprefix(f"seq{n}/"): v for k, v in objects.items() if k.startswith(f"seq{n}/")
+        } == expected
     assert len(objects) == sum(len(local_files(packed_run.folder(n))) for n in SEQ_LENS)
 
 
 def test_publishing_again_sends_nothing_and_an_interrupted_publish_resumes(
-    published, s3: S3, capsys: pytest.CaptureFixture  # noqa: F811
+    published,
+    s3: S3,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     root, url = published
     folder = root / "shards" / f"seq{SEQ_LEN}"
-    assert publish_folder(folder, f"{url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options) == []
+    assert (
+        publish_folder(
+            folder, f"{url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options
+        )
+        == []
+    )
     # an upload killed after one shard: the manifest and the other shards are missing remotely
     fs = s3.fs()
     shards = sorted(p.name for p in folder.glob("*.arrow"))
@@ -69,11 +78,13 @@ def rows(ds: PackedDataset) -> list[dict[str, torch.Tensor]]:
     return [ds[i] for i in range(len(ds.shards))] + list(ds)
 
 
-def test_the_loader_reads_s3_shards_as_the_local_ones(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_the_loader_reads_s3_shards_as_the_local_ones(published, s3: S3, tmp_path: Path) -> None:
     root, url = published
     kwargs = {"tokenizer": root / "tokenizer.json", "seed": 3, "holdout_rows": 2}
     local = PackedDataset(root / "shards" / f"seq{SEQ_LEN}", **kwargs)
-    remote = PackedDataset(f"{url}/seq{SEQ_LEN}", cache=tmp_path, storage_options=s3.storage_options, **kwargs)
+    remote = PackedDataset(
+        f"{url}/seq{SEQ_LEN}", cache=tmp_path, storage_options=s3.storage_options, **kwargs
+    )
     assert remote.shards.source == f"{url}/seq{SEQ_LEN}"
     assert remote.shards.folder == cache_folder(f"{url}/seq{SEQ_LEN}", tmp_path)
     assert remote.heldout_rows() == local.heldout_rows()
@@ -83,7 +94,7 @@ def test_the_loader_reads_s3_shards_as_the_local_ones(published, s3: S3, tmp_pat
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_cached_shards_are_reused_and_damaged_ones_fetched_again(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_cached_shards_are_reused_and_damaged_ones_fetched_again(published, s3: S3, tmp_path: Path) -> None:
     root, url = published
     folder = fetch_shards(f"{url}/seq{SEQ_LEN}", tmp_path, s3.storage_options)
     first = sorted(folder.glob("*.arrow"))[0]
@@ -98,11 +109,13 @@ def test_cached_shards_are_reused_and_damaged_ones_fetched_again(published, s3: 
     assert not list(folder.glob("*.tmp"))
 
 
-def test_a_damaged_remote_shard_is_refused_naming_it(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_a_damaged_remote_shard_is_refused_naming_it(published, s3: S3, tmp_path: Path) -> None:
     root, url = published
     bucket_url = url.replace("/run/", "/damaged/")
     source = root / "shards" / f"seq{SEQ_LEN}"
-    publish_folder(source, f"{bucket_url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options)
+    publish_folder(
+        source, f"{bucket_url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options
+    )
     victim = sorted(source.glob("*.arrow"))[1].name
     data = bytearray(source.joinpath(victim).read_bytes())
     data[-100] ^= 0x01
@@ -116,7 +129,7 @@ def test_a_damaged_remote_shard_is_refused_naming_it(published, s3: S3, tmp_path
     assert not [p for p in cached.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_missing_bucket_folder_and_manifest_are_one_line_errors(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_bucket_folder_and_manifest_are_one_line_errors(published, s3: S3, tmp_path: Path) -> None:
     root, url = published
     opts = s3.storage_options
     with pytest.raises(ShardError, match=r"^s3://no-such-bucket/x: no manifest.json"):
@@ -130,13 +143,17 @@ def test_missing_bucket_folder_and_manifest_are_one_line_errors(published, s3: S
     assert not list(tmp_path.iterdir())
 
 
-def test_without_credentials_the_error_says_so(published, s3: S3, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: F811
+def test_without_credentials_the_error_says_so(
+    published, s3: S3, monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     _, url = published
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    opts = {k: v for k, v in s3.storage_options.items() if k not in ("key", "secret")} | {"skip_instance_cache": True}
+    opts = {k: v for k, v in s3.storage_options.items() if k not in ("key", "secret")} | {
+        "skip_instance_cache": True
+    }
     with pytest.raises(RemoteError, match=rf"^{url}/seq{SEQ_LEN}/manifest.json: no credentials found"):
         load_manifest(f"{url}/seq{SEQ_LEN}", opts)
 
@@ -149,7 +166,7 @@ def test_storage_options_are_never_recorded(published) -> None:
     assert "output" not in manifest["config"]["pack"] and "storage_options" not in manifest["config"]["pack"]
 
 
-def test_the_readme_object_storage_snippet_runs(published, s3: S3, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+def test_the_readme_object_storage_snippet_runs(published, s3: S3, tmp_path: Path, monkeypatch) -> None:
     """The README's dataloader snippet, pointed at this server's bucket, reads the published rows."""
     from tests.readme import code_blocks
 
@@ -162,7 +179,7 @@ def test_the_readme_object_storage_snippet_runs(published, s3: S3, tmp_path: Pat
     )
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    exec(compile(code, "README.md", "exec"), namespace)
     assert len(namespace["ds"].shards) == load_manifest(root / "shards" / f"seq{SEQ_LEN}").rows
     assert (tmp_path / "runs" / "cache" / "s3").is_dir()
 
@@ -172,14 +189,17 @@ def _fetch_in_process(url: str, cache: str, storage_options: dict, out: str) -> 
     Path(out).write_text(str(fetch_shards(url, cache, storage_options)))
 
 
-def test_ranks_fetching_into_one_cache_at_once_get_one_intact_copy(published, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_ranks_fetching_into_one_cache_at_once_get_one_intact_copy(published, s3: S3, tmp_path: Path) -> None:
     """The ranks of a torchrun job all fetch ``train.shards`` into ``<output>/cache`` at the same
     time: the lock on the folder gives each an intact copy and leaves no temporary file."""
     import multiprocessing
 
     root, url = published
     ctx = multiprocessing.get_context("spawn")
-    args = [(f"{url}/seq{SEQ_LEN}", str(tmp_path / "cache"), s3.storage_options, str(tmp_path / f"r{i}")) for i in range(2)]
+    args = [
+        (f"{url}/seq{SEQ_LEN}", str(tmp_path / "cache"), s3.storage_options, str(tmp_path / f"r{i}"))
+        for i in range(2)
+    ]
     procs = [ctx.Process(target=_fetch_in_process, args=a) for a in args]
     for p in procs:
         p.start()
@@ -192,7 +212,7 @@ def test_ranks_fetching_into_one_cache_at_once_get_one_intact_copy(published, s3
 
 
 @pytest.fixture()
-def endpoint_env(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+def endpoint_env(s3: S3, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a user of the CLI sets: the endpoint in the environment (credentials already are)."""
     import s3fs
 
@@ -215,12 +235,22 @@ def test_inspect_reads_s3_shards_as_the_local_ones(published, endpoint_env, tmp_
     assert local.count("valid (every invariant holds)") == len(SEQ_LENS)
     assert got == local.replace(str(root / "shards"), url)
     for n in SEQ_LENS:
-        assert local_files(cache_folder(f"{url}/seq{n}", tmp_path)) == local_files(root / "shards" / f"seq{n}")
+        assert local_files(cache_folder(f"{url}/seq{n}", tmp_path)) == local_files(
+            root / "shards" / f"seq{n}"
+        )
 
     shard = sorted((root / "shards" / f"seq{SEQ_LEN}").glob("*.arrow"))[1]
     assert main(["inspect", str(shard), "--validate", "--show", "1"]) == 0
     local = capsys.readouterr().out
-    one = ["--validate", "--show", "1", "--tokenizer", str(root / "tokenizer.json"), "--cache", str(tmp_path / "one")]
+    one = [
+        "--validate",
+        "--show",
+        "1",
+        "--tokenizer",
+        str(root / "tokenizer.json"),
+        "--cache",
+        str(tmp_path / "one"),
+    ]
     assert main(["inspect", f"{url}/seq{SEQ_LEN}/{shard.name}", *one]) == 0
     assert capsys.readouterr().out == local.replace(str(shard), f"{url}/seq{SEQ_LEN}/{shard.name}")
     copied = cache_folder(f"{url}/seq{SEQ_LEN}", tmp_path / "one")
@@ -228,7 +258,11 @@ def test_inspect_reads_s3_shards_as_the_local_ones(published, endpoint_env, tmp_
 
 
 def test_inspect_refuses_missing_and_damaged_remote_shards_in_one_line(
-    published, endpoint_env, s3: S3, tmp_path: Path, capsys  # noqa: F811
+    published,
+    endpoint_env,
+    s3: S3,
+    tmp_path: Path,
+    capsys,
 ) -> None:
     from longctx.cli import main
 
@@ -239,7 +273,9 @@ def test_inspect_refuses_missing_and_damaged_remote_shards_in_one_line(
         assert len(err.splitlines()) == 1 and err.startswith(f"longctx inspect: {missing}"), err
     damaged_url = url.replace("/run/", "/inspect-damaged/")
     source = root / "shards" / f"seq{SEQ_LEN}"
-    publish_folder(source, f"{damaged_url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options)
+    publish_folder(
+        source, f"{damaged_url}/seq{SEQ_LEN}", last="manifest.json", storage_options=s3.storage_options
+    )
     victim = sorted(source.glob("*.arrow"))[0].name
     data = bytearray(source.joinpath(victim).read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -248,7 +284,7 @@ def test_inspect_refuses_missing_and_damaged_remote_shards_in_one_line(
         assert main(["inspect", target, "--validate", "--cache", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err == (
-            f"longctx inspect: {damaged_url}/seq{SEQ_LEN}/{victim}: checksum differs from the manifest's (the remote "
-            "file was modified or damaged); re-publish it"
+            f"longctx inspect: {damaged_url}/seq{SEQ_LEN}/{victim}: checksum differs from the manifest's "
+            "(the remote file was modified or damaged); re-publish it"
         )
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and p.name == victim]

@@ -9,6 +9,8 @@ finds a violation, and a refusal names the field the reference names first."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -18,12 +20,14 @@ from longctx.packer.rowcheck import RowTokens, check_row, rows_are_valid
 VOCAB = 50
 
 
-def reference_violation(ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, cu: list[int], padded: bool) -> str | None:
+def reference_violation(
+    ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, cu: list[int], padded: bool
+) -> str | None:
     """The field of the first violated invariant (in check_row's documented order), or None."""
     n = len(ids)
-    if len(cu) < 2 or cu[0] != 0 or cu[-1] != n or any(b <= a for a, b in zip(cu, cu[1:])):
+    if len(cu) < 2 or cu[0] != 0 or cu[-1] != n or any(b <= a for a, b in itertools.pairwise(cu)):
         return "cu_seqlens"
-    for a, b in zip(cu, cu[1:]):
+    for a, b in itertools.pairwise(cu):
         for t in range(a, b):
             if int(positions[t]) != t - a:
                 return "position_ids"
@@ -42,7 +46,7 @@ def valid_row(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndar
     n = int(rng.integers(2, 40))
     cuts = sorted(set(rng.integers(1, n, int(rng.integers(0, 6))).tolist()))
     cu = [0, *cuts, n]
-    positions = np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]).astype(np.int32)
+    positions = np.concatenate([np.arange(b - a) for a, b in itertools.pairwise(cu)]).astype(np.int32)
     padded = bool(rng.integers(0, 2))
     mask = (positions > 0).astype(np.uint8)
     if padded:
@@ -51,7 +55,9 @@ def valid_row(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndar
     return rng.integers(0, VOCAB, n, dtype=np.int32), positions, mask, cu, padded
 
 
-def damage(rng: np.random.Generator, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, cu: list[int]) -> list[int]:
+def damage(
+    rng: np.random.Generator, ids: np.ndarray, positions: np.ndarray, mask: np.ndarray, cu: list[int]
+) -> list[int]:
     kind = int(rng.integers(0, 9))
     t = int(rng.integers(0, len(ids)))
     if kind == 0:
@@ -110,7 +116,7 @@ def random_block(rng: np.random.Generator, damaged: float) -> tuple[list[RowToke
         # cut the row to n tokens: its segments up to n, the last one shortened
         cu = [c for c in cu if c < n] + [n]
         ids, mask = ids[:n].copy(), mask[:n].copy()
-        positions = np.concatenate([np.arange(b - a) for a, b in zip(cu, cu[1:])]).astype(np.int32)
+        positions = np.concatenate([np.arange(b - a) for a, b in itertools.pairwise(cu)]).astype(np.int32)
         mask[cu[:-1]] = 0
         if padded:
             mask[cu[-2] :] = 0
@@ -121,7 +127,9 @@ def random_block(rng: np.random.Generator, damaged: float) -> tuple[list[RowToke
             elif kind < 0.2 and rows and len(cu) > 2:  # ... and the row's first segment start dropped
                 cu = cu[1:]
                 positions[: cu[0]] = rows[-1].position_ids[-1] + 1 + np.arange(cu[0])
-            elif kind < 0.3 and padded and cu[-1] - cu[-2] > 1:  # a target inside the padding, not at its start
+            elif (
+                kind < 0.3 and padded and cu[-1] - cu[-2] > 1
+            ):  # a target inside the padding, not at its start
                 mask[int(rng.integers(cu[-2] + 1, cu[-1]))] = 1
             else:
                 cu = damage(rng, ids, positions, mask, cu)
@@ -139,7 +147,7 @@ def test_block_check_accepts_exactly_the_blocks_whose_rows_all_pass(seed: int) -
     rng = np.random.default_rng(100 + seed)
     outcomes = {True: 0, False: 0}
     for _ in range(1500):
-        rows, n = random_block(rng, damaged=float(rng.choice([0.0, 0.1, 0.5])))
+        rows, _n = random_block(rng, damaged=float(rng.choice([0.0, 0.1, 0.5])))
         expected = True
         for k, row in enumerate(rows):
             try:

@@ -160,7 +160,9 @@ def test_null_tokens_are_refused() -> None:
     holed = pa.FixedSizeListArray.from_arrays(
         pa.array(ids.values.to_pylist()[:-1] + [None], pa.int32()), SEQ_LEN
     )
-    table = pa.Table.from_batches([pa.RecordBatch.from_arrays([holed, *batch.columns[1:]], schema=batch.schema)])
+    table = pa.Table.from_batches(
+        [pa.RecordBatch.from_arrays([holed, *batch.columns[1:]], schema=batch.schema)]
+    )
     with pytest.raises(ShardError, match="input_ids holds null values"):
         ShardColumns(type("Meta", (), {"seq_len": SEQ_LEN})(), table)
 

@@ -87,16 +87,18 @@ def test_random_ids_are_refused(packed_run: PackedRun, tmp_path: Path) -> None:
     file = rewrite(folder, randomize)
     # behind the manifest's back: the checksum
     (folder / "manifest.json").write_text(
-        (folder / "manifest.json").read_text().replace(
-            json.loads((folder / "manifest.json").read_text())["shards"][SHARD]["xxh3_128"], before
-        )
+        (folder / "manifest.json")
+        .read_text()
+        .replace(json.loads((folder / "manifest.json").read_text())["shards"][SHARD]["xxh3_128"], before)
     )
     with pytest.raises(ShardError, match=rf"{file}: xxh3_128 differs"):
         serve_all(folder, packed_run)
     # with a matching manifest: the vocabulary check of the first row
     folder2, _ = copy_folder(packed_run, tmp_path / "2")
     rewrite(folder2, randomize)
-    with pytest.raises(ShardError, match=rf"{file} row 0: input_ids: token 0 has id \d+, outside the vocabulary \[0, 320\)"):
+    with pytest.raises(
+        ShardError, match=rf"{file} row 0: input_ids: token 0 has id \d+, outside the vocabulary \[0, 320\)"
+    ):
         serve_all(folder2, packed_run)
 
 
@@ -105,7 +107,8 @@ def test_random_ids_are_refused(packed_run: PackedRun, tmp_path: Path) -> None:
     [
         (
             lambda c: c["loss_mask"].fill(1),
-            r"row 0: loss_mask: 1 at token 0, the start of segment 0; a segment's first token is never a target",
+            r"row 0: loss_mask: 1 at token 0, the start of segment 0; a segment's "
+            r"first token is never a target",
         ),
         (
             lambda c: c["position_ids"].__iadd__(100_000),
@@ -128,7 +131,14 @@ def test_random_ids_are_refused(packed_run: PackedRun, tmp_path: Path) -> None:
             r"row 1: loss_mask: token 7 is 2; the mask holds 0 or 1",
         ),
     ],
-    ids=["loss_mask_all_ones", "positions_shifted", "id_equal_to_vocab", "negative_id", "position_gap", "mask_value"],
+    ids=[
+        "loss_mask_all_ones",
+        "positions_shifted",
+        "id_equal_to_vocab",
+        "negative_id",
+        "position_gap",
+        "mask_value",
+    ],
 )
 def test_rows_breaking_an_invariant_are_refused(
     packed_run: PackedRun, tmp_path: Path, damage: Callable[[dict[str, np.ndarray]], None], message: str
@@ -140,7 +150,9 @@ def test_rows_breaking_an_invariant_are_refused(
     assert "\n" not in str(caught.value)
     # through DataLoader workers too: the worker's error reaches the training process
     with pytest.raises(Exception, match=message):
-        for _ in PackedLoader(PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False), num_workers=1):
+        for _ in PackedLoader(
+            PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False), num_workers=1
+        ):
             pass
 
 
@@ -155,17 +167,23 @@ def test_padding_marked_as_a_target_is_refused(packed_run: PackedRun, tmp_path: 
         c["loss_mask"][padded, last_start + 1 :] = 1
 
     rewrite(folder, mark, shard)
-    with pytest.raises(ShardError, match=rf"row {padded}: loss_mask: 1 at token {last_start + 1}, inside the padding segment"):
+    with pytest.raises(
+        ShardError, match=rf"row {padded}: loss_mask: 1 at token {last_start + 1}, inside the padding segment"
+    ):
         serve_all(folder, packed_run)
 
 
 def test_ids_beyond_the_models_vocabulary_are_refused(packed_run: PackedRun, tmp_path: Path) -> None:
     folder, _ = copy_folder(packed_run, tmp_path)
-    with pytest.raises(ShardError, match=r"row \d+: input_ids: token \d+ has id \d+, outside the vocabulary \[0, 100\)"):
+    with pytest.raises(
+        ShardError, match=r"row \d+: input_ids: token \d+ has id \d+, outside the vocabulary \[0, 100\)"
+    ):
         serve_all(folder, packed_run, vocab_size=100)
 
 
-def test_workers_share_what_was_verified(packed_run: PackedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_workers_share_what_was_verified(
+    packed_run: PackedRun, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each shard is hashed and each block of rows checked once, by whichever process reads it
     first: the workers of a later pass (forked again) and the training process reuse it."""
     import longctx.packer.format as format_module
@@ -179,12 +197,16 @@ def test_workers_share_what_was_verified(packed_run: PackedRun, tmp_path: Path, 
             with calls.open("a") as log:
                 log.write(name + "\n")
             return function(*args)
+
         return wrapper
 
     monkeypatch.setattr(format_module, "checksum", counted("hash", format_module.checksum))
     monkeypatch.setattr(reader_module, "rows_are_valid", counted("check", reader_module.rows_are_valid))
     ds = PackedDataset(folder, tokenizer=packed_run.tokenizer_path, shuffle=False)
-    blocks = sum(-(-entry["rows"] // max(1, reader_module.CHECK_BLOCK_TOKENS // SEQ_LEN)) for entry in manifest["shards"])
+    blocks = sum(
+        -(-entry["rows"] // max(1, reader_module.CHECK_BLOCK_TOKENS // SEQ_LEN))
+        for entry in manifest["shards"]
+    )
     first = [batch["input_ids"] for batch in PackedLoader(ds, num_workers=1)]
     logged = calls.read_text().split()
     assert logged.count("hash") == len(manifest["shards"]) and logged.count("check") == blocks

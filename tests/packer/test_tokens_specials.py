@@ -16,7 +16,9 @@ LLAMA3_CONFIG = {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>
 
 
 def test_pack_uses_the_tokenizers_declared_specials(tmp_path: Path) -> None:
-    path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], config=LLAMA3_CONFIG)
+    path = make_tokenizer(
+        tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], config=LLAMA3_CONFIG
+    )
     tok = Tokenizer.from_file(str(path))
     info = tokenizer_info(path, PackConfig())
     assert info.eos_id == tok.token_to_id("<|end_of_text|>")
@@ -25,7 +27,9 @@ def test_pack_uses_the_tokenizers_declared_specials(tmp_path: Path) -> None:
 
 
 def test_configured_specials_win(tmp_path: Path) -> None:
-    path = make_tokenizer(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], config=LLAMA3_CONFIG)
+    path = make_tokenizer(
+        tmp_path, ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], config=LLAMA3_CONFIG
+    )
     tok = Tokenizer.from_file(str(path))
     info = tokenizer_info(path, PackConfig(eos_token="<|eot_id|>", pad_token="<|begin_of_text|>"))
     assert (info.eos_id, info.pad_id) == (tok.token_to_id("<|eot_id|>"), tok.token_to_id("<|begin_of_text|>"))

@@ -23,7 +23,9 @@ def stdlib_repos(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("stdlib")
     for package in sorted(stdlib_dir().iterdir()):
         if package.is_dir() and (package / "__init__.py").is_file() and package.name not in EXCLUDED_PACKAGES:
-            shutil.copytree(package, root / package.name, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True)
+            shutil.copytree(
+                package, root / package.name, ignore=shutil.ignore_patterns("__pycache__"), symlinks=True
+            )
     return root
 
 
@@ -45,6 +47,8 @@ def test_every_acyclic_import_edge_points_backwards(stdlib_repos: Path) -> None:
         for importer, imported in deps.items():
             for dep in imported:
                 if dep != importer and component[dep] != component[importer]:
-                    assert position[dep] < position[importer], f"{doc.id}: {importer} comes before its import {dep}"
+                    assert position[dep] < position[importer], (
+                        f"{doc.id}: {importer} comes before its import {dep}"
+                    )
                     checked += 1
     assert checked > 100  # the property was exercised on many real edges

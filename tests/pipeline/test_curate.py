@@ -33,10 +33,61 @@ from longctx.core.workers import SEMAPHORE_FOLDER
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.documents import document_files, file_tokenizer, iter_rows
 
-WORDS = (
-    "the of and to in that was his he it with is for as had you not be her on at by which have or from this him "
-    "but all she they were my are me one their so an said them we who would been will no when there if more out"
-).split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "that",
+    "was",
+    "his",
+    "he",
+    "it",
+    "with",
+    "is",
+    "for",
+    "as",
+    "had",
+    "you",
+    "not",
+    "be",
+    "her",
+    "on",
+    "at",
+    "by",
+    "which",
+    "have",
+    "or",
+    "from",
+    "this",
+    "him",
+    "but",
+    "all",
+    "she",
+    "they",
+    "were",
+    "my",
+    "are",
+    "me",
+    "one",
+    "their",
+    "so",
+    "an",
+    "said",
+    "them",
+    "we",
+    "who",
+    "would",
+    "been",
+    "will",
+    "no",
+    "when",
+    "there",
+    "if",
+    "more",
+    "out",
+]
 HEADER = (
     "The Project Gutenberg EBook of A Test Book, by Nobody\n\n"
     "This eBook is for the use of anyone anywhere at no cost and with\nalmost no restrictions whatsoever.\n\n"
@@ -72,7 +123,10 @@ def python_module(seed: int, n_funcs: int, imports: str = "") -> str:
     body = [imports]
     for i in range(n_funcs):
         a, b = rng.sample(WORDS, 2)
-        body.append(f"def {a}_{b}_{i}(x, y={rng.randint(0, 99)}):\n    \"\"\"{prose(seed * 100 + i, 12)}\"\"\"\n    return x * y + {i}\n")
+        body.append(
+            f'def {a}_{b}_{i}(x, y={rng.randint(0, 99)}):\n    """{prose(seed * 100 + i, 12)}"""\n'
+            f"    return x * y + {i}\n"
+        )
     return "\n".join(body)
 
 
@@ -91,7 +145,9 @@ def build_input(root: Path) -> None:
     novel = prose(1, 3000)
     (books / "novel_gutenberg.txt").write_text(HEADER + wrap(novel, 70) + FOOTER)
     # the same novel, another edition: no boilerplate, other line width, CRLF and a BOM
-    (books / "novel_plain.txt").write_bytes(("\ufeff" + wrap(novel, 55).replace("\n", "\r\n")).encode("utf-8"))
+    (books / "novel_plain.txt").write_bytes(
+        ("\ufeff" + wrap(novel, 55).replace("\n", "\r\n")).encode("utf-8")
+    )
     (books / "other_novel.txt").write_text(wrap(prose(2, 2500), 72))
     (books / "short.txt").write_text(prose(3, 20))
     (books / "empty.txt").write_text("\n  \n")
@@ -101,7 +157,8 @@ def build_input(root: Path) -> None:
     paper.mkdir()
     (paper / "main.tex").write_text(
         "\\documentclass{article}\n\\begin{document}\n% a comment that must go\n"
-        + prose(4, 600) + "\n\\input{sections/intro}\n\\input{../../outside}\n\\end{document}\n"
+        + prose(4, 600)
+        + "\n\\input{sections/intro}\n\\input{../../outside}\n\\end{document}\n"
     )
     (paper / "sections").mkdir()
     (paper / "sections" / "intro.tex").write_text(prose(5, 600) + "\n\\input{sections/intro}\n")
@@ -181,7 +238,13 @@ def test_every_input_has_one_ledger_row_with_its_outcome(curated) -> None:
 def test_kept_documents_are_clean_and_counted(curated, tokenizer_file) -> None:
     out, summary = curated
     docs = read_documents(out)
-    assert set(docs) == {"books/novel_gutenberg.txt", "books/other_novel.txt", "papers/paper_a", "papers/notes.md", "code/toolkit"}
+    assert set(docs) == {
+        "books/novel_gutenberg.txt",
+        "books/other_novel.txt",
+        "papers/paper_a",
+        "papers/notes.md",
+        "code/toolkit",
+    }
     tok = load_tokenizer(tokenizer_file)
     for doc in docs.values():
         assert doc["token_count"] == len(tok.encode(doc["text"], add_special_tokens=False).ids) >= 128
@@ -220,7 +283,9 @@ def test_outputs_are_datatrove_readable_and_plotted(curated) -> None:
     out, summary = curated
     docs = list(ParquetReader(str(out / "documents"), recursive=True).run())
     assert len(docs) == summary["totals"]["kept"]
-    assert all(d.metadata["source"] in ("books", "papers", "code") and d.metadata["token_count"] > 0 for d in docs)
+    assert all(
+        d.metadata["source"] in ("books", "papers", "code") and d.metadata["token_count"] > 0 for d in docs
+    )
     assert (out / "stats.png").stat().st_size > 10_000
     stats = json.loads((out / "stats.json").read_text())
     assert stats["totals"] == summary["totals"]
@@ -233,7 +298,7 @@ def test_rerun_with_another_config_is_refused(curated, tokenizer_file) -> None:
     assert data["tasks"] == 2
     cfg = make_config(out.parent, out.parent / "input", tokenizer_file, out)
     cfg["curate"]["min_fraction_of_target"] = 0.9
-    with pytest.raises(ConfigError, match="different configuration .*bounds"):
+    with pytest.raises(ConfigError, match=r"different configuration .*bounds"):
         jobs.curate(parse_config(cfg))
 
 
@@ -261,10 +326,16 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     cfg_path = tmp_path / "killed.yaml"
     cfg_path.write_text(yaml.safe_dump(make_config(tmp_path, tmp_path / "input", tokenizer_file, killed)))
     semaphores_before = _semaphores()
-    proc = subprocess.Popen(_curate_cmd(cfg_path), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        _curate_cmd(cfg_path), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     marker = killed / "work" / "curate" / "logs" / "4_read" / "completions"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (marker.exists() and any(marker.iterdir())) and proc.poll() is None:
+    while (
+        time.monotonic() < deadline
+        and not (marker.exists() and any(marker.iterdir()))
+        and proc.poll() is None
+    ):
         time.sleep(0.05)
     assert proc.poll() is None, "the run finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
@@ -323,7 +394,10 @@ def check_vendored_copy_removed(output: Path, code: Path, ledger: dict[str, dict
     pip_meta = json.loads(docs["code/pip"]["metadata"])
     requests_meta = json.loads(docs["code/requests"]["metadata"])
     removed = {d["path"]: d for d in pip_meta["duplicate_files"]}
-    vendored = {p.relative_to(code / "pip").as_posix() for p in (code / "pip" / "src" / "pip" / "_vendor" / "requests").rglob("*.py")}
+    vendored = {
+        p.relative_to(code / "pip").as_posix()
+        for p in (code / "pip" / "src" / "pip" / "_vendor" / "requests").rglob("*.py")
+    }
     assert removed and set(removed) <= vendored
     assert all(d["duplicate_of"] == "code/requests" for d in removed.values())
     for path, d in removed.items():
@@ -333,14 +407,23 @@ def check_vendored_copy_removed(output: Path, code: Path, ledger: dict[str, dict
     kept_vendored = {f["path"] for f in pip_meta["files"]} & vendored
     assert kept_vendored == vendored - set(removed) - {s["path"] for s in pip_meta["skipped_files"]}
     assert requests_meta["duplicate_files"] == []
-    upstream = {p.relative_to(code / "requests").as_posix() for p in (code / "requests").rglob("*") if p.is_file()}
-    assert {f["path"] for f in requests_meta["files"]} | {s["path"] for s in requests_meta["skipped_files"]} == upstream
+    upstream = {
+        p.relative_to(code / "requests").as_posix() for p in (code / "requests").rglob("*") if p.is_file()
+    }
+    assert {f["path"] for f in requests_meta["files"]} | {
+        s["path"] for s in requests_meta["skipped_files"]
+    } == upstream
     for repo in ("pip", "requests", "json"):
         on_disk = sum(1 for p in (code / repo).rglob("*") if p.is_file())
         assert ledger[f"code/{repo}"]["files"] == on_disk
         if f"code/{repo}" in docs:
             meta = json.loads(docs[f"code/{repo}"]["metadata"])
-            assert meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"]) == on_disk
+            assert (
+                meta["n_files"]
+                + sum(s["files"] for s in meta["skipped_files"])
+                + len(meta["duplicate_files"])
+                == on_disk
+            )
     return len(removed)
 
 
@@ -382,10 +465,14 @@ def test_shared_corpus_known_duplicates_collapse(shared_corpus: Path, tmp_path: 
                 assert ledger[f]["outcome"] == "kept", f"{f} (similarity {sim}) was removed"
     assert {k for k, r in ledger.items() if r["outcome"] == "duplicate"} == expected_dups
     exact = {k for k, r in ledger.items() if r["reason"] == "exact_duplicate"}
-    assert exact == {"papers/ethereum__yellowpaper__Paper.tex"} or exact == {"papers/RenanSouza2__yellowpaper__Paper.tex"}
+    assert exact == {"papers/ethereum__yellowpaper__Paper.tex"} or exact == {
+        "papers/RenanSouza2__yellowpaper__Paper.tex"
+    }
     removed = check_vendored_copy_removed(out, code, ledger)
     assert summary["file_dedup"]["files_removed"] == removed
-    print(f"\nfile-level dedup on the shared corpus + pip/requests/json: {removed} files removed from code/pip")
+    print(
+        f"\nfile-level dedup on the shared corpus + pip/requests/json: {removed} files removed from code/pip"
+    )
 
 
 @pytest.mark.slow
@@ -394,9 +481,15 @@ def test_vendored_copy_leaves_the_vendoring_repository(tmp_path: Path, tokenizer
     Document-level MinHash cannot see the copy inside pip's larger document; file-level dedup does."""
     code = tmp_path / "input" / "code"
     build_vendoring_repositories(code)
-    summary = jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out")))
+    summary = jobs.curate(
+        parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out"))
+    )
     ledger = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
-    assert {k: r["outcome"] for k, r in ledger.items()} == {"code/pip": "kept", "code/requests": "kept", "code/json": "kept"}
+    assert {k: r["outcome"] for k, r in ledger.items()} == {
+        "code/pip": "kept",
+        "code/requests": "kept",
+        "code/json": "kept",
+    }
     removed = check_vendored_copy_removed(tmp_path / "out", code, ledger)
     assert summary["file_dedup"]["files_removed"] == removed
     assert "files removed as duplicates of files of code/requests" in ledger["code/pip"]["note"]
@@ -425,9 +518,11 @@ def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None
     cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out", max_book_bytes=2**20)
     jobs.curate(parse_config(cfg))
     ledger = {r["id"]: r for r in pq.read_table(tmp_path / "out" / "ledger.parquet").to_pylist()}
-    assert (ledger["books/huge.txt"]["outcome"], ledger["books/huge.txt"]["reason"]) == ("filtered", "too_large")
+    assert (ledger["books/huge.txt"]["outcome"], ledger["books/huge.txt"]["reason"]) == (
+        "filtered",
+        "too_large",
+    )
     assert ledger["books/ok.txt"]["outcome"] == "kept"
-
 
 
 def test_driver_stages_follow_the_code_size(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
@@ -448,7 +543,9 @@ def test_driver_stages_follow_the_code_size(tmp_path: Path, tokenizer_file, monk
 
 
 @pytest.mark.slow
-def test_stages_run_in_the_driver_write_what_pooled_stages_write(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
+def test_stages_run_in_the_driver_write_what_pooled_stages_write(
+    tmp_path: Path, tokenizer_file, monkeypatch
+) -> None:
     """Every file of the output (documents, ledger, stats, the work folder's intermediate Parquet
     files) is byte-identical whether the light stages ran in the driver or in pool workers."""
     from longctx.core import executors

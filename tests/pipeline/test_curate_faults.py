@@ -53,8 +53,13 @@ def cli(cfg: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "longctx.cli", "curate", "--config", str(path)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "curate", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def temporaries(folder: Path) -> list[Path]:
@@ -69,7 +74,11 @@ def test_output_that_is_a_file_is_refused_in_one_line(tmp_path: Path, tokenizer:
     below = output / "run"
     done = cli(config(tmp_path / "input", tokenizer, below), tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == f"longctx curate: output: {below} cannot be created: {output} is a file, not a folder; choose another output"
+    assert (
+        done.stderr.strip()
+        == f"longctx curate: output: {below} cannot be created: {output} is a file, not a folder; "
+        "choose another output"
+    )
     assert output.read_text() == "not a folder"
 
 
@@ -138,7 +147,9 @@ def test_specials_pack_needs_are_checked_before_any_work(tmp_path: Path, tokeniz
     assert not (tmp_path / "out").exists()
     trained = config(tmp_path / "input", tokenizer, tmp_path / "out2", pack={"eos_token": "</s>"})
     del trained["tokenizer"]
-    with pytest.raises(ConfigError, match=r"pack\.eos_token: '</s>' is not a special token of the tokenizer curation trains"):
+    with pytest.raises(
+        ConfigError, match=r"pack\.eos_token: '</s>' is not a special token of the tokenizer curation trains"
+    ):
         jobs.curate(parse_config(trained))
     assert not (tmp_path / "out2").exists()
 
@@ -147,6 +158,6 @@ def test_missing_input_is_refused_before_any_work(tmp_path: Path, tokenizer: Pat
     books(tmp_path, 1, 200)
     cfg = config(tmp_path / "input", tokenizer, tmp_path / "out")
     cfg["curate"]["sources"] = [{"name": "remote", "kind": "books", "path": "memory://nowhere/books"}]
-    with pytest.raises(ConfigError, match="curate.sources.0.path: memory://nowhere/books does not exist"):
+    with pytest.raises(ConfigError, match=r"curate\.sources\.0\.path: memory://nowhere/books does not exist"):
         jobs.curate(parse_config(cfg))
     assert not (tmp_path / "out").exists()

@@ -75,7 +75,8 @@ def make_config(root: Path, tokenizer: Path, output: Path, **curate) -> dict:
         "output": str(output),
         "context": {"original": 64, "target": 256},
         "tokenizer": {"path": str(tokenizer)},
-        "curate": {"input": str(root / "input"), "sources": [forks], "executor": {"tasks": 2, "workers": 2}} | curate,
+        "curate": {"input": str(root / "input"), "sources": [forks], "executor": {"tasks": 2, "workers": 2}}
+        | curate,
     }
 
 
@@ -112,9 +113,15 @@ def test_every_file_under_the_input_has_exactly_one_ledger_row(run) -> None:
         assert len(owners) == 1, (file, owners)
     assert sum(r["files"] for r in rows.values()) == len(files) == summary["totals"]["files"]
     # inside the repository, the document's metadata accounts for every file
-    docs = {r["id"]: r for f in (root / "out" / "documents").rglob("*.parquet") for r in pq.read_table(f).to_pylist()}
+    docs = {
+        r["id"]: r
+        for f in (root / "out" / "documents").rglob("*.parquet")
+        for r in pq.read_table(f).to_pylist()
+    }
     meta = json.loads(docs["code/toolkit"]["metadata"])
-    accounted = meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"])
+    accounted = (
+        meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"])
+    )
     assert accounted == rows["code/toolkit"]["files"] == len(walk_files(root / "input" / "code" / "toolkit"))
 
 
@@ -138,13 +145,19 @@ def test_outcomes_and_reasons(run) -> None:
         "code/loose_script.py": ("skipped", "not_a_repository"),
     }
     totals = summary["totals"]
-    assert totals["inputs"] == len(got) == sum(totals[k] for k in ("kept", "filtered", "duplicate", "skipped"))
+    assert (
+        totals["inputs"] == len(got) == sum(totals[k] for k in ("kept", "filtered", "duplicate", "skipped"))
+    )
 
 
 def test_books_are_decoded_and_never_emptied(run) -> None:
     root, _, _ = run
     rows = ledger_rows(root / "out")
-    docs = {r["id"]: r for f in (root / "out" / "documents").rglob("*.parquet") for r in pq.read_table(f).to_pylist()}
+    docs = {
+        r["id"]: r
+        for f in (root / "out" / "documents").rglob("*.parquet")
+        for r in pq.read_table(f).to_pylist()
+    }
     one_line = docs["books/one_line.txt"]["text"]
     assert prose(2, 2500)[:-1] in one_line  # the whole book is there, boilerplate included
     assert "Gutenberg boilerplate kept" in rows["books/one_line.txt"]["note"]
@@ -166,7 +179,9 @@ def test_tokenizer_and_its_config_are_copied(run) -> None:
     root, tokenizer, summary = run
     out = root / "out"
     assert (out / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
-    assert (out / "tokenizer_config.json").read_bytes() == tokenizer.with_name("tokenizer_config.json").read_bytes()
+    assert (out / "tokenizer_config.json").read_bytes() == tokenizer.with_name(
+        "tokenizer_config.json"
+    ).read_bytes()
     assert summary["run"]["specials"] == {"eos": "<|endoftext|>", "bos": None, "pad": "<|pad|>"}
 
 
@@ -210,13 +225,21 @@ def test_trained_tokenizer_settings_are_part_of_the_run(tmp_path: Path) -> None:
     books = tmp_path / "input" / "books"
     books.mkdir(parents=True)
     (books / "a.txt").write_text(wrap(prose(1, 800), 70))
-    base = {"output": str(tmp_path / "out"), "context": {"original": 32, "target": 64},
-            "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 1, "workers": 1}}}
+    base = {
+        "output": str(tmp_path / "out"),
+        "context": {"original": 32, "target": 64},
+        "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 1, "workers": 1}},
+    }
     jobs.curate(parse_config(base | {"tokenizer": {"train_vocab_size": 300, "train_sample_bytes": 10_000}}))
     before = snapshot(tmp_path / "out")
-    for changed in ({"train_vocab_size": 320, "train_sample_bytes": 10_000}, {"train_vocab_size": 300, "train_sample_bytes": 9_000}):
-        with pytest.raises(ConfigError, match="different configuration .*tokenizer"):
+    for changed in (
+        {"train_vocab_size": 320, "train_sample_bytes": 10_000},
+        {"train_vocab_size": 300, "train_sample_bytes": 9_000},
+    ):
+        with pytest.raises(ConfigError, match=r"different configuration .*tokenizer"):
             jobs.curate(parse_config(base | {"tokenizer": changed}))
         assert snapshot(tmp_path / "out") == before
-    assert json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    assert (
+        json.loads((tmp_path / "out" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    )
     shutil.rmtree(tmp_path / "out")

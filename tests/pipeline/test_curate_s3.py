@@ -69,8 +69,12 @@ def test_curating_from_s3_equals_curating_from_disk(curated) -> None:
     assert set(local) == set(remote)
     for doc_id, row in local.items():
         assert row["path"].startswith(str(curated["root"] / "input"))
-        assert remote[doc_id]["path"] == row["path"].replace(str(curated["root"] / "input"), f"s3://{curated['bucket']}/corpus")
-        assert {k: v for k, v in remote[doc_id].items() if k != "path"} == {k: v for k, v in row.items() if k != "path"}
+        assert remote[doc_id]["path"] == row["path"].replace(
+            str(curated["root"] / "input"), f"s3://{curated['bucket']}/corpus"
+        )
+        assert {k: v for k, v in remote[doc_id].items() if k != "path"} == {
+            k: v for k, v in row.items() if k != "path"
+        }
     assert documents(curated["remote"]) == documents(curated["local"])
     assert not (curated["root"] / "PWNED").exists()
 
@@ -82,7 +86,9 @@ def test_storage_options_are_not_part_of_the_run_identity(curated, s3: S3) -> No
 
 
 def test_missing_remote_input_is_one_line(curated, s3: S3, tmp_path: Path) -> None:
-    cfg = make_config(tmp_path, curated["root"] / "input", curated["root"] / "tok" / "tokenizer.json", tmp_path / "out")
+    cfg = make_config(
+        tmp_path, curated["root"] / "input", curated["root"] / "tok" / "tokenizer.json", tmp_path / "out"
+    )
     missing = f"s3://{curated['bucket']}/nothing-here"
     cfg["curate"]["input"] = missing
     cfg["curate"]["storage_options"] = s3.storage_options
@@ -98,8 +104,11 @@ def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tm
     repo_id = snippet["tokenizer"]["path"]
     tokenizer = curated["root"] / "tok" / "tokenizer.json"
     hub = tmp_path / "hub"
-    lay_out_hub_cache(hub, repo_id, {"tokenizer.json": tokenizer,
-                                     "tokenizer_config.json": tokenizer.with_name("tokenizer_config.json")})
+    lay_out_hub_cache(
+        hub,
+        repo_id,
+        {"tokenizer.json": tokenizer, "tokenizer_config.json": tokenizer.with_name("tokenizer_config.json")},
+    )
     cfg = make_config(tmp_path, curated["root"] / "input", tokenizer, tmp_path / "out")
     cfg["tokenizer"] = snippet["tokenizer"]
     cfg["curate"] |= snippet["curate"] | {
@@ -109,8 +118,13 @@ def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tm
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env |= {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "curate", "--config", str(tmp_path / "run.yaml")],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "curate", "--config", str(tmp_path / "run.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
     assert documents(tmp_path / "out") == documents(curated["local"])

@@ -45,14 +45,21 @@ def test_pair_naming_unknown_document_is_an_error() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(2, 30), st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=40), st.integers(0, 5))
+@given(
+    st.integers(2, 30),
+    st.lists(st.tuples(st.integers(0, 29), st.integers(0, 29)), max_size=40),
+    st.integers(0, 5),
+)
 def test_clusters_match_connected_components(n: int, edges: list[tuple[int, int]], n_hashes: int) -> None:
     """Against an independent reference: connected components by repeated relaxation."""
     rng = random.Random(n * 1000 + len(edges))
     ids = [f"doc{i:02d}" for i in range(n)]
     hashes = [f"h{rng.randint(0, n_hashes)}" for _ in range(n)]
     edges = [(a % n, b % n) for a, b in edges]
-    out = {r["id"]: r for r in resolve_duplicates(_index(ids, hashes), [(0, a, 0, b) for a, b in edges], True).to_pylist()}
+    out = {
+        r["id"]: r
+        for r in resolve_duplicates(_index(ids, hashes), [(0, a, 0, b) for a, b in edges], True).to_pylist()
+    }
     label = list(range(n))
     links = edges + [(i, j) for i in range(n) for j in range(n) if hashes[i] == hashes[j]]
     changed = True

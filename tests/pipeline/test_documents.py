@@ -63,7 +63,7 @@ def test_missing_empty_and_misplaced_files_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no curated documents"):
         document_files(docs)
     docs.mkdir()
-    with pytest.raises(ConfigError, match="holds no .parquet files"):
+    with pytest.raises(ConfigError, match=r"holds no \.parquet files"):
         document_files(docs)
     _write(docs, "books", 0, ["x"])
     (docs / "books" / "nested").mkdir()
@@ -100,8 +100,11 @@ def test_token_ids_round_trip_as_numpy_views(tmp_path: Path) -> None:
     read = [d for d in CuratedDocumentReader(docs, batch_size=2).run() if d.metadata["source"] == "with"]
     same([d.metadata.get("token_ids") for d in read])
     assert all(d.metadata[FILE_TOKENIZER] == "ab" * 32 for d in read)
-    assert all(FILE_TOKENIZER not in d.metadata for d in CuratedDocumentReader(docs).run()
-               if d.metadata["source"] == "without")
+    assert all(
+        FILE_TOKENIZER not in d.metadata
+        for d in CuratedDocumentReader(docs).run()
+        if d.metadata["source"] == "without"
+    )
     # written again, the reader's file-level key does not leak into the row's JSON metadata
     with DocumentWriter(tmp_path / "again" / "with") as writer:
         for d in read:
@@ -118,7 +121,14 @@ def test_token_ids_are_dictionary_encoded_without_statistics(tmp_path: Path) -> 
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 128_256, size=300_000, dtype=np.uint32)  # a Llama 3 sized vocabulary
     with DocumentWriter(tmp_path / "books") as writer:
-        writer.write(Document(text="t " * 1000, id="b/0", metadata={"source": "books", "token_count": len(ids), "token_ids": ids}), 0)
+        writer.write(
+            Document(
+                text="t " * 1000,
+                id="b/0",
+                metadata={"source": "books", "token_count": len(ids), "token_ids": ids},
+            ),
+            0,
+        )
     meta = pq.ParquetFile(tmp_path / "books" / "00000.parquet").metadata.row_group(0)
     columns = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
     leaf = columns["token_ids.list.element"]
@@ -132,9 +142,23 @@ def test_files_without_the_ids_column_read_as_none(tmp_path: Path) -> None:
     """Files written before ids were stored (no ``token_ids`` column) still read."""
     old = tmp_path / "documents" / "books" / "00000.parquet"
     old.parent.mkdir(parents=True)
-    pq.write_table(pa.table({"text": ["a", "b"], "id": ["1", "2"], "source": ["books"] * 2, "token_count": [1, 1], "metadata": ["{}"] * 2}), old)
+    pq.write_table(
+        pa.table(
+            {
+                "text": ["a", "b"],
+                "id": ["1", "2"],
+                "source": ["books"] * 2,
+                "token_count": [1, 1],
+                "metadata": ["{}"] * 2,
+            }
+        ),
+        old,
+    )
     assert list(iter_token_ids(old)) == [None, None] and file_tokenizer(old) is None
-    assert [d.metadata.get("token_ids") for d in CuratedDocumentReader(tmp_path / "documents").run()] == [None, None]
+    assert [d.metadata.get("token_ids") for d in CuratedDocumentReader(tmp_path / "documents").run()] == [
+        None,
+        None,
+    ]
 
 
 def test_texts_stay_in_the_file_for_documents_with_ids_of_the_callers_tokenizer(tmp_path: Path) -> None:

@@ -24,7 +24,27 @@ from longctx.pipeline.filededup import (
 from longctx.pipeline.keep import file_rank, vendored_depth
 from longctx.pipeline.readers.code import CodeRepoReader
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+]
 
 
 def module(seed: int, functions: int) -> str:
@@ -32,7 +52,10 @@ def module(seed: int, functions: int) -> str:
     parts = []
     for i in range(functions):
         a, b, c = rng.sample(WORDS, 3)
-        parts.append(f"def {a}_{b}_{i}({c}, n={rng.randint(0, 999)}):\n    return {c} * n + {rng.randint(0, 999)}  # {a} {b}\n")
+        parts.append(
+            f"def {a}_{b}_{i}({c}, n={rng.randint(0, 999)}):\n"
+            f"    return {c} * n + {rng.randint(0, 999)}  # {a} {b}\n"
+        )
     return "\n".join(parts)
 
 
@@ -59,7 +82,11 @@ def code(tmp_path_factory) -> Path:
     write(root, "app/_vendor/lib/util.py", UTIL.rsplit("\ndef ", 3)[0] + "\n")
     write(root, "app/_vendor/lib/version.py", TINY)
     # a fork with nothing of its own, and a repository that only shares a short, common file
-    for rel, text in (("lib/core.py", CORE), ("lib/util.py", UTIL), ("README.md", "# upstream\n\nThe library.\n")):
+    for rel, text in (
+        ("lib/core.py", CORE),
+        ("lib/util.py", UTIL),
+        ("README.md", "# upstream\n\nThe library.\n"),
+    ):
         write(root, f"upstream-fork/{rel}", text)
     write(root, "other/other.py", module(4, 40))
     write(root, "other/pkg/sub/version.py", TINY)  # deeper than upstream's: upstream's copy is kept
@@ -74,7 +101,9 @@ def run_file_dedup(code: Path, work: Path, cfg: FileDedupConfig) -> dict[str, li
         index = FileSignatureIndex(work / "sigs", work / "index", cfg)
         index.run(RepositoryFiles([reader]).run(None, rank, 2), rank, 2)
     for band in range(config.num_buckets):
-        MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config).run(None, band, config.num_buckets)
+        MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config).run(
+            None, band, config.num_buckets
+        )
     list(FileDuplicateResolver(work / "index", work / "buckets", work / "decisions.parquet", cfg).run())
     return load_file_decisions(work / "decisions.parquet")
 
@@ -113,8 +142,19 @@ def test_an_unrelated_repository_only_loses_the_exact_copy(decisions) -> None:
 
 def test_the_reader_leaves_removed_files_out_and_lists_them(code: Path, decisions, tmp_path: Path) -> None:
     table = pa.Table.from_pylist(
-        [{"repo": r, "path": d["path"], "duplicate_of": d["duplicate_of"], "of_path": d["of_path"], "kind": d["kind"],
-          "jaccard": 1.0, "containment": 1.0} for r, rows in decisions.items() for d in rows]
+        [
+            {
+                "repo": r,
+                "path": d["path"],
+                "duplicate_of": d["duplicate_of"],
+                "of_path": d["of_path"],
+                "kind": d["kind"],
+                "jaccard": 1.0,
+                "containment": 1.0,
+            }
+            for r, rows in decisions.items()
+            for d in rows
+        ]
     )
     pq.write_table(table, tmp_path / "decisions.parquet")
     docs = {d.id: d for d in CodeRepoReader(code, file_decisions=tmp_path / "decisions.parquet").run()}
@@ -124,7 +164,11 @@ def test_the_reader_leaves_removed_files_out_and_lists_them(code: Path, decision
     assert {d["path"] for d in app.metadata["duplicate_files"]} == set(lost(decisions, "code/app"))
     # every file of the repository is kept, skipped or removed as a duplicate: the counts add up
     meta = app.metadata
-    assert meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"]) == meta["input_files"] == 4
+    assert (
+        meta["n_files"] + sum(s["files"] for s in meta["skipped_files"]) + len(meta["duplicate_files"])
+        == meta["input_files"]
+        == 4
+    )
     fork = docs["code/upstream-fork"]
     assert fork.text == "" and fork.metadata["copy_of"] == "code/upstream"
     assert CORE in docs["code/upstream"].text
@@ -140,8 +184,8 @@ def test_keep_policy_is_configurable(code: Path, tmp_path: Path) -> None:
 
 def test_similarity_from_signatures_and_directional_containment() -> None:
     rng = np.random.default_rng(0)
-    a = set(range(0, 1000))
-    b = set(range(0, 3000))  # a inside b
+    a = set(range(1000))
+    b = set(range(3000))  # a inside b
     params = rng.integers(1, 2**31, size=(2, 256))
     signature = lambda s: np.min((np.array(sorted(s))[:, None] * params[0] + params[1]) % (2**31 - 1), axis=0)  # noqa: E731
     jaccard, a_in_b = similarity(signature(a), signature(b), len(a), len(b))
@@ -157,14 +201,23 @@ def test_vendored_and_forked_paths() -> None:
     assert vendored_depth("/data/papers/attention-fork.tex") == 1
     assert vendored_depth("/data/code/node_modules/x/third_party/y.js") == 2
     keep = ["not_vendored", "longest", "shallowest"]
-    upstream = file_rank(keep, repo="code/requests", rel="requests/api.py", location="/c/requests/requests/api.py", chars=10)
-    vendored = file_rank(keep, repo="code/pip", rel="src/pip/_vendor/requests/api.py",
-                         location="/c/pip/src/pip/_vendor/requests/api.py", chars=99)
+    upstream = file_rank(
+        keep, repo="code/requests", rel="requests/api.py", location="/c/requests/requests/api.py", chars=10
+    )
+    vendored = file_rank(
+        keep,
+        repo="code/pip",
+        rel="src/pip/_vendor/requests/api.py",
+        location="/c/pip/src/pip/_vendor/requests/api.py",
+        chars=99,
+    )
     assert upstream < vendored
 
 
 @pytest.mark.parametrize("piece_chars", [None, 60])
-def test_file_index_equals_datatrove_shingles_and_signatures(tmp_path: Path, monkeypatch, piece_chars) -> None:
+def test_file_index_equals_datatrove_shingles_and_signatures(
+    tmp_path: Path, monkeypatch, piece_chars
+) -> None:
     """Every file's n-gram count and signature in the index, and the bucket files, against
     datatrove's own MinHash stage 1 (its ``get_shingles``, ``np.unique`` and ``get_signature``) with
     the same word splitter: files around ``min_words``, repeated lines, non-ASCII identifiers, and
@@ -181,8 +234,14 @@ def test_file_index_equals_datatrove_shingles_and_signatures(tmp_path: Path, mon
     texts = [module(s, n) for s, n in ((1, 30), (2, 1), (3, 5))]
     texts += [module(4, 8) * 3, "x = 1\n", "", "def größe(ΣΑΣ):\n    return 'café' + ΣΑΣ  # ü\n" * 20]
     texts += [" ".join(f"w{i}" for i in range(n)) for n in (cfg.min_words - 1, cfg.min_words, 48, 49)]
-    docs = [Document(text=t, id=f"code/r/{i}.py", metadata={"repo": "code/r", "rel": f"{i}.py", "location": f"/r/{i}.py"})
-            for i, t in enumerate(texts)]
+    docs = [
+        Document(
+            text=t,
+            id=f"code/r/{i}.py",
+            metadata={"repo": "code/r", "rel": f"{i}.py", "location": f"/r/{i}.py"},
+        )
+        for i, t in enumerate(texts)
+    ]
     FileSignatureIndex(tmp_path / "ours", tmp_path / "index", cfg).run(iter(docs), 0, 1)
     theirs = MinhashDedupSignature(str(tmp_path / "theirs"), config=config, language=sg.RegexWordTokenizer())
     rows = pq.read_table(tmp_path / "index" / "00000.parquet").to_pylist()
@@ -206,7 +265,9 @@ def test_file_index_equals_datatrove_shingles_and_signatures(tmp_path: Path, mon
         record = config.hashes_per_bucket * 4 + 4
         sigs = sorted(ours[i : i + record - 4] for i in range(0, len(ours), record))
         want = sorted(
-            np.array(theirs.get_signature(np.unique(theirs.get_shingles(d.text)).reshape(-1, 1))[bucket], np.uint32).tobytes()
+            np.array(
+                theirs.get_signature(np.unique(theirs.get_shingles(d.text)).reshape(-1, 1))[bucket], np.uint32
+            ).tobytes()
             for d in expected_docs
         )
         assert sigs == want

@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from longctx.pipeline.readers import gutenberg
 from longctx.pipeline.readers.base import normalize_newlines
-from longctx.pipeline.readers.gutenberg import MAX_FOOTER_CHARS, MAX_HEADER_CHARS, footer_markers, strip_gutenberg
+from longctx.pipeline.readers.gutenberg import (
+    MAX_FOOTER_CHARS,
+    MAX_HEADER_CHARS,
+    footer_markers,
+    strip_gutenberg,
+)
 
 HEADER = """\
 The Project Gutenberg EBook of The Test Book, by Ann Author
@@ -389,10 +394,28 @@ def test_usable_markers_are_still_stripped_with_no_unsafe_reason():
 
 
 MARKER_PIECES = [
-    "*** END OF THE PROJECT GUTENBERG EBOOK X ***", "End of Project Gutenberg's X", "end of the project gutenberg",
-    "  \t**END OF THIS PROJECT GUTENBERG", "*** END OF THE PROJECT GUTENBERGS", "END OF THE PROJECT GUTENBERG",
-    "gutenberg", "GuTeNbErG", "Project Gutenberg", "x END OF THE PROJECT GUTENBERG", "İ", "ẞ", "K", "ſ", "é", "\n", " ",
-    "\t", "*", "End of", "the", "words and more words",
+    "*** END OF THE PROJECT GUTENBERG EBOOK X ***",
+    "End of Project Gutenberg's X",
+    "end of the project gutenberg",
+    "  \t**END OF THIS PROJECT GUTENBERG",
+    "*** END OF THE PROJECT GUTENBERGS",
+    "END OF THE PROJECT GUTENBERG",
+    "gutenberg",
+    "GuTeNbErG",
+    "Project Gutenberg",
+    "x END OF THE PROJECT GUTENBERG",
+    "İ",
+    "ẞ",
+    "K",
+    "ſ",
+    "é",
+    "\n",
+    " ",
+    "\t",
+    "*",
+    "End of",
+    "the",
+    "words and more words",
 ]
 
 

@@ -124,22 +124,26 @@ def paper(tmp_path: Path) -> Path:
 
 
 def test_includes_inlined_in_document_order_recursively(paper):
-    write(paper / "main.tex", (
-        "\\documentclass{article}\n\\begin{document}\n"
-        "\\input{sections/intro}\n"         # no extension, nested folder
-        "\\input sections/method.tex\n"     # TeX primitive form
-        "\\include{results}\n"
-        "\\subfile{appendix/app}\n"
-        "\\end{document}\n"
-    ))
+    write(
+        paper / "main.tex",
+        (
+            "\\documentclass{article}\n\\begin{document}\n"
+            "\\input{sections/intro}\n"  # no extension, nested folder
+            "\\input sections/method.tex\n"  # TeX primitive form
+            "\\include{results}\n"
+            "\\subfile{appendix/app}\n"
+            "\\end{document}\n"
+        ),
+    )
     write(paper / "sections/intro.tex", "INTRO-START\n\\input{sections/deeper/detail}\nINTRO-END\n")
     write(paper / "sections/deeper/detail.tex", "DETAIL\n")
     write(paper / "sections/method.tex", "METHOD % method comment\n")
     write(paper / "results.tex", "RESULTS\n\\input{table}\n")  # resolved next to results.tex/main
     write(paper / "table.tex", "TABLE\n")
-    write(paper / "appendix/app.tex", (
-        "\\documentclass[../main.tex]{subfiles}\n\\begin{document}\nAPPENDIX\n\\end{document}\n"
-    ))
+    write(
+        paper / "appendix/app.tex",
+        ("\\documentclass[../main.tex]{subfiles}\n\\begin{document}\nAPPENDIX\n\\end{document}\n"),
+    )
     result = flatten_latex(Tree.of(str(paper)), "main.tex")
     order = ["INTRO-START", "DETAIL", "INTRO-END", "METHOD", "RESULTS", "TABLE", "APPENDIX"]
     positions = [result.text.index(marker) for marker in order]
@@ -149,8 +153,12 @@ def test_includes_inlined_in_document_order_recursively(paper):
     assert "subfiles" not in result.text  # only the subfile's document body is inlined
     assert result.problems == []
     assert result.included == [
-        "sections/intro.tex", "sections/deeper/detail.tex", "sections/method.tex",
-        "results.tex", "table.tex", "appendix/app.tex",
+        "sections/intro.tex",
+        "sections/deeper/detail.tex",
+        "sections/method.tex",
+        "results.tex",
+        "table.tex",
+        "appendix/app.tex",
     ]
 
 
@@ -412,8 +420,29 @@ def test_code_line_scan_equals_the_character_by_character_definition():
 
     from longctx.pipeline.readers.latex import _scan_code_line
 
-    parts = ["%", "\\", "\\\\", "\\%", "\\verb|a%b|", "\\verb*+x+", "\\verb", "\\lstinline[x]{q%}", "\\lstinline",
-             "\\begin{verbatim}", "\\begin {lstlisting}", "\\begin{itemize}", "{", "}", "[", "]", "|", "+", "a", " ", "é"]
+    parts = [
+        "%",
+        "\\",
+        "\\\\",
+        "\\%",
+        "\\verb|a%b|",
+        "\\verb*+x+",
+        "\\verb",
+        "\\lstinline[x]{q%}",
+        "\\lstinline",
+        "\\begin{verbatim}",
+        "\\begin {lstlisting}",
+        "\\begin{itemize}",
+        "{",
+        "}",
+        "[",
+        "]",
+        "|",
+        "+",
+        "a",
+        " ",
+        "é",
+    ]
     rng = random.Random(0)
     for _ in range(20000):
         line = "".join(rng.choice(parts) for _ in range(rng.randint(0, 12)))

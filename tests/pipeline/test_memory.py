@@ -43,7 +43,9 @@ print(json.dumps({"peak_mb": peak_kb / 1024, "kept": summary["totals"]["kept"]})
 def one_line_book(path: Path, megabytes: int) -> int:
     """Random words separated by single spaces, no line break; returns its size in bytes."""
     rng = random.Random(0)
-    words = ["".join(rng.choice("etaoinshrdlucmfwyp") for _ in range(rng.randint(1, 7))) for _ in range(5_000)]
+    words = [
+        "".join(rng.choice("etaoinshrdlucmfwyp") for _ in range(rng.randint(1, 7))) for _ in range(5_000)
+    ]
     block = " ".join(rng.choices(words, k=200_000)) + " "
     with open(path, "w", encoding="ascii") as f:
         while f.tell() < megabytes * 1_000_000:
@@ -60,12 +62,16 @@ def test_one_line_book_peak_memory_is_a_small_multiple_of_its_size(tmp_path: Pat
     train_bpe([(books / "one_line.txt").open().read(1_000_000)], 8192, tokenizer)
     config = tmp_path / "curate.yaml"
     output = tmp_path / "out"
-    config.write_text(yaml.safe_dump({
-        "output": str(output),
-        "context": {"original": 64, "target": 256},
-        "tokenizer": {"path": str(tokenizer)},
-        "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 1, "workers": 1}},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(output),
+                "context": {"original": 64, "target": 256},
+                "tokenizer": {"path": str(tokenizer)},
+                "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 1, "workers": 1}},
+            }
+        )
+    )
     done = subprocess.run(
         [sys.executable, "-c", _CURATE_AND_MEASURE, str(config)], capture_output=True, text=True, timeout=300
     )
@@ -78,4 +84,6 @@ def test_one_line_book_peak_memory_is_a_small_multiple_of_its_size(tmp_path: Pat
     assert len(row["text"]) == size
     assert size // 8 < row["token_count"] < size // 3
     print(f"peak RSS {result['peak_mb']:.0f} MB for a {size / 1e6:.0f} MB one-line book")
-    assert result["peak_mb"] * 2**20 <= MAX_MULTIPLE * size, f"peak RSS {result['peak_mb']:.0f} MB for a {size / 1e6:.0f} MB book"
+    assert result["peak_mb"] * 2**20 <= MAX_MULTIPLE * size, (
+        f"peak RSS {result['peak_mb']:.0f} MB for a {size / 1e6:.0f} MB book"
+    )

@@ -36,10 +36,13 @@ def read_all(root: Path, **kwargs) -> dict[str, object]:
 @pytest.fixture
 def papers(tmp_path: Path) -> Path:
     root = tmp_path / "papers"
-    write(root / "a_single.tex", (
-        "% header comment\n\\documentclass{article}\n\\begin{document}\nSINGLE\n\\input{shared_macros}\n"
-        "\\end{document}\n"
-    ))
+    write(
+        root / "a_single.tex",
+        (
+            "% header comment\n\\documentclass{article}\n\\begin{document}\nSINGLE\n\\input{shared_macros}\n"
+            "\\end{document}\n"
+        ),
+    )
     write(root / "shared_macros.tex", "MACROS\n")  # no documentclass, but still a unit of its own
     write(root / "b_folder/main.tex", "\\documentclass{article}\n\\input{sec/intro}\n\\input{missing}\n")
     write(root / "b_folder/sec/intro.tex", "FOLDER-INTRO % remark\n")
@@ -66,7 +69,9 @@ def test_units_are_sorted_and_every_top_level_entry_is_one(papers):
     assert list(units) == sorted(units)
     assert set(units) == {p.name for p in papers.iterdir()}
     assert units[".hidden.tex"] == "hidden" and units["figure.pdf"] == "unsupported_extension"
-    assert all(units[n] == "" for n in ("a_single.tex", "b_folder", "c_notes.md", "d_plain.txt", "h_markdown"))
+    assert all(
+        units[n] == "" for n in ("a_single.tex", "b_folder", "c_notes.md", "d_plain.txt", "h_markdown")
+    )
 
 
 def test_symlinked_units_are_skipped(tmp_path, papers):

@@ -17,7 +17,9 @@ SCHEMA = pa.schema([("id", pa.string()), ("n", pa.int64()), ("sig", pa.list_(pa.
 
 def test_read_parquet_equals_read_table(tmp_path: Path) -> None:
     path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": ["a", None, "c"], "n": [1, 2, None], "sig": [[1, 2], [], None]}, schema=SCHEMA), path)
+    pq.write_table(
+        pa.table({"id": ["a", None, "c"], "n": [1, 2, None], "sig": [[1, 2], [], None]}, schema=SCHEMA), path
+    )
     assert read_parquet(path, SCHEMA).equals(pq.read_table(path, schema=SCHEMA))
     assert read_parquet(path).equals(pq.read_table(path))
     empty = tmp_path / "e.parquet"
@@ -39,4 +41,9 @@ def test_reading_does_not_import_pyarrow_dataset(tmp_path: Path) -> None:
         "import sys; from longctx.pipeline.parquet import read_parquet; "
         f"read_parquet({str(path)!r}); print('pyarrow.dataset' in sys.modules)"
     )
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        == "False"
+    )

@@ -88,7 +88,10 @@ def _modules(source: str) -> list[str]:
         ("\ufeffimport a\n", []),  # a BOM inside a str is a character, and not a valid one
         # blocks that run at load time
         ("class A:\n    import a\n    class B:\n        import b\n", ["a", "b"]),
-        ("try:\n    import a\nexcept E:\n    import b\nelse:\n    import c\nfinally:\n    import d\n", list("abcd")),
+        (
+            "try:\n    import a\nexcept E:\n    import b\nelse:\n    import c\nfinally:\n    import d\n",
+            list("abcd"),
+        ),
         ("with x:\n    import a\nfor i in y:\n    import b\nelse:\n    import c\n", ["a", "b", "c"]),
         ("while x:\n    import a\nelse:\n    import b\nasync_ = 1\n", ["a", "b"]),
         ("match x:\n    case 1:\n        import a\n    case _:\n        import b\n", ["a", "b"]),

@@ -61,9 +61,11 @@ def assert_same(text: str, config: MinhashConfig, folder: Path) -> None:
 
 UNICODE_SAMPLES = [
     "Café naïve résumé — “quoted” ‘single’ … Größe Straße ÆØÅ œuvre",
-    "\ufeffBOM at start, NBSP\u00a0here, zero\u200bwidth, soft\u00adhyphen, e\u0301 combining, a\u0308\u0301 two marks",
+    "\ufeffBOM at start, NBSP\u00a0here, zero\u200bwidth, soft\u00adhyphen, e\u0301 "
+    "combining, a\u0308\u0301 two marks",
     "ΟΔΥΣΣΕΥΣ ΣΟΦΟΣ: final sigma AΣ ΣA İstanbul ǅemal Kelvin \u212a ohm \u2126 Greek question\u037e ok",
-    "fullwidth １２３ and ＡＢＣ, arabic-indic ١٢٣٫٤٥ and 3٫14, devanagari ०१२, numbers 3.14 1,000,000 1.2.3 x9y",
+    "fullwidth １２３ and ＡＢＣ, arabic-indic ١٢٣٫٤٥ and 3٫14, devanagari ०१२, "
+    "numbers 3.14 1,000,000 1.2.3 x9y",
     "中文文本没有空格但是有标点。日本語のテキスト、カタカナ。한국어 텍스트 입니다",
     "code_with_underscores __init__ self.x_1 = f(a, b) # comment ↔ → ≠ ≤ ∑ ∀x∈ℝ",
     "emoji 😀👍🏽 family 👨‍👩‍👧 flags 🇫🇷 tabs\tand\r\nlines\x0bvt\x1cfs\x85nel\u2028ls\u2029ps",
@@ -81,7 +83,9 @@ def test_unicode_text_matches_datatrove(text: str, name: str, sig_dir: Path) -> 
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("text", ["", " ", "\n\t ", "...!!! ---", "one", "two words", "a b c d", "a_b_c_d_e", "1 2 3 4"])
+@pytest.mark.parametrize(
+    "text", ["", " ", "\n\t ", "...!!! ---", "one", "two words", "a b c d", "a_b_c_d_e", "1 2 3 4"]
+)
 def test_empty_and_short_texts(text: str, name: str, sig_dir: Path) -> None:
     """Fewer words than n_grams: no shingles, no signature (datatrove skips the document)."""
     assert_same(text, CONFIGS[name], sig_dir)
@@ -89,7 +93,10 @@ def test_empty_and_short_texts(text: str, name: str, sig_dir: Path) -> None:
 
 def _random_text(rng: random.Random, n_words: int, alphabet: str) -> str:
     seps = [" ", "  ", "\n", ", ", ". ", "\r\n", " - ", "_", "\t", "'", " (", ") "]
-    words = ["".join(rng.choice(alphabet) for _ in range(rng.choice([1, 2, 3, 5, 8, 13, 40, 90]))) for _ in range(n_words)]
+    words = [
+        "".join(rng.choice(alphabet) for _ in range(rng.choice([1, 2, 3, 5, 8, 13, 40, 90])))
+        for _ in range(n_words)
+    ]
     return "".join(w + rng.choice(seps) for w in words)
 
 
@@ -97,7 +104,9 @@ def _random_text(rng: random.Random, n_words: int, alphabet: str) -> str:
 @pytest.mark.parametrize("seed", range(3))
 def test_random_texts_match_datatrove(seed: int, name: str, sig_dir: Path) -> None:
     rng = random.Random(seed)
-    assert_same(_random_text(rng, 3000, "abcdefghijklmnopqrstuvwxyzABCXYZ0123456789.,"), CONFIGS[name], sig_dir)
+    assert_same(
+        _random_text(rng, 3000, "abcdefghijklmnopqrstuvwxyzABCXYZ0123456789.,"), CONFIGS[name], sig_dir
+    )
     assert_same(_random_text(rng, 3000, "abcxyzéüßøÆ中文αβΣ١٢0123.,—\u0301"), CONFIGS[name], sig_dir)
     # many repeated shingles, and more distinct shingles than the first permutation block
     vocab = [f"w{i}" for i in range(400)]
@@ -121,14 +130,21 @@ def test_span_hashes_equal_xxhash(fn, precision: int) -> None:
     rng = random.Random(precision)
     buf = bytes(rng.randrange(256) for _ in range(20000))
     starts = np.array([rng.randrange(0, 19000) for _ in range(4000)], np.int64)
-    lengths = np.array([rng.choice([0, 1, 3, 4, 7, 8, 15, 16, 31, 32, 33, 63, 64, 65, 200, 999]) for _ in range(4000)], np.int64)
+    lengths = np.array(
+        [rng.choice([0, 1, 3, 4, 7, 8, 15, 16, 31, 32, 33, 63, 64, 65, 200, 999]) for _ in range(4000)],
+        np.int64,
+    )
     lengths = np.minimum(lengths, len(buf) - starts)
     got = span_hashes(buf, starts, lengths, precision)
     assert got.tolist() == [fn(buf[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist())]
 
 
 def test_sha1_hash_function_is_supported(sig_dir: Path) -> None:
-    assert_same(" ".join(f"w{i % 97}" for i in range(500)), MinhashConfig(hash_config=HashConfig(hash_fc="sha1")), sig_dir)
+    assert_same(
+        " ".join(f"w{i % 97}" for i in range(500)),
+        MinhashConfig(hash_config=HashConfig(hash_fc="sha1")),
+        sig_dir,
+    )
 
 
 @pytest.mark.parametrize("precision", [64, 32])
@@ -153,12 +169,20 @@ def test_permutations_exact_at_the_mersenne_wrap(precision: int) -> None:
     rand = [rng.getrandbits(64) for _ in range(150_000)]
     repeats = rand[:100_000] + targets * 30  # every special value 30 times, in the screened blocks
     rng.shuffle(repeats)
-    for values in (repeats, rand[:2100] * 40, targets + rand, rand[:3000] + targets, rand[:100] + targets[:50]):
+    for values in (
+        repeats,
+        rand[:2100] * 40,
+        targets + rand,
+        rand[:3000] + targets,
+        rand[:100] + targets[:50],
+    ):
         unique = distinct(np.array(values, np.uint64))
         with np.errstate(over="ignore"):
             expected = np.full(112, np.iinfo(np.uint64).max, np.uint64)
             for s in range(0, unique.size, 8192):
-                phv = (unique[s : s + 8192].reshape(-1, 1) * a.reshape(1, -1) + b.reshape(1, -1)) % _mersenne_prime
+                phv = (
+                    unique[s : s + 8192].reshape(-1, 1) * a.reshape(1, -1) + b.reshape(1, -1)
+                ) % _mersenne_prime
                 if precision == 32:
                     phv &= np.uint64(0xFFFFFFFF)
                 np.minimum(expected, phv.min(axis=0), out=expected)
@@ -168,7 +192,13 @@ def test_permutations_exact_at_the_mersenne_wrap(precision: int) -> None:
     assert np.min(expected) <= 7 or precision == 32  # the wrap case really occurred
 
 
-LONG_TEXT = " ".join(UNICODE_SAMPLES) + " 3.14 ΣΑΣ\nΟΔΟΣ e\u0301\u0301 " + "x" * 120 + " 1,000 ٣٫١٤ " + _random_text(random.Random(5), 150, "abcé1.")
+LONG_TEXT = (
+    " ".join(UNICODE_SAMPLES)
+    + " 3.14 ΣΑΣ\nΟΔΟΣ e\u0301\u0301 "
+    + "x" * 120
+    + " 1,000 ٣٫١٤ "
+    + _random_text(random.Random(5), 150, "abcé1.")
+)
 
 
 @pytest.mark.parametrize("size", [2, 40])
@@ -181,7 +211,13 @@ def test_long_texts_hashed_in_pieces(size: int, monkeypatch, sig_dir: Path) -> N
         assert len(list(sg.text_pieces(text, size))) > 10
         for config in CONFIGS.values():
             assert_same(text, config, sig_dir)
-    for text in (clean, clean.encode("ascii", "ignore").decode("ascii"), "  lead\n\n", "a \u3000 b", "\u00a0" * 9):
+    for text in (
+        clean,
+        clean.encode("ascii", "ignore").decode("ascii"),
+        "  lead\n\n",
+        "a \u3000 b",
+        "\u00a0" * 9,
+    ):
         assert exact_hash(text) == reference_exact_hash(text)
 
 
@@ -206,7 +242,7 @@ def test_wide_whitespace_list_is_every_non_ascii_isspace_character() -> None:
     """The written-out list against the scan of every code point it replaces (in this Python's
     Unicode version), in the same order."""
     scan = [chr(c).encode("utf-8") for c in range(128, 0x110000) if chr(c).isspace()]
-    assert sg._WIDE_WS == scan
+    assert scan == sg._WIDE_WS
 
 
 def test_fast_path_assumptions_hold_for_this_datatrove() -> None:
@@ -216,7 +252,15 @@ def test_fast_path_assumptions_hold_for_this_datatrove() -> None:
 
 def test_regex_word_tokenizer_is_language_agnostic() -> None:
     tok = RegexWordTokenizer()
-    assert tok.word_tokenize("def f(x): return x_1 + 2  # Größe") == ["def", "f", "x", "return", "x_1", "2", "Größe"]
+    assert tok.word_tokenize("def f(x): return x_1 + 2  # Größe") == [
+        "def",
+        "f",
+        "x",
+        "return",
+        "x_1",
+        "2",
+        "Größe",
+    ]
 
 
 def test_stage_writes_the_signature_files_datatrove_writes(tmp_path: Path) -> None:
@@ -227,12 +271,17 @@ def test_stage_writes_the_signature_files_datatrove_writes(tmp_path: Path) -> No
     texts = [" ".join(rng.choice(vocab) for _ in range(n)) for n in (2000, 3, 0, 700, 5000)] + UNICODE_SAMPLES
     docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts)]
     config = MinhashConfig(num_buckets=3, hashes_per_bucket=4)
-    for folder, step in (("ours", MinhashSignature(tmp_path / "ours", config)), ("theirs", datatrove_step(config, tmp_path / "theirs"))):
+    for _folder, step in (
+        ("ours", MinhashSignature(tmp_path / "ours", config)),
+        ("theirs", datatrove_step(config, tmp_path / "theirs")),
+    ):
         for _ in step.run(iter(docs), rank=0, world_size=1) or ():
             pass
     for bucket in range(3):
         ours = (tmp_path / "ours" / f"bucket_{bucket:03d}" / "00000.minhash.sig").read_bytes()
-        assert ours and ours == (tmp_path / "theirs" / f"bucket_{bucket:03d}" / "00000.minhash.sig").read_bytes()
+        assert (
+            ours and ours == (tmp_path / "theirs" / f"bucket_{bucket:03d}" / "00000.minhash.sig").read_bytes()
+        )
 
 
 def test_signature_equals_datatrove_signature_on_repeated_shingles(sig_dir: Path) -> None:
@@ -294,8 +343,18 @@ def test_normalization_ignores_wrapping_and_line_endings() -> None:
     assert exact_hash(a) != exact_hash(a + " extra")
 
 
-WS_SAMPLES = ["", "   ", " a ", "a\r\n\r\nb", "x\x1cy\x1dz\x1e\x1fw", "nel\x85ls\u2028ps\u2029 ogham\u1680end",
-              "nbsp\u00a0ideo\u3000thin\u2009", "ﬁ ligature ① circled Ｆｕｌｌ", "\ufeffbom", "e\u0301 vs é"]
+WS_SAMPLES = [
+    "",
+    "   ",
+    " a ",
+    "a\r\n\r\nb",
+    "x\x1cy\x1dz\x1e\x1fw",
+    "nel\x85ls\u2028ps\u2029 ogham\u1680end",
+    "nbsp\u00a0ideo\u3000thin\u2009",
+    "ﬁ ligature ① circled Ｆｕｌｌ",
+    "\ufeffbom",
+    "e\u0301 vs é",
+]
 
 
 @pytest.mark.parametrize("text", WS_SAMPLES + [t for t in UNICODE_SAMPLES if "\ud800" not in t])
@@ -312,7 +371,10 @@ def test_exact_hash_refuses_lone_surrogates_like_the_definition() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200), st.integers(1, 9))
+@given(
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200),
+    st.integers(1, 9),
+)
 def test_exact_hash_matches_definition_on_arbitrary_text(text: str, piece: int) -> None:
     saved = sg.PIECE_CHARS
     sg.PIECE_CHARS = piece

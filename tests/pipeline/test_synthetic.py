@@ -266,7 +266,14 @@ def as_records(docs: list[Document]) -> dict[str, tuple[str, dict]]:
     """Text and metadata by id, without the ``file_path`` that datatrove's readers add, nor the null
     ``token_ids`` column they read back from documents written without ids."""
     return {
-        d.id: (d.text, {k: v for k, v in d.metadata.items() if k != "file_path" and not (k == "token_ids" and v is None)})
+        d.id: (
+            d.text,
+            {
+                k: v
+                for k, v in d.metadata.items()
+                if k != "file_path" and not (k == "token_ids" and v is None)
+            },
+        )
         for d in docs
     }
 
@@ -304,7 +311,7 @@ def test_stage_emits_documents_with_consistent_metadata(haystack, tokenizer, tok
         assert doc.text.endswith("\nAnswer: " + meta["answer"]) and "IGNORED" not in doc.text
         ids = tokenizer.encode(doc.text, add_special_tokens=False).ids
         assert meta["token_count"] == len(ids) and meta["prompt_tokens"] <= meta["context_tokens"]
-        for position, target in zip(meta["needle_positions"], meta["needle_is_target"]):
+        for position, _target in zip(meta["needle_positions"], meta["needle_is_target"]):
             window = tokenizer.decode(ids[position : position + 12])
             assert window.lstrip().startswith(("The special magic", "VAR "))
     assert sorted({d.metadata["task"] for d in docs}) == sorted(TASK_KINDS)

@@ -50,7 +50,9 @@ def test_hf_dataset_saved_to_disk(tmp_path: Path) -> None:
 
 
 def test_rows_without_an_id_get_positional_ids(tmp_path: Path) -> None:
-    (tmp_path / "part.jsonl").write_text(json.dumps({"text": "x y z"}) + "\n" + json.dumps({"text": "u v"}) + "\n")
+    (tmp_path / "part.jsonl").write_text(
+        json.dumps({"text": "x y z"}) + "\n" + json.dumps({"text": "u v"}) + "\n"
+    )
     ids = sorted(_docs(make_tabular_reader("jsonl", tmp_path, "s")))
     assert ids == ["s/part.jsonl/0", "s/part.jsonl/1"]
 
@@ -58,7 +60,9 @@ def test_rows_without_an_id_get_positional_ids(tmp_path: Path) -> None:
 def test_custom_text_key_and_sharding(tmp_path: Path) -> None:
     rows = [{"id": str(i), "body": f"doc {i}"} for i in range(10)]
     for part in range(2):
-        (tmp_path / f"p{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[part * 5 : part * 5 + 5]))
+        (tmp_path / f"p{part}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows[part * 5 : part * 5 + 5])
+        )
     reader = make_tabular_reader("jsonl", tmp_path, "s", text_key="body")
     shards = [[d.id for d in reader.run(None, rank, 2)] for rank in range(2)]
     assert sorted(shards[0] + shards[1]) == sorted(f"s/{i}" for i in range(10))
@@ -66,5 +70,5 @@ def test_custom_text_key_and_sharding(tmp_path: Path) -> None:
 
 
 def test_not_a_saved_dataset_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not a datasets.save_to_disk folder"):
+    with pytest.raises(ValueError, match=r"not a datasets\.save_to_disk folder"):
         make_tabular_reader("hf_dataset", tmp_path, "hf")

@@ -26,5 +26,5 @@ def test_bad_tokenizer_files_are_clear_errors(tmp_path: Path) -> None:
         load_tokenizer(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(ValueError, match="not a valid tokenizer.json"):
+    with pytest.raises(ValueError, match=r"not a valid tokenizer\.json"):
         load_tokenizer(bad)

@@ -9,6 +9,7 @@ non-ASCII spaces and marks).
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import subprocess
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.tokens import (
@@ -32,8 +33,52 @@ from longctx.pipeline.tokens import (
     tokenizer_threads,
 )
 
-WORDS = "the of and to in that was his it's I'm we'll don't 2024 3.14 x_1 def f(x): return {a: b} Größe naïve ΣΑΣ 中文 😀".split()
-SEPS = [" ", "  ", "\n", "\n\n", " \n", ".\n", ",\r\n", "\t", " \t ", "\u00a0", "\u3000 ", " - ", "'", "'s ", "...", " 12 ", "\u0301 "]
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "that",
+    "was",
+    "his",
+    "it's",
+    "I'm",
+    "we'll",
+    "don't",
+    "2024",
+    "3.14",
+    "x_1",
+    "def",
+    "f(x):",
+    "return",
+    "{a:",
+    "b}",
+    "Größe",
+    "naïve",
+    "ΣΑΣ",
+    "中文",
+    "😀",
+]
+SEPS = [
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    " \n",
+    ".\n",
+    ",\r\n",
+    "\t",
+    " \t ",
+    "\u00a0",
+    "\u3000 ",
+    " - ",
+    "'",
+    "'s ",
+    "...",
+    " 12 ",
+    "\u0301 ",
+]
 
 
 def sample_text(seed: int, n: int) -> str:
@@ -52,14 +97,19 @@ def _bpe(pre_tokenizer, normalizer=None, decoder=None, vocab: int = 400) -> Toke
     if decoder is not None:
         tok.decoder = decoder
     alphabet = pre_tokenizers.ByteLevel.alphabet() if "ByteLevel" in repr(pre_tokenizer) else []
-    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=alphabet, show_progress=False, special_tokens=["<|endoftext|>"])
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=alphabet, show_progress=False, special_tokens=["<|endoftext|>"]
+    )
     tok.train_from_iterator(TRAINING, trainer=trainer)
     return tok
 
 
 def _split(pattern: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
 
 
@@ -74,7 +124,9 @@ def tokenizers(tmp_path_factory) -> dict[str, Tokenizer]:
         "qwen2": _bpe(_split(QWEN2_PATTERN)),
         "o200k": _bpe(_split(O200K_PATTERN)),
         "metaspace": _bpe(pre_tokenizers.Metaspace(), normalizer=normalizers.NFKC()),
-        "whitespace_digits": _bpe(pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(True)])),
+        "whitespace_digits": _bpe(
+            pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(True)])
+        ),
     }
 
 
@@ -94,7 +146,15 @@ def test_layouts_that_split_are_recognized(tokenizers, name: str) -> None:
 @pytest.mark.parametrize("piece_chars", [1, 3, 16, 200])
 def test_pieces_equal_whole_text_on_mixed_text(tokenizers, name: str, piece_chars: int) -> None:
     tok = tokenizers[name]
-    texts = [sample_text(100 + s, 300) for s in range(3)] + ["", " ", "a", "a b", "  lead", "trail  ", "x\n\n y"]
+    texts = [sample_text(100 + s, 300) for s in range(3)] + [
+        "",
+        " ",
+        "a",
+        "a b",
+        "  lead",
+        "trail  ",
+        "x\n\n y",
+    ]
     encoder = TokenEncoder(tok, piece_chars=piece_chars, call_chars=97)
     got = encoder.encode(texts)
     assert all(a.dtype == np.uint32 for a in got)
@@ -102,16 +162,23 @@ def test_pieces_equal_whole_text_on_mixed_text(tokenizers, name: str, piece_char
     assert len(piece_bounds(texts[0], piece_chars)) > 3  # the text really was cut
 
 
-TEXT_CHARS = st.sampled_from(list("ab Z9'.,;-_\n\r\t") + ["  ", "'s", "é", "e\u0301", "\u00a0", "\u3000", "Σ", "中", "😀", "１", "\u200b"])
+TEXT_CHARS = st.sampled_from(
+    list("ab Z9'.,;-_\n\r\t")
+    + ["  ", "'s", "é", "e\u0301", "\u00a0", "\u3000", "Σ", "中", "😀", "１", "\u200b"]
+)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(TEXT_CHARS, max_size=80), piece_chars=st.integers(1, 6))
-def test_pieces_equal_whole_text_on_arbitrary_text(tokenizers, name: str, parts: list[str], piece_chars: int) -> None:
+def test_pieces_equal_whole_text_on_arbitrary_text(
+    tokenizers, name: str, parts: list[str], piece_chars: int
+) -> None:
     tok = tokenizers[name]
     text = "".join(parts)
-    assert TokenEncoder(tok, piece_chars=piece_chars, call_chars=5).encode([text])[0].tolist() == whole(tok, text)
+    assert TokenEncoder(tok, piece_chars=piece_chars, call_chars=5).encode([text])[0].tolist() == whole(
+        tok, text
+    )
 
 
 def test_a_cut_elsewhere_would_change_the_ids(tokenizers) -> None:
@@ -133,7 +200,7 @@ def test_piece_bounds_cut_only_before_a_space_after_non_whitespace() -> None:
     assert bounds[0] == 0 and bounds[-1] == len(text) and bounds == sorted(set(bounds))
     for cut in bounds[1:-1]:
         assert text[cut] == " " and not text[cut - 1].isspace()
-    assert all(b - a >= 50 for a, b in zip(bounds, bounds[1:-1]))
+    assert all(b - a >= 50 for a, b in itertools.pairwise(bounds[:-1]))
     assert piece_bounds("x" * 100, 10) == [0, 100]  # no safe cut: one piece
     assert piece_bounds("   " * 40, 10) == [0, 120]
 
@@ -149,7 +216,9 @@ def test_layouts_that_could_merge_across_a_cut_are_encoded_whole(tokenizers) -> 
     base = tokenizers["project"]
     unsafe = {
         "no pre-tokenizer": _without(base, pre_tokenizer=None),
-        "unknown split regex": _without(base, pre_tokenizer=pre_tokenizers.Split(Regex(r"[a-z]+ ?"), behavior="isolated")),
+        "unknown split regex": _without(
+            base, pre_tokenizer=pre_tokenizers.Split(Regex(r"[a-z]+ ?"), behavior="isolated")
+        ),
         "prepend normalizer": _without(base, normalizer=normalizers.Prepend("▁")),
         "strip normalizer": _without(base, normalizer=normalizers.Strip()),
         "metaspace without split": _without(base, pre_tokenizer=pre_tokenizers.Metaspace(split=False)),
@@ -214,14 +283,20 @@ def threads_started(tmp_path: Path, script: str, tasks: int) -> int:
     two = set(sorted(os.sched_getaffinity(0))[:2])
     out = subprocess.run(
         [sys.executable, "-c", script, str(path), str(tasks), sample_text(0, 50)],
-        env=env, capture_output=True, text=True, check=True, preexec_fn=lambda: os.sched_setaffinity(0, two),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, two),
     )
     return int(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to share")
 @pytest.mark.parametrize("tasks, threads", [(1, 2), (2, 0), (3, 0)])
-def test_tasks_times_tokenizer_threads_never_exceed_the_cores(tmp_path: Path, tasks: int, threads: int) -> None:
+def test_tasks_times_tokenizer_threads_never_exceed_the_cores(
+    tmp_path: Path, tasks: int, threads: int
+) -> None:
     """A task process on 2 cores runs the tokenizer's own pool of 2 threads when alone, and encodes on
     its calling thread (no pool thread at all) when 2 or more tasks run at once; threads are counted
     in /proc, the tokenizer's pool being the only source of new ones."""

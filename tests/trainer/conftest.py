@@ -23,7 +23,9 @@ def packed(tmp_path_factory) -> Path:
     return root
 
 
-def save_random_llama(folder: Path, vocab_size: int, *, tie: bool = False, dtype: torch.dtype = torch.float32) -> Path:
+def save_random_llama(
+    folder: Path, vocab_size: int, *, tie: bool = False, dtype: torch.dtype = torch.float32
+) -> Path:
     """A small random ``LlamaForCausalLM`` saved by transformers (``save_pretrained``) into ``folder``."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(

@@ -233,11 +233,15 @@ CUDA_BACKENDS = ["flash_attn_varlen", "torch_flash_varlen", "torch_efficient"]
     ("device", "backend"),
     [("cpu", "cpu_flash"), ("cpu", "math")]
     + [
-        pytest.param("cuda", b, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"))
+        pytest.param(
+            "cuda", b, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+        )
         for b in [*CUDA_BACKENDS, "math"]
     ],
 )
-def test_every_kernel_is_exact_on_strided_and_transposed_inputs(device: str, backend: str, layout: str) -> None:
+def test_every_kernel_is_exact_on_strided_and_transposed_inputs(
+    device: str, backend: str, layout: str
+) -> None:
     """Views whose head_dim is not contiguous once gave errors of about 2 with the CPU flash kernel."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     torch.manual_seed(1)
@@ -248,7 +252,8 @@ def test_every_kernel_is_exact_on_strided_and_transposed_inputs(device: str, bac
     except RuntimeError as err:  # a CUDA kernel this GPU or install cannot run
         pytest.skip(str(err))
     q, k, v, dout, window_out = (
-        _layouts(shape, dtype, device)[layout] for shape in ((rows, 8, 16), (cols, 2, 16), (cols, 2, 16), (rows, 8, 16), (rows, 8, 16))
+        _layouts(shape, dtype, device)[layout]
+        for shape in ((rows, 8, 16), (cols, 2, 16), (cols, 2, 16), (rows, 8, 16), (rows, 8, 16))
     )
     assert q.stride(-1) != 1 or layout == "heads_major"
     out, lse = block_forward(kernel, q, k, v, block, 0.3)

@@ -92,13 +92,21 @@ DAMAGE = {
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_a_damaged_newest_checkpoint_is_named_skipped_and_kept(
-    kind: str, three_steps: tuple[Path, list[float]], packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    kind: str,
+    three_steps: tuple[Path, list[float]],
+    packed: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     original, straight = three_steps
     output = copy_of(original, tmp_path)
     damage, reason = DAMAGE[kind]
     damage(checkpoint(output, 3))
-    damaged_files = {p.relative_to(checkpoint(output, 3)): p.read_bytes() for p in checkpoint(output, 3).rglob("*") if p.is_file()}
+    damaged_files = {
+        p.relative_to(checkpoint(output, 3)): p.read_bytes()
+        for p in checkpoint(output, 3).rglob("*")
+        if p.is_file()
+    }
     metrics = output / "train" / "metrics.jsonl"
     before = metrics.read_text().splitlines(keepends=True)
 
@@ -125,16 +133,25 @@ def test_no_intact_checkpoint_refuses_unless_restart(
     for step, damage in ((1, truncate), (2, drop_manifest), (3, flip)):
         damage(checkpoint(output, step))
     snapshot = {p: p.read_bytes() for p in output.rglob("*") if p.is_file()}
-    with pytest.raises(CheckpointError, match=r"no intact checkpoint in .*step_0000003 \(dcp/__0_0.distcp does not "
-                       r"match its checksum\); step_0000002 \(manifest.json is missing .*\); step_0000001 .*--restart"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"no intact checkpoint in .*step_0000003 \(dcp/__0_0.distcp does not "
+        r"match its checksum\); step_0000002 \(manifest.json is missing .*\); step_0000001 .*--restart",
+    ):
         run(config(packed, output))
-    assert {p: p.read_bytes() for p in output.rglob("*") if p.is_file()} == snapshot  # a refused run changes nothing
+    assert {
+        p: p.read_bytes() for p in output.rglob("*") if p.is_file()
+    } == snapshot  # a refused run changes nothing
 
     # The command line says so in one line, exit status 2.
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(config(packed, output)))
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(path)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and "no intact checkpoint" in done.stderr and "Traceback" not in done.stderr
     assert {p: p.read_bytes() for p in output.rglob("*") if p.is_file()} == snapshot
 
@@ -149,10 +166,12 @@ def test_no_intact_checkpoint_refuses_unless_restart(
         assert checkpoint(output, step).with_name(f"step_{step:07d}.damaged").is_dir()
 
 
-def test_restart_with_an_intact_checkpoint_is_refused(three_steps: tuple[Path, list[float]], packed: Path) -> None:
+def test_restart_with_an_intact_checkpoint_is_refused(
+    three_steps: tuple[Path, list[float]], packed: Path
+) -> None:
     original, _ = three_steps
     snapshot = {p: p.read_bytes() for p in original.rglob("*") if p.is_file()}
-    with pytest.raises(CheckpointError, match="--restart refused: .*step_0000003 is an intact checkpoint"):
+    with pytest.raises(CheckpointError, match=r"--restart refused: .*step_0000003 is an intact checkpoint"):
         run(config(packed, original), restart=True)
     assert {p: p.read_bytes() for p in original.rglob("*") if p.is_file()} == snapshot
 
@@ -161,7 +180,7 @@ def test_a_run_killed_while_saving_leaves_no_checkpoint_behind(
     three_steps: tuple[Path, list[float]], packed: Path, tmp_path: Path
 ) -> None:
     """A writer killed before the rename leaves only ``step_<N>.tmp``: never resumed from, removed."""
-    original, straight = three_steps
+    original, _straight = three_steps
     output = copy_of(original, tmp_path)
     checkpoint(output, 3).rename(checkpoint(output, 3).with_name("step_0000003.tmp"))
     resumed = run(config(packed, output, steps=4))
@@ -170,15 +189,24 @@ def test_a_run_killed_while_saving_leaves_no_checkpoint_behind(
 
 def test_shards_with_a_larger_vocabulary_than_the_model_are_refused(packed: Path, tmp_path: Path) -> None:
     small = save_random_llama(tmp_path / "small_vocab", 100)
-    with pytest.raises(ConfigError, match="use a vocabulary of 320 tokens but the model's embedding has 100 rows"):
+    with pytest.raises(
+        ConfigError, match="use a vocabulary of 320 tokens but the model's embedding has 100 rows"
+    ):
         run(config(packed, tmp_path / "out", model={"hf_path": str(small)}))
     assert not (tmp_path / "out").exists()
 
 
 def test_a_model_beyond_this_machines_memory_is_refused_on_the_cpu(packed: Path, tmp_path: Path) -> None:
     """No GPU: the estimate is checked against the machine's physical memory (here some 8 TB of states)."""
-    huge = {"tiny": {"hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 128,
-                     "num_attention_heads": 128, "num_key_value_heads": 8}}
+    huge = {
+        "tiny": {
+            "hidden_size": 16384,
+            "intermediate_size": 53248,
+            "num_hidden_layers": 128,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 8,
+        }
+    }
     with pytest.raises(ConfigError, match=r"does not fit this machine's memory: about .* per rank"):
         run(config(packed, tmp_path / "out", model=huge))
     assert not (tmp_path / "out").exists()
@@ -192,11 +220,17 @@ def test_the_cpu_ranks_of_one_machine_share_its_memory(monkeypatch) -> None:
     assert device_memory(torch.device("cpu")) == physical // 4
 
 
-def test_memory_beyond_the_device_is_refused_before_loading(packed: Path, tmp_path: Path, monkeypatch) -> None:
+def test_memory_beyond_the_device_is_refused_before_loading(
+    packed: Path, tmp_path: Path, monkeypatch
+) -> None:
     from longctx.trainer import train as train_module
 
     monkeypatch.setattr(train_module, "device_memory", lambda device: 1_000_000)
-    with pytest.raises(ConfigError, match=r"does not fit .*per rank \(weights, AdamW moments and gradients .*train.activation_checkpointing"):
+    with pytest.raises(
+        ConfigError,
+        match=r"does not fit .*per rank \(weights, AdamW moments and gradients "
+        r".*train.activation_checkpointing",
+    ):
         run(config(packed, tmp_path / "out"))
     assert not (tmp_path / "out").exists()
 
@@ -209,7 +243,9 @@ def test_export_opens_in_transformers_with_the_trained_logits(
     base = save_random_llama(tmp_path / "bf16_base", 320, dtype=torch.bfloat16)
     cfg = config(packed, tmp_path / "out", model={"hf_path": str(base)}, export={"dtype": "auto"})
     result = run(cfg)
-    assert json.loads((result.final_model / "config.json").read_text())["torch_dtype"] == "bfloat16"  # as the base
+    assert (
+        json.loads((result.final_model / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    )  # as the base
     cfg["train"]["export"] = {"dtype": dtype, "max_shard_size": "20KB"}
     folder = jobs.export(parse_config(cfg), 2)
     assert folder == tmp_path / "out" / "train" / "export" / "step_0000002"
@@ -234,7 +270,9 @@ def test_export_opens_in_transformers_with_the_trained_logits(
     ours.load_state_dict(trained)
     with torch.no_grad():
         theirs = hf(input_ids=ids).logits[0]
-        mine = ours.logits(ours(ids[0], torch.arange(64), torch.arange(64), torch.zeros(64, dtype=torch.long)))
+        mine = ours.logits(
+            ours(ids[0], torch.arange(64), torch.arange(64), torch.zeros(64, dtype=torch.long))
+        )
     error = (theirs - mine).abs().max().item()
     # bf16 storage rounds each weight to 8 significant bits (relative error <= 2^-9); through this model
     # that moves the logits by well under 1% of their range.

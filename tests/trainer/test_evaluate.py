@@ -32,8 +32,17 @@ VOCAB = 300
 def save_tiny_llama(path: Path, **config) -> Path:
     """A tiny random Llama saved by transformers (safetensors)."""
     torch.manual_seed(0)
-    settings = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=False)
+    settings = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
     LlamaForCausalLM(LlamaConfig(**{**settings, **config})).save_pretrained(path, safe_serialization=True)
     return path
 
@@ -56,8 +65,14 @@ def test_greedy_generation_with_kv_cache_matches_transformers(rope, tmp_path: Pa
     gen = torch.Generator().manual_seed(1)
     for n in (1, 7, 40, 150):
         prompt = torch.randint(0, VOCAB, (n,), generator=gen)
-        expected = theirs.generate(prompt[None], max_new_tokens=12, do_sample=False, min_new_tokens=12,
-                                   pad_token_id=0, eos_token_id=None)[0, n:].tolist()
+        expected = theirs.generate(
+            prompt[None],
+            max_new_tokens=12,
+            do_sample=False,
+            min_new_tokens=12,
+            pad_token_id=0,
+            eos_token_id=None,
+        )[0, n:].tolist()
         assert greedy_generate(ours, prompt.tolist(), 12, torch.device("cpu")) == expected, n
 
 
@@ -70,7 +85,10 @@ def test_kv_cache_logits_equal_a_full_forward(hf_checkpoint: Path) -> None:
     with torch.no_grad():
         full = model(ids, pos, pos, torch.zeros_like(pos))
         with cached_attention(model, 34) as cache:
-            parts = [model(ids[a:b], pos[a:b], pos[a:b], torch.zeros_like(pos[a:b])) for a, b in ((0, 30), (30, 31), (31, 34))]
+            parts = [
+                model(ids[a:b], pos[a:b], pos[a:b], torch.zeros_like(pos[a:b]))
+                for a, b in ((0, 30), (30, 31), (31, 34))
+            ]
             assert isinstance(cache, KVCache)
             with pytest.raises(ValueError, match="exceeds the cache capacity 34"):
                 model(ids[:1], torch.tensor([34]), torch.tensor([34]), torch.zeros(1, dtype=torch.long))
@@ -93,14 +111,19 @@ def test_loss_by_position_matches_per_document_reference(hf_checkpoint: Path) ->
     labels = torch.full((seq_len,), -100)
     for start, n in zip(cu[:-1].tolist(), lengths):
         labels[start : start + n - 1] = input_ids[start + 1 : start + n]
-    sample = {"input_ids": input_ids, "position_ids": position_ids, "cu_seqlens": cu, "labels": labels,
-              "loss_mask": labels != -100}
+    sample = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "cu_seqlens": cu,
+        "labels": labels,
+        "loss_mask": labels != -100,
+    }
     original = 64
     table = loss_by_position(ours, [sample], original, seq_len, torch.device("cpu"))
 
     edges = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256]  # powers of two up to seq_len, plus the original (64)
     assert [row["start"] for row in table] == edges[:-1]
-    sums, counts = {e: 0.0 for e in edges[:-1]}, {e: 0 for e in edges[:-1]}
+    sums, counts = dict.fromkeys(edges[:-1], 0.0), dict.fromkeys(edges[:-1], 0)
     with torch.no_grad():
         for doc in docs:
             logits = theirs(doc[None]).logits[0, :-1].double()
@@ -119,8 +142,13 @@ def test_loss_by_position_matches_per_document_reference(hf_checkpoint: Path) ->
 
 @pytest.mark.parametrize(
     "generated, answer, correct, settled",
-    [(" 1234567", "1234567", True, True), (" 123", "1234567", False, False), (" 129", "1234567", False, True),
-     ("", "1234567", False, False), ("1234567 and more", "1234567", True, True)],
+    [
+        (" 1234567", "1234567", True, True),
+        (" 123", "1234567", False, False),
+        (" 129", "1234567", False, True),
+        ("", "1234567", False, False),
+        ("1234567 and more", "1234567", True, True),
+    ],
 )
 def test_answer_scoring(generated: str, answer: str, correct: bool, settled: bool) -> None:
     assert score_answer(generated, answer) is correct
@@ -128,25 +156,72 @@ def test_answer_scoring(generated: str, answer: str, correct: bool, settled: boo
 
 
 def test_needle_grid_runs_on_a_hugging_face_checkpoint(hf_checkpoint: Path, tmp_path: Path) -> None:
-    words = "the quick brown fox jumps over a lazy dog while rivers run to the sea".split()
+    words = [
+        "the",
+        "quick",
+        "brown",
+        "fox",
+        "jumps",
+        "over",
+        "a",
+        "lazy",
+        "dog",
+        "while",
+        "rivers",
+        "run",
+        "to",
+        "the",
+        "sea",
+    ]
     gen = torch.Generator().manual_seed(3)
-    haystack = [". ".join(" ".join(words[i] for i in torch.randint(0, len(words), (9,), generator=gen).tolist())
-                          for _ in range(400)) + "."]
+    haystack = [
+        ". ".join(
+            " ".join(words[i] for i in torch.randint(0, len(words), (9,), generator=gen).tolist())
+            for _ in range(400)
+        )
+        + "."
+    ]
     tokenizer = train_bpe(haystack + ["Answer: 0123456789 key value"], VOCAB, tmp_path / "tok.json")
     model = hf_io.load_model(hf_checkpoint)
-    results = needle_grid(model, tokenizer, haystack, [384, 512], [0.0, 1.0], ["single_needle"], 0,
-                          torch.device("cpu"), max_new_tokens=4, samples=2)
+    results = needle_grid(
+        model,
+        tokenizer,
+        haystack,
+        [384, 512],
+        [0.0, 1.0],
+        ["single_needle"],
+        0,
+        torch.device("cpu"),
+        max_new_tokens=4,
+        samples=2,
+    )
     assert len(results) == 8
     assert {(r.context_tokens, r.depth, r.sample) for r in results} == {
-        (n, d, s) for n in (384, 512) for d in (0.0, 1.0) for s in (0, 1)}
+        (n, d, s) for n in (384, 512) for d in (0.0, 1.0) for s in (0, 1)
+    }
     # each sample hides its own needle; the same seed gives the same needles again
     assert len({r.answer for r in results if r.context_tokens == 384 and r.depth == 0.0}) == 2
-    again = needle_grid(model, tokenizer, haystack, [384], [0.0], ["single_needle"], 0, torch.device("cpu"),
-                        max_new_tokens=4, samples=2)
-    assert [r.answer for r in again] == [r.answer for r in results if r.context_tokens == 384 and r.depth == 0.0]
+    again = needle_grid(
+        model,
+        tokenizer,
+        haystack,
+        [384],
+        [0.0],
+        ["single_needle"],
+        0,
+        torch.device("cpu"),
+        max_new_tokens=4,
+        samples=2,
+    )
+    assert [r.answer for r in again] == [
+        r.answer for r in results if r.context_tokens == 384 and r.depth == 0.0
+    ]
     assert all(r.correct == score_answer(r.generated, r.answer) for r in results)
     plot_needle_heatmap({"a": results, "b": results[:4]}, tmp_path / "needle.png")
-    table = [{"start": 0, "end": 1, "tokens": 1, "mean_loss": 2.0}, {"start": 1, "end": 2, "tokens": 1, "mean_loss": 1.0}]
+    table = [
+        {"start": 0, "end": 1, "tokens": 1, "mean_loss": 2.0},
+        {"start": 1, "end": 2, "tokens": 1, "mean_loss": 1.0},
+    ]
     plot_loss_by_position({"a": table, "b": table}, 1, tmp_path / "loss.png")
     assert (tmp_path / "needle.png").stat().st_size > 5000 and (tmp_path / "loss.png").stat().st_size > 5000
     json.dumps([r.__dict__ for r in results])

@@ -32,9 +32,20 @@ def write_config(root: Path, output: Path, **train: object) -> Path:
 
 def start(config: Path, *extra: str, nproc: int = 2) -> subprocess.Popen:
     """The launcher in a process group of its own (as a shell starts a job)."""
-    cmd = [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", str(nproc), *extra]
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            process_group=0)
+    cmd = [
+        sys.executable,
+        "-m",
+        "longctx.cli",
+        "train",
+        "--config",
+        str(config),
+        "--nproc",
+        str(nproc),
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0
+    )
 
 
 def ranks_of(launcher: int) -> list[int]:
@@ -68,7 +79,11 @@ def running_job(shards: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     proc = start(write_config(shards, output, steps=100_000, checkpoint={"every": 100_000, "keep": 1}))
     metrics = output / "train" / "metrics.jsonl"
     try:
-        wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0 or proc.poll() is not None, 240, "training")
+        wait_until(
+            lambda: (metrics.exists() and metrics.stat().st_size > 0) or proc.poll() is not None,
+            240,
+            "training",
+        )
     except AssertionError:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
@@ -79,7 +94,7 @@ def running_job(shards: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill_group", "sigkill_launcher", "sigterm_launcher"])
-def test_killing_the_launcher_leaves_no_rank_training(shards_root: Path, tmp_path: Path, how: str) -> None:  # noqa: F811
+def test_killing_the_launcher_leaves_no_rank_training(shards_root: Path, tmp_path: Path, how: str) -> None:
     proc, output = running_job(shards_root, tmp_path)
     ranks = ranks_of(proc.pid)
     if how == "sigkill_group":
@@ -89,8 +104,11 @@ def test_killing_the_launcher_leaves_no_rank_training(shards_root: Path, tmp_pat
     else:
         os.kill(proc.pid, signal.SIGTERM)
     proc.communicate(timeout=60)
-    wait_until(lambda: not any(Path(f"/proc/{r}").exists() and r in ranks_of(proc.pid) for r in ranks), 10,
-               f"ranks {ranks} to stop")
+    wait_until(
+        lambda: not any(Path(f"/proc/{r}").exists() and r in ranks_of(proc.pid) for r in ranks),
+        10,
+        f"ranks {ranks} to stop",
+    )
     if how == "sigterm_launcher":
         assert proc.returncode == 128 + signal.SIGTERM
         assert not (output / "train" / ".lock").exists() and not (output / "train" / ".job").exists()
@@ -106,17 +124,33 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path: Path) -> None:
     with run_lock(train_dir) as path:
         owner = json.loads(path.read_text())
         assert owner["pid"] == os.getpid() and owner["host"]
-        with pytest.raises(RunLockedError, match=rf"{path}: another longctx train is running on this output \(pid {os.getpid()} on host"):
-            with run_lock(train_dir):
-                pass
+        with (
+            pytest.raises(
+                RunLockedError,
+                match=rf"{path}: another longctx train is running on this output \(pid {os.getpid()} on host",
+            ),
+            run_lock(train_dir),
+        ):
+            pass
         other = subprocess.run(  # another process is refused the same way, before it touches anything
-            [sys.executable, "-c", f"from longctx.trainer.runlock import run_lock\nwith run_lock(__import__('pathlib').Path({str(train_dir)!r})): pass"],
-            capture_output=True, text=True, env=ENV, timeout=60)
+            [
+                sys.executable,
+                "-c",
+                "from longctx.trainer.runlock import run_lock\n"
+                f"with run_lock(__import__('pathlib').Path({str(train_dir)!r})): pass",
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=60,
+        )
         assert other.returncode != 0 and "RunLockedError" in other.stderr
     assert not path.exists() and not train_dir.exists()  # the folder it created, removed when empty
 
 
-def test_a_stale_lock_is_taken_over_and_a_foreign_one_is_not(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_stale_lock_is_taken_over_and_a_foreign_one_is_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     train_dir = tmp_path / "train"
     train_dir.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -126,18 +160,33 @@ def test_a_stale_lock_is_taken_over_and_a_foreign_one_is_not(tmp_path: Path, cap
         pass
     assert f"taking over the stale lock {train_dir / '.lock'} of pid {dead.pid}" in capsys.readouterr().err
     (train_dir / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "since": 0}))
-    with pytest.raises(RunLockedError, match="held by a run on another host .*delete the file"):
-        with run_lock(train_dir):
-            pass
+    with (
+        pytest.raises(RunLockedError, match=r"held by a run on another host .*delete the file"),
+        run_lock(train_dir),
+    ):
+        pass
 
 
 @pytest.mark.slow
-def test_a_second_launcher_is_refused_while_one_trains(shards_root: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_a_second_launcher_is_refused_while_one_trains(shards_root: Path, tmp_path: Path) -> None:
     proc, output = running_job(shards_root, tmp_path)
     try:
         second = subprocess.run(
-            [sys.executable, "-m", "longctx.cli", "train", "--config", str(tmp_path / "run.yaml"), "--nproc", "2"],
-            capture_output=True, text=True, env=ENV, timeout=120)
+            [
+                sys.executable,
+                "-m",
+                "longctx.cli",
+                "train",
+                "--config",
+                str(tmp_path / "run.yaml"),
+                "--nproc",
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
         assert second.returncode == 2
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(
@@ -159,7 +208,7 @@ def damage_ids(folder: Path, value: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["flipped_bytes", "id_beyond_vocabulary"])
-def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path: Path, damage: str) -> None:  # noqa: F811
+def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path: Path, damage: str) -> None:
     import shutil
 
     folder = tmp_path / "shards"
@@ -176,8 +225,13 @@ def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path:
         expected = "input_ids: token 5 has id 1000000, outside the vocabulary"
     output = tmp_path / "run"
     config = write_config(shards_root, output, shards=str(folder), steps=50)
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
-                          capture_output=True, text=True, env=ENV, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "gloo" not in done.stderr.lower(), done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("longctx train:")]
@@ -185,31 +239,50 @@ def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path:
     assert not (output / "train" / ".lock").exists() and not (output / "train" / ".job").exists()
 
 
-def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(shards_root: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(
+    shards_root: Path, tmp_path: Path
+) -> None:
     config = write_config(shards_root, tmp_path / "run", cp=3)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "3"],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "3"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        f"longctx train: train.cp = 3: the shards' seq_len {SEQ_LEN} ({shards_root / 'shards' / f'seq{SEQ_LEN}'}) "
-        f"is not divisible by 2 x train.cp = 6 (zigzag context parallelism gives each rank two chunks of every "
-        f"window); choose a cp that divides {SEQ_LEN // 2}, or pack windows of a length divisible by 6"
+        f"longctx train: train.cp = 3: the shards' seq_len {SEQ_LEN} "
+        f"({shards_root / 'shards' / f'seq{SEQ_LEN}'}) is not divisible by 2 x train.cp = 6 (zigzag context "
+        f"parallelism gives each rank two chunks of every window); choose a cp that divides {SEQ_LEN // 2}, "
+        "or pack windows of a length divisible by 6"
     )
     assert not (tmp_path / "run").exists()  # a refused run changes nothing
     assert time.monotonic() - started < 60
 
 
-def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_path: Path) -> None:
     for scaling, message in [
         ({"rope_type": "yarm", "factor": 4.0}, "unknown rope_type 'yarm' (did you mean 'yarn'?)"),
-        ({"rope_type": "yarn", "factr": 4.0}, "rope_type 'yarn' takes no key 'factr' (did you mean 'factor'?)"),
-        ({"rope_type": "llama3", "factor": 8.0}, "rope_type 'llama3' requires low_freq_factor, high_freq_factor"),
+        (
+            {"rope_type": "yarn", "factr": 4.0},
+            "rope_type 'yarn' takes no key 'factr' (did you mean 'factor'?)",
+        ),
+        (
+            {"rope_type": "llama3", "factor": 8.0},
+            "rope_type 'llama3' requires low_freq_factor, high_freq_factor",
+        ),
         ({"rope_type": "linear", "factor": "two"}, "factor must be a positive number, got 'two'"),
     ]:
         config = write_config(shards_root, tmp_path / "run", model={"rope_scaling": scaling})
-        done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
-                              capture_output=True, text=True, env=ENV, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert "train.model.rope_scaling: " + message in done.stderr, done.stderr
         assert not (tmp_path / "run").exists()
@@ -237,8 +310,13 @@ def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(t
         "import sys; from pathlib import Path; from longctx.trainer.launch import launch; "
         "sys.exit(launch(2, 'partial_rank', [], Path(sys.argv[1]), env={'PYTHONPATH': sys.argv[2]}))"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "job"), str(tmp_path)],
-                          env=ENV, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "job"), str(tmp_path)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "train:  4%| 2/50\n" in done.stderr
     assert [line for line in done.stderr.splitlines() if "damaged shard" in line] == [

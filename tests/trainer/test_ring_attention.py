@@ -115,7 +115,10 @@ def run_ring(
     rank = 0 if group is None else dist.get_rank(group)
     rows = zigzag_rows(SEQ_LEN, world, rank)
     plan = build_ring_plan(
-        rows.to(device), segments[rows].to(device), group=group, skip_empty_blocks=skip_empty_blocks,
+        rows.to(device),
+        segments[rows].to(device),
+        group=group,
+        skip_empty_blocks=skip_empty_blocks,
         tile_blocks=tile_blocks,
     )
     q, k, v, grad = (x[rows].to(device, dtype) for x in inputs)
@@ -210,7 +213,12 @@ def _check_fixed_layouts(rank: int, world: int, device: str) -> None:
     # So must the baselines of the benchmark: every pair sent (still tiled), and every pair computed whole.
     for tile_blocks in (True, False):
         results, stats = run_ring(
-            group, segment_ids(lengths), torch.float32, inputs, device=device, skip_empty_blocks=False,
+            group,
+            segment_ids(lengths),
+            torch.float32,
+            inputs,
+            device=device,
+            skip_empty_blocks=False,
             tile_blocks=tile_blocks,
         )
         assert stats.compute_fraction == 1.0 and stats.kv_sends == stats.kv_sends_dense

@@ -35,7 +35,6 @@ from tests.trainer.test_train import SEQ_LEN, train_config
 transformers = pytest.importorskip("transformers")
 
 
-
 @pytest.fixture
 def config(packed: Path, base_llama: Path):
     """A run config over the packed windows, training the random Llama saved by transformers."""
@@ -80,7 +79,11 @@ def spawn(world: int, runs: list[tuple[str, dict]], tmp: Path) -> list[dict[str,
     out.mkdir()
     # fork: the ranks inherit this process's imports (torch, transformers), which are most of their start-up
     mp.start_processes(
-        _worker, args=(world, str(tmp / f"store{world}"), runs, str(out)), nprocs=world, join=True, start_method="fork"
+        _worker,
+        args=(world, str(tmp / f"store{world}"), runs, str(out)),
+        nprocs=world,
+        join=True,
+        start_method="fork",
     )
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
@@ -99,13 +102,21 @@ def assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tens
 
 @pytest.mark.slow
 def test_sharded_layouts_resume_and_export_equal_one_process(config, packed: Path, tmp_path: Path) -> None:
-    # The reference, in this process: no mesh, no sharding, 4 rows accumulated per step, checkpoints at 3 and 6.
+    # The reference, in this process: no mesh, no sharding, 4 rows accumulated per step,
+    # checkpoints at 3 and 6.
     reference = jobs.train(parse_config(config(tmp_path / "ref", steps=6)), progress=False)
-    layouts = {"dp2_cp2": {"cp": 2}, "dp4": {"cp": 1}, "cp4": {"cp": 4}, "hsdp2_cp2": {"cp": 2, "dp_replicate": 2}}
+    layouts = {
+        "dp2_cp2": {"cp": 2},
+        "dp4": {"cp": 1},
+        "cp4": {"cp": 4},
+        "hsdp2_cp2": {"cp": 2, "dp_replicate": 2},
+    }
     # DP 2 x CP 2 runs 6 steps (and is resumed below); the other layouts 3 (a constant learning rate
     # makes their first 3 steps those of a 6-step run).
-    runs = [(name, config(tmp_path / name, steps=6 if name == "dp2_cp2" else 3, **mesh))
-            for name, mesh in layouts.items()]
+    runs = [
+        (name, config(tmp_path / name, steps=6 if name == "dp2_cp2" else 3, **mesh))
+        for name, mesh in layouts.items()
+    ]
     ranks = spawn(4, runs, tmp_path)
 
     at_step_3 = weights(tmp_path / "ref", 3)
@@ -127,7 +138,9 @@ def test_sharded_layouts_resume_and_export_equal_one_process(config, packed: Pat
     checkpoints = resumed / "train" / "checkpoints"
     shard = checkpoints / "step_0000006" / "dcp" / "__3_0.distcp"
     data = bytearray(shard.read_bytes())
-    data[len(data) // 2 : len(data) // 2 + 16] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 16])
+    data[len(data) // 2 : len(data) // 2 + 16] = bytes(
+        b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 16]
+    )
     shard.write_bytes(bytes(data))
     shutil.rmtree(resumed / "train" / "final")
     again = spawn(2, [("resumed", config(resumed, cp=2, steps=6))], tmp_path)
@@ -144,13 +157,17 @@ def test_sharded_layouts_resume_and_export_equal_one_process(config, packed: Pat
     ids = torch.randint(0, ours.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         theirs = hf(input_ids=ids).logits[0]
-        mine = ours.logits(ours(ids[0], torch.arange(200), torch.arange(200), torch.zeros(200, dtype=torch.long)))
+        mine = ours.logits(
+            ours(ids[0], torch.arange(200), torch.arange(200), torch.zeros(200, dtype=torch.long))
+        )
     assert (theirs - mine).abs().max().item() <= 1e-5
     assert hf.config.max_position_embeddings == SEQ_LEN
     tokenizer = transformers.AutoTokenizer.from_pretrained(final)
     text = "Long documents, packed."
     from tokenizers import Tokenizer
 
-    assert tokenizer(text, add_special_tokens=False)["input_ids"] == Tokenizer.from_file(
-        str(packed / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert (
+        tokenizer(text, add_special_tokens=False)["input_ids"]
+        == Tokenizer.from_file(str(packed / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    )
     assert tokenizer.eos_token is not None and tokenizer.model_max_length == SEQ_LEN

@@ -55,7 +55,14 @@ def run_config(root: Path, output: Path, **train: Any) -> dict[str, Any]:
         "optim": {"lr": 3e-3, "warmup_steps": 1},
         "coverage": {"required_position": 200},
         "checkpoint": {"every": 2, "keep": 3},
-        "model": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}},
+        "model": {
+            "tiny": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+            }
+        },
         # the README's tracking section, logging every step
         "log": {**readme_log_section(), "every": 1},
     }
@@ -122,7 +129,10 @@ def wandb_run(run_dir: Path) -> tuple[str, dict[int, dict[str, float]], dict[str
     for record in wandb_records(log):
         kind = record.WhichOneof("record_type")
         if kind == "history":
-            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            items = {
+                item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in record.history.item
+            }
             history[items.pop("_step")] = {k: v for k, v in items.items() if not k.startswith("_")}
         elif kind == "run":
             config.update({item.key: json.loads(item.value_json) for item in record.run.config.update})
@@ -144,7 +154,9 @@ def child_processes() -> list[str]:
     return children
 
 
-def assert_tracked(records: list[dict[str, Any]], tb: dict[str, dict[int, float]], wb: dict[int, dict[str, float]]) -> None:
+def assert_tracked(
+    records: list[dict[str, Any]], tb: dict[str, dict[int, float]], wb: dict[int, dict[str, float]]
+) -> None:
     """Every number of every JSONL record is in TensorBoard (float32) and W&B (exact) at its step."""
     import numpy as np
 
@@ -160,8 +172,19 @@ def assert_tracked(records: list[dict[str, Any]], tb: dict[str, dict[int, float]
 
 
 def test_scalars_are_the_numbers_of_a_record() -> None:
-    record = {"step": 3, "loss": 2.5, "mfu": None, "lr": 1e-3, "loss_by_position": {"0": 3.0, "128": None, "64": 2}}
-    assert scalars(record) == {"train/loss": 2.5, "train/lr": 1e-3, "loss_by_position/0": 3.0, "loss_by_position/64": 2.0}
+    record = {
+        "step": 3,
+        "loss": 2.5,
+        "mfu": None,
+        "lr": 1e-3,
+        "loss_by_position": {"0": 3.0, "128": None, "64": 2},
+    }
+    assert scalars(record) == {
+        "train/loss": 2.5,
+        "train/lr": 1e-3,
+        "loss_by_position/0": 3.0,
+        "loss_by_position/64": 2.0,
+    }
 
 
 @pytest.mark.slow
@@ -221,13 +244,17 @@ def test_a_missing_extra_is_a_config_error_naming_the_key(shards_root: Path, tmp
     ):
         path = tmp_path / f"{extra}.yaml"
         path.write_text(yaml.safe_dump(run_config(shards_root, tmp_path / extra, log=log)))
-        done = subprocess.run([sys.executable, "-c", blocker, "train", "--config", str(path)],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-c", blocker, "train", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 2, done.stderr
         assert key in done.stderr and f"pip install 'longctx[{extra}]'" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
         assert not (tmp_path / extra).exists()
-    with pytest.raises(ConfigError, match="train.log.wandb.project"):
+    with pytest.raises(ConfigError, match=r"train\.log\.wandb\.project"):
         parse_config(run_config(shards_root, tmp_path / "x", log={"wandb": {"mode": "offline"}}))
-    with pytest.raises(ConfigError, match="train.log_every: unknown key"):
+    with pytest.raises(ConfigError, match=r"train\.log_every: unknown key"):
         parse_config(run_config(shards_root, tmp_path / "x", log_every=5))

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -43,10 +44,19 @@ ROPES = {
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "ntk": {"rope_type": "ntk", "factor": 4.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64},
-    "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.0],
-                 "original_max_position_embeddings": 64},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 4.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 8,
+        "long_factor": [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.0],
+        "original_max_position_embeddings": 64,
+    },
 }
 
 
@@ -76,10 +86,12 @@ def tiny_model(vocab: int, rope: dict, attention=None, seed: int = 0) -> Transfo
 
 def segments(sample: dict[str, torch.Tensor]) -> list[tuple[int, int]]:
     cu = sample["cu_seqlens"].tolist()
-    return list(zip(cu[:-1], cu[1:]))
+    return list(itertools.pairwise(cu))
 
 
-def packed_loss_and_grads(model: Transformer, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def packed_loss_and_grads(
+    model: Transformer, sample: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     model.zero_grad()
     shard = zigzag_split(sample, 1, 0)
     labels = torch.where(shard.loss_mask, shard.labels, -100)
@@ -124,11 +136,15 @@ def _cp_worker(rank: int, world: int, store: str, root: str, out: str) -> None:
     sample = busiest_row(Path(root))
     results = {}
     for name, rope in ROPES.items():
-        model = tiny_model(int(sample["input_ids"].max()) + 1, rope, attention=RingAttention(dist.group.WORLD))
+        model = tiny_model(
+            int(sample["input_ids"].max()) + 1, rope, attention=RingAttention(dist.group.WORLD)
+        )
         shard = zigzag_split(sample, world, rank)
         count = float(sample["loss_mask"].sum())
         labels = torch.where(shard.loss_mask, shard.labels, -100)
-        hidden = model(shard.input_ids, shard.position_ids, shard.indices, shard.segment_ids, rope_seq_len=SEQ_LEN)
+        hidden = model(
+            shard.input_ids, shard.position_ids, shard.indices, shard.segment_ids, rope_seq_len=SEQ_LEN
+        )
         loss = model.cross_entropy_sum(hidden, labels) / count
         loss.backward()
         flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -164,7 +180,14 @@ def train_config(root: Path, output: Path, **train) -> dict:
         "coverage": {"required_position": 200},
         "checkpoint": {"every": 3, "keep": 2},
         "log": {"every": 1},
-        "model": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}},
+        "model": {
+            "tiny": {
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+            }
+        },
     }
     settings.update(train)
     return {
@@ -184,9 +207,15 @@ def test_overfitting_a_tiny_batch_drives_the_loss_down(shards_root: Path, tmp_pa
     write_curated(root, {"books": [text]}, load_tokenizer(root / "tokenizer.json"))
     manifests = jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
     assert 2 <= manifests[SEQ_LEN].rows <= 4
-    cfg = train_config(root, root, steps=60, optim={"lr": 1e-2, "warmup_steps": 2, "min_lr_ratio": 1.0},
-                       checkpoint={"every": 100, "keep": 1}, global_batch_rows=2,
-                       model={"tiny": {"hidden_size": 64, "intermediate_size": 128}})
+    cfg = train_config(
+        root,
+        root,
+        steps=60,
+        optim={"lr": 1e-2, "warmup_steps": 2, "min_lr_ratio": 1.0},
+        checkpoint={"every": 100, "keep": 1},
+        global_batch_rows=2,
+        model={"tiny": {"hidden_size": 64, "intermediate_size": 128}},
+    )
     cfg["train"]["shards"] = str(root / "shards" / f"seq{SEQ_LEN}")
     result = jobs.train(parse_config(cfg), progress=False)
     assert result.losses[-1] < 0.5 * result.losses[0], result.losses
@@ -210,7 +239,9 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
     assert resumed_weights.keys() == straight_weights.keys()
     for name, value in straight_weights.items():
         torch.testing.assert_close(resumed_weights[name], value, rtol=0, atol=1e-6)
-    logged = [json.loads(line) for line in (tmp_path / "run" / "train" / "metrics.jsonl").read_text().splitlines()]
+    logged = [
+        json.loads(line) for line in (tmp_path / "run" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
     assert [r["loss"] for r in logged] == straight.losses[:3] + resumed.losses
     assert (tmp_path / "run" / "train" / "final" / "config.json").is_file()
@@ -219,15 +250,24 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
 def test_resume_into_a_changed_run_is_refused(shards_root: Path, tmp_path: Path) -> None:
     jobs.train(parse_config(train_config(shards_root, tmp_path / "run", steps=3)), progress=False)
     changed = train_config(shards_root, tmp_path / "run", steps=6, global_batch_rows=2)
-    with pytest.raises(ConfigError, match="cannot resume .*global_batch_rows"):
+    with pytest.raises(ConfigError, match=r"cannot resume .*global_batch_rows"):
         jobs.train(parse_config(changed), progress=False)
 
 
 def test_metrics_record_what_the_issue_asks_for(shards_root: Path, tmp_path: Path) -> None:
     jobs.train(parse_config(train_config(shards_root, tmp_path / "m", steps=2)), progress=False)
     record = json.loads((tmp_path / "m" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "comm_fraction", "max_position", "loss_by_position",
-                "attention_score_fraction"):
+    for key in (
+        "loss",
+        "lr",
+        "grad_norm",
+        "tokens_per_s",
+        "mfu",
+        "comm_fraction",
+        "max_position",
+        "loss_by_position",
+        "attention_score_fraction",
+    ):
         assert key in record
     assert 0 < record["attention_score_fraction"] <= 1  # one process: one block pair, no ring to skip
     assert record["max_position"] >= 128
@@ -237,13 +277,19 @@ def test_metrics_record_what_the_issue_asks_for(shards_root: Path, tmp_path: Pat
 
 def test_shards_that_never_reach_the_required_position_are_refused(shards_root: Path, tmp_path: Path) -> None:
     cfg = train_config(shards_root, tmp_path / "refused", coverage={"required_position": 5000})
-    with pytest.raises(CoverageError, match="largest position is .* below the required 5000"):
+    with pytest.raises(CoverageError, match=r"largest position is .* below the required 5000"):
         jobs.train(parse_config(cfg), progress=False)
     path = tmp_path / "refused.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(path)],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "below the required 5000" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2 and "below the required 5000" in done.stderr and "Traceback" not in done.stderr
+    )
     assert not (tmp_path / "refused" / "train" / "checkpoints").exists()
 
 
@@ -265,29 +311,42 @@ def test_tracker_aborts_after_steps_without_long_positions() -> None:
 
 
 def test_config_errors_for_train(tmp_path: Path, shards_root: Path) -> None:
-    with pytest.raises(ConfigError, match="train.optim.lrr: unknown key"):
+    with pytest.raises(ConfigError, match=r"train\.optim\.lrr: unknown key"):
         parse_config(train_config(shards_root, tmp_path, optim={"lrr": 1}))
     cfg = parse_config(train_config(shards_root, tmp_path / "x", cp=3))
-    with pytest.raises(ConfigError, match="train.cp = 3 must divide the number of processes"):
+    with pytest.raises(ConfigError, match=r"train\.cp = 3 must divide the number of processes"):
         jobs.train(cfg, progress=False)
 
 
 @pytest.mark.slow
-def test_two_rank_context_parallel_run_matches_one_process_and_learns(shards_root: Path, tmp_path: Path) -> None:
+def test_two_rank_context_parallel_run_matches_one_process_and_learns(
+    shards_root: Path, tmp_path: Path
+) -> None:
     """`longctx train --nproc 2` with cp=2 (ring attention over gloo) on CPU: same losses as one
     process to 1e-5, and the loss falls."""
     cfg = train_config(shards_root, tmp_path / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 1})
     path = tmp_path / "cp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"],
-                          capture_output=True, text=True, timeout=900, env=env)  # a hang guard
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )  # a hang guard
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "cp2" / "train" / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "cp2" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
     cp2 = [r["loss"] for r in records]
     assert all(0 < r["attention_score_fraction"] < 1 for r in records)  # the zigzag ring skips masked scores
-    single = jobs.train(parse_config(train_config(shards_root, tmp_path / "cp1", cp=1, steps=8,
-                                             checkpoint={"every": 4, "keep": 1})), progress=False).losses
+    single = jobs.train(
+        parse_config(
+            train_config(shards_root, tmp_path / "cp1", cp=1, steps=8, checkpoint={"every": 4, "keep": 1})
+        ),
+        progress=False,
+    ).losses
     assert len(cp2) == 8
     for a, b in zip(cp2, single):
         assert abs(a - b) <= 1e-5 * abs(b), (cp2, single)
@@ -295,19 +354,31 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(shards_roo
 
 
 @pytest.mark.slow
-def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(shards_root: Path, tmp_path: Path) -> None:
+def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(
+    shards_root: Path, tmp_path: Path
+) -> None:
     """World 2 with cp=1 (data parallel): rank r takes rows r, r+2, ...; one process with
     global_batch_rows=2 takes the same two rows per step. The global-token loss makes them equal."""
     cfg = train_config(shards_root, tmp_path / "dp2", cp=1, steps=4)
     path = tmp_path / "dp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    done = subprocess.run([sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    dp2 = [json.loads(line)["loss"] for line in (tmp_path / "dp2" / "train" / "metrics.jsonl").read_text().splitlines()]
-    single = jobs.train(parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, global_batch_rows=2)),
-                   progress=False).losses
+    dp2 = [
+        json.loads(line)["loss"]
+        for line in (tmp_path / "dp2" / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
+    single = jobs.train(
+        parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, global_batch_rows=2)),
+        progress=False,
+    ).losses
     assert len(dp2) == 4
     for a, b in zip(dp2, single):
         assert abs(a - b) <= 1e-5 * abs(b), (dp2, single)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:  # noqa: F811
+def run(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A run packed and published to a bucket by ``longctx pack --publish``: ``(run folder, bucket URL)``."""
     root = tmp_path_factory.mktemp("s3_train")
     make_run(root)
@@ -38,13 +38,17 @@ def run(s3: S3, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:  
     return root, bucket
 
 
-def test_training_from_s3_equals_training_from_local_shards(run, s3: S3, tmp_path: Path) -> None:  # noqa: F811
+def test_training_from_s3_equals_training_from_local_shards(run, s3: S3, tmp_path: Path) -> None:
     """``longctx train --shards s3://...`` logs the same losses as training on the local shards."""
     root, bucket = run
     local = jobs.train(parse_config(train_config(root, tmp_path / "local", steps=4)), progress=False)
     url = f"{bucket}/run/shards/seq{SEQ_LEN}"
     cfg = train_config(
-        root, tmp_path / "remote", steps=4, storage_options=s3.storage_options, export={"output": f"{bucket}/trained"}
+        root,
+        tmp_path / "remote",
+        steps=4,
+        storage_options=s3.storage_options,
+        export={"output": f"{bucket}/trained"},
     )
     (tmp_path / "remote.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["train", "--config", str(tmp_path / "remote.yaml"), "--shards", url]) == 0
@@ -52,18 +56,25 @@ def test_training_from_s3_equals_training_from_local_shards(run, s3: S3, tmp_pat
     assert [json.loads(line)["loss"] for line in metrics] == local.losses and len(local.losses) == 4
     # the shards were read from the documented cache under the output folder
     cached = cache_folder(url, RunLayout(tmp_path / "remote").cache)
-    assert sorted(p.name for p in cached.iterdir()) == sorted(p.name for p in (root / "shards" / f"seq{SEQ_LEN}").iterdir())
+    assert sorted(p.name for p in cached.iterdir()) == sorted(
+        p.name for p in (root / "shards" / f"seq{SEQ_LEN}").iterdir()
+    )
     # the trained model was published whole: the same files as the local final/ folder
     final = tmp_path / "remote" / "train" / "final"
     fs = s3.fs()
     prefix = f"{bucket.removeprefix('s3://')}/trained/final"
     published = {p[len(prefix) + 1 :]: fs.cat_file(p) for p in fs.find(prefix)}
-    assert published == {p.relative_to(final).as_posix(): p.read_bytes() for p in final.rglob("*") if p.is_file()}
+    assert published == {
+        p.relative_to(final).as_posix(): p.read_bytes() for p in final.rglob("*") if p.is_file()
+    }
     assert "config.json" in published
 
 
 def test_a_missing_remote_shard_folder_is_refused_before_training(
-    run, s3: S3, tmp_path: Path, capsys: pytest.CaptureFixture  # noqa: F811
+    run,
+    s3: S3,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     """One line naming the URL, exit 2, and nothing written."""
     root, bucket = run

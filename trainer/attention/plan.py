@@ -193,7 +193,8 @@ def build_ring_plan(
     group of size 1 plans a local call. Two independent savings, each can be turned off for baselines
     (benchmarks, debugging): ``skip_empty_blocks=False`` sends and computes every block pair, even one
     where no query sees any key; ``tile_blocks=False`` computes each computed block whole (no trimming
-    to the rectangle of allowed entries, no tiles), so dense-mask kernels also compute its masked part. Collective: every rank of ``group`` must call it.
+    to the rectangle of allowed entries, no tiles), so dense-mask kernels also compute its masked part.
+    Collective: every rank of ``group`` must call it.
     """
     kv_index = q_index if kv_index is None else kv_index
     kv_segment = q_segment if kv_segment is None else kv_segment
