@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
 from longctx.core.remote import is_remote
+from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.trainer.rope_keys import check_rope_scaling
 
 
@@ -246,8 +247,10 @@ class NeedleEvalConfig(StrictModel):
 
     lengths: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048])
     depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
-        default_factory=lambda: ["single_needle"]
+    kinds: list[TaskKind] = Field(
+        default_factory=lambda: ["single_needle"],
+        description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
+        "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
     )
     seed: int = 0
     samples: int = Field(
