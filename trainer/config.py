@@ -266,6 +266,42 @@ class NeedleEvalConfig(StrictModel):
         return value
 
 
+class EffectiveLengthConfig(StrictModel):
+    """Effective context length (``longctx.trainer.effective``): the largest needle-grid length whose
+    score (the mean over task kinds of each kind's mean over depths and samples) clears a bar.
+
+    ``threshold``: a fixed bar in [0, 1]; null (the default) measures it: the ``eval.baseline``
+    model's score at ``baseline_length`` (default ``context.original``), RULER's short-context
+    baseline made per model; that length is then part of the grid. A score equal to the bar passes;
+    a score of 0 never does.
+    """
+
+    threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="a fixed bar; null: the baseline model's score at baseline_length",
+    )
+    baseline_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="where the baseline model's score is measured; default context.original",
+    )
+
+
+class ShortContextConfig(StrictModel):
+    """The short-context guard (``longctx.trainer.short_context``): each model's mean next-token loss
+    on ``windows`` windows of ``length`` tokens (default ``context.original``) cut from the curated
+    documents of ``source``, and its ratio to the ``eval.baseline`` model's. Windows start at
+    multiples of ``length`` in their document (a shorter document is one window) and are drawn by
+    ``seed``; documents that training windows hold can be left out so the windows are held out."""
+
+    source: str = Field(default="anchor", min_length=1, description="a curated source (documents/<source>)")
+    length: int | None = Field(default=None, gt=1, description="tokens per window; default context.original")
+    windows: int = Field(default=16, gt=0)
+    seed: int = 0
+
+
 MODEL_KEYWORDS = ("base", "trained")
 
 
@@ -301,6 +337,16 @@ class EvalConfig(StrictModel):
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
+    baseline: str = Field(
+        default="base",
+        min_length=1,
+        description="the model the others are measured against (a label of eval.models): its needle "
+        "score is the effective-length bar and its short-window loss the guard's denominator",
+    )
+    effective: EffectiveLengthConfig = Field(default_factory=EffectiveLengthConfig)
+    short_context: ShortContextConfig | None = Field(
+        default=None, description="the short-context guard; null: not measured"
+    )
 
     @field_validator("shards", mode="before")
     @classmethod
