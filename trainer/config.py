@@ -256,7 +256,12 @@ class NeedleEvalConfig(StrictModel):
     samples: int = Field(
         default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
     )
-    max_new_tokens: int = Field(default=16, gt=0)
+    max_new_tokens: int = Field(
+        default=16,
+        gt=0,
+        description="tokens generated per answer; the recall-scored kinds get at least their answer's "
+        "tokens plus 8",
+    )
 
     @field_validator("depths")
     @classmethod
@@ -313,6 +318,9 @@ class EvalConfig(StrictModel):
     settings, random-initialized from ``train.seed`` when it is the tiny model), ``trained``
     (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
     like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
+
+    ``baseline`` names the model the others are measured against: ``effective`` (the effective
+    context length's bar) and ``short_context`` (the short-window loss ratio) use it.
     """
 
     models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)

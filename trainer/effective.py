@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from longctx.trainer.config import EffectiveLengthConfig
+
 TOLERANCE = 1e-9
 
 
@@ -102,6 +104,14 @@ def baseline_threshold(scores: Mapping[str, Mapping[int, float | None]], model: 
             "add that length to eval.needle.lengths, or set eval.effective.threshold"
         )
     return float(score)
+
+
+def bar_length(effective: EffectiveLengthConfig, original: int) -> int | None:
+    """Where the bar is measured: ``effective.baseline_length``, default ``original``
+    (``context.original``); None when ``effective.threshold`` fixes the bar."""
+    if effective.threshold is not None:
+        return None
+    return effective.baseline_length or original
 
 
 def grid_lengths(lengths: Sequence[int], baseline_length: int | None) -> list[int]:

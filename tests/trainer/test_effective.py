@@ -9,8 +9,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from longctx.trainer.config import EvalConfig
+from longctx.trainer.config import EffectiveLengthConfig, EvalConfig
 from longctx.trainer.effective import (
+    bar_length,
     baseline_threshold,
     effective_length,
     effective_lengths,
@@ -85,6 +86,9 @@ def test_baseline_bar_and_its_errors() -> None:
         baseline_threshold(scores, "base", 1024)
     with pytest.raises(ValueError, match="'other' was not evaluated"):
         baseline_threshold(scores, "other", 512)
+    assert bar_length(EffectiveLengthConfig(), 512) == 512
+    assert bar_length(EffectiveLengthConfig(baseline_length=1024), 512) == 1024
+    assert bar_length(EffectiveLengthConfig(threshold=0.5, baseline_length=1024), 512) is None
     assert grid_lengths([1024, 256, 2048], 512) == [256, 512, 1024, 2048]
     assert grid_lengths([1024, 512], 512) == [512, 1024]
     assert grid_lengths([1024, 512], None) == [512, 1024]
