@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from longctx.core.config import ExecutorConfig, StrictModel
+from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS, TaskKind
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
 DocumentKeepRule = Literal["longest", "not_vendored"]
@@ -146,7 +147,8 @@ class DedupConfig(StrictModel):
 
 
 class SyntheticConfig(StrictModel):
-    """Synthetic long-context tasks (needle retrieval, variable tracking) built from the curated
+    """Synthetic long-context tasks (needle retrieval, variable tracking, and the RULER-style
+    multi-query, document QA and word-aggregation tasks) built from the curated
     documents as haystack and written as one more curated source, which the packer mixes like any
     other (long-context recipes give retrieval tasks about 20% of the mix)."""
 
@@ -155,8 +157,10 @@ class SyntheticConfig(StrictModel):
     context_tokens: list[int] = Field(
         default_factory=list, description="prompt lengths in tokens; empty: context.target minus 64"
     )
-    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
-        default_factory=lambda: ["single_needle", "multi_key", "multi_value", "variable_tracking"]
+    kinds: list[TaskKind] = Field(
+        default_factory=lambda: list(DEFAULT_KINDS),
+        description="task kinds (longctx.pipeline.synthetic.kinds): default the four retrieval kinds; "
+        "multi_query, document_qa, common_words and frequent_words may be added",
     )
     depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
     seed: int = 0

@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
 from longctx.core.remote import is_remote
+from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.trainer.rope_keys import check_rope_scaling
 
 
@@ -246,14 +247,21 @@ class NeedleEvalConfig(StrictModel):
 
     lengths: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048])
     depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
-        default_factory=lambda: ["single_needle"]
+    kinds: list[TaskKind] = Field(
+        default_factory=lambda: ["single_needle"],
+        description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
+        "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
     )
     seed: int = 0
     samples: int = Field(
         default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
     )
-    max_new_tokens: int = Field(default=16, gt=0)
+    max_new_tokens: int = Field(
+        default=16,
+        gt=0,
+        description="tokens generated per answer; the recall-scored kinds get at least their answer's "
+        "tokens plus 8",
+    )
 
     @field_validator("depths")
     @classmethod
@@ -261,6 +269,42 @@ class NeedleEvalConfig(StrictModel):
         if any(not 0.0 <= d <= 1.0 for d in value):
             raise ValueError(f"depths must lie in [0, 1], got {value}")
         return value
+
+
+class EffectiveLengthConfig(StrictModel):
+    """Effective context length (``longctx.trainer.effective``): the largest needle-grid length whose
+    score (the mean over task kinds of each kind's mean over depths and samples) clears a bar.
+
+    ``threshold``: a fixed bar in [0, 1]; null (the default) measures it: the ``eval.baseline``
+    model's score at ``baseline_length`` (default ``context.original``), RULER's short-context
+    baseline made per model; that length is then part of the grid. A score equal to the bar passes;
+    a score of 0 never does.
+    """
+
+    threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="a fixed bar; null: the baseline model's score at baseline_length",
+    )
+    baseline_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="where the baseline model's score is measured; default context.original",
+    )
+
+
+class ShortContextConfig(StrictModel):
+    """The short-context guard (``longctx.trainer.short_context``): each model's mean next-token loss
+    on ``windows`` windows of ``length`` tokens (default ``context.original``) cut from the curated
+    documents of ``source``, and its ratio to the ``eval.baseline`` model's. Windows start at
+    multiples of ``length`` in their document (a shorter document is one window) and are drawn by
+    ``seed``; documents that training windows hold can be left out so the windows are held out."""
+
+    source: str = Field(default="anchor", min_length=1, description="a curated source (documents/<source>)")
+    length: int | None = Field(default=None, gt=1, description="tokens per window; default context.original")
+    windows: int = Field(default=16, gt=0)
+    seed: int = 0
 
 
 MODEL_KEYWORDS = ("base", "trained")
@@ -274,6 +318,9 @@ class EvalConfig(StrictModel):
     settings, random-initialized from ``train.seed`` when it is the tiny model), ``trained``
     (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
     like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
+
+    ``baseline`` names the model the others are measured against: ``effective`` (the effective
+    context length's bar) and ``short_context`` (the short-window loss ratio) use it.
     """
 
     models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
@@ -298,6 +345,16 @@ class EvalConfig(StrictModel):
     seed: int = 0
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
+    baseline: str = Field(
+        default="base",
+        min_length=1,
+        description="the model the others are measured against (a label of eval.models): its needle "
+        "score is the effective-length bar and its short-window loss the guard's denominator",
+    )
+    effective: EffectiveLengthConfig = Field(default_factory=EffectiveLengthConfig)
+    short_context: ShortContextConfig | None = Field(
+        default=None, description="the short-context guard; null: not measured"
+    )
 
     @field_validator("shards", mode="before")
     @classmethod
