@@ -30,7 +30,7 @@ from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
-from longctx.trainer.build import build_model, fill_random
+from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -46,9 +46,9 @@ from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard
 from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
-from longctx.trainer.hf_io import load_config as load_hf_config
-from longctx.trainer.hf_io import load_weights, stored_dtype
+from longctx.trainer.hf_io import stored_dtype
 from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
 from longctx.trainer.model import ModelConfig, Transformer
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
@@ -85,31 +85,6 @@ def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[st
     }
 
 
-def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> str | Path:
-    """``train.shards`` (a folder or an fsspec URL), else the packer's output for the ``target`` context."""
-    return train.shards or layout.shard_folder(target)
-
-
-def tokenizer_file(layout: RunLayout, configured: Path | None) -> Path | None:
-    """The tokenizer the shards were packed with: the run's ``tokenizer.json`` (curation copies it
-    there), else the configured ``tokenizer.path``."""
-    return layout.tokenizer if layout.tokenizer.exists() else configured
-
-
-def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> ModelConfig:
-    """The model of ``train.model`` with the run's RoPE settings (``max_position_embeddings`` = target)."""
-    section = tcfg.model
-    if section.hf_path is not None:
-        config = load_hf_config(section.hf_path)
-    else:
-        config = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
-    return config.with_rope(
-        rope_scaling=section.rope_scaling,
-        rope_theta=section.rope_theta,
-        max_position_embeddings=context.target,
-    )
-
-
 def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None:
     """Refuse shards whose token ids may not fit the model's embedding."""
     if vocab_size > config.vocab_size:
@@ -118,10 +93,6 @@ def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None
             f"{config.vocab_size} rows: pack with the model's tokenizer (or a "
             "model whose vocab_size covers it)"
         )
-
-
-def use_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
-    return tcfg.precision == "bf16" or (tcfg.precision == "auto" and device.type == "cuda")
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -256,10 +227,10 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     newest intact checkpoint when there is one."""
     tcfg, layout = job.train, job.layout
     torch.manual_seed(tcfg.seed)
-    folder = shards_folder(tcfg, layout, job.context.target)
+    folder = layout.training_shards(tcfg.shards, job.context.target)
     rows = StepRows(
         folder,
-        tokenizer=tokenizer_file(layout, job.tokenizer),
+        tokenizer=layout.tokenizer_file(job.tokenizer),
         seed=tcfg.seed,
         holdout_rows=tcfg.holdout_rows,
         global_batch_rows=tcfg.global_batch_rows or state.dp_size,
@@ -270,10 +241,9 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     )
     manifest = rows.dataset.shards.manifest
     seq_len, original = rows.seq_len, job.context.original
-    if seq_len % (2 * state.cp_size):
-        raise ConfigError(
-            f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}"
-        )
+    MeshShape.check_window(
+        seq_len, state.cp_size, length_key=f"the shards' seq_len ({folder})", cp_key="train.cp"
+    )
     required = required_position(original, job.context.target, tcfg.coverage.required_position)
     try:
         check_shard_coverage(
@@ -290,7 +260,7 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     config = model_config(tcfg, job.context, manifest.header.tokenizer.vocab_size)
     check_vocabulary(config, manifest.header.tokenizer.vocab_size, folder)
     config.check_context_length(seq_len)
-    bf16 = use_bf16(tcfg, state.device)
+    bf16 = use_bf16(tcfg.precision, state.device)
     check_memory(tcfg, config, seq_len, state, bf16)
     meta = _settings(tcfg, config, rows, manifest.header.config_sha256)
     resume_from = find_resume_checkpoint(
@@ -300,10 +270,7 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
         check_settings(resume_from.folder, read_trainer_state(resume_from.folder)["meta"], meta)
     built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
     if resume_from is None:
-        if tcfg.model.hf_path is not None:
-            load_weights(built.model, tcfg.model.hf_path)
-        else:
-            fill_random(built.model, tcfg.seed)
+        fill_base_weights(built.model, tcfg)
     optimizer = make_optimizer(built.model, tcfg)
     scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
     run = _Run(
@@ -435,7 +402,7 @@ def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -
         folder,
         state,
         dtype=export_dtype(job.train),
-        tokenizer=tokenizer_file(job.layout, job.tokenizer),
+        tokenizer=job.layout.tokenizer_file(job.tokenizer),
         base=job.train.model.hf_path,
         max_shard_size=job.train.export.max_shard_size,
     )
@@ -455,7 +422,7 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
         prepare_metrics(run.layout.metrics, run.start_step, job.restart)
     run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
     writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
-    bf16 = use_bf16(tcfg, state.device)
+    bf16 = use_bf16(tcfg.precision, state.device)
     peak = peak_flops(state.device, None)
     params = [p for p in run.model.parameters() if p.requires_grad]
     bar = None
