@@ -30,21 +30,25 @@ class MeshShape:
     cp: int
 
     @classmethod
-    def for_world(cls, world_size: int, cp: int, dp_replicate: int = 1) -> MeshShape:
+    def for_world(
+        cls,
+        world_size: int,
+        cp: int,
+        dp_replicate: int = 1,
+        *,
+        world_key: str = "the number of processes (longctx train --nproc, torchrun --nproc-per-node)",
+        cp_key: str = "train.cp",
+        replicas_key: str = "train.dp_replicate",
+    ) -> MeshShape:
         """The mesh of ``world_size`` ranks with rings of ``cp`` and ``dp_replicate`` replicas.
 
-        Raises :class:`ConfigError` when ``cp x dp_replicate`` does not divide the world size.
+        Raises :class:`ConfigError` when ``cp x dp_replicate`` does not divide the world size; the
+        ``*_key`` arguments name the three settings in the message.
         """
         if cp < 1 or dp_replicate < 1 or world_size % (cp * dp_replicate):
-            what = (
-                f"train.cp = {cp}"
-                if dp_replicate == 1
-                else f"train.cp x train.dp_replicate = {cp * dp_replicate}"
-            )
-            raise ConfigError(
-                f"{what} must divide the number of processes ({world_size}); start a multiple of "
-                f"{cp * dp_replicate} processes (torchrun --nproc-per-node, or longctx train --nproc)"
-            )
+            ring = cp * dp_replicate
+            what = f"{cp_key} = {cp}" if dp_replicate == 1 else f"{cp_key} x {replicas_key} = {ring}"
+            raise ConfigError(f"{what} must divide {world_key} = {world_size}; use a multiple of {ring}")
         return cls(dp_replicate, world_size // (cp * dp_replicate), cp)
 
     @staticmethod

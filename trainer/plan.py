@@ -2,7 +2,7 @@
 
 Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
 preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
-torch; ``longctx plan`` (``longctx.commands.plan``) prints these figures and writes them as CSV.
+torch; ``longctx plan`` prints these figures and writes them as CSV (``longctx.trainer.plan_report``).
 
 Conventions used throughout (symbols as in the docstrings below):
 
