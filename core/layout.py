@@ -67,9 +67,19 @@ class RunLayout:
     def default_corpus(self) -> Path:
         return self.root / "corpus"
 
+    @classmethod
+    def of_shard_folder(cls, folder: Path) -> RunLayout:
+        """The run a ``<output>/shards/seq<N>`` folder belongs to (when it is one)."""
+        return cls(folder.parent.parent)
+
     @property
     def tokenizer(self) -> Path:
         return self.root / "tokenizer.json"
+
+    def tokenizer_file(self, configured: Path | None = None) -> Path | None:
+        """The tokenizer the run's shards were packed with: the run's ``tokenizer.json`` (curation copies
+        or trains it there), else ``configured`` (the config's ``tokenizer.path`` as a local file)."""
+        return self.tokenizer if self.tokenizer.is_file() else configured
 
     @property
     def tokenizer_config(self) -> Path:
@@ -105,6 +115,11 @@ class RunLayout:
     def shard_folder(self, seq_len: int) -> Path:
         """The shard folder of windows of ``seq_len`` tokens."""
         return shard_folder(self.shards, seq_len)
+
+    def training_shards(self, configured: str | None, target: int) -> str | Path:
+        """The shards training reads: ``configured`` (``train.shards``: a folder or an fsspec URL), else
+        the packer's windows of the ``target`` context (``shards/seq<target>``)."""
+        return configured or self.shard_folder(target)
 
     @property
     def train(self) -> Path:

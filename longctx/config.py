@@ -7,7 +7,8 @@ assembles them, and each command hands every job only its own section and what i
 
 Every section forbids unknown keys, so a typo (``min_token`` for ``min_tokens``) is an error naming
 the key and a suggestion, never a silently ignored setting. Paths must exist where a section says
-so; relative paths are taken relative to the current working directory.
+so; relative paths are taken relative to the current working directory. Sections that disagree with
+each other are refused at load, before any job starts (:func:`check_sections`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from longctx.core.config import ContextConfig, StrictModel, TokenizerConfig, val
 from longctx.core.errors import ConfigError
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
-from longctx.trainer.config import EvalConfig, TrainConfig
+from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
+from longctx.trainer.mesh import MeshShape
 
 
 class RootConfig(StrictModel):
@@ -38,10 +40,38 @@ class RootConfig(StrictModel):
 
 
 def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
-    """Validate a config mapping; raise :class:`ConfigError` naming every bad key."""
+    """Validate a config mapping; raise :class:`ConfigError` naming every bad key, or the first
+    pair of sections that disagree."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return validate_section(RootConfig, data, origin)
+    cfg = validate_section(RootConfig, data, origin)
+    check_sections(cfg, origin)
+    return cfg
+
+
+def check_sections(cfg: RootConfig, origin: str) -> None:
+    """Refuse sections that disagree with each other, in one line that names both keys, so that a run
+    that would fail in a later job (training after curation and packing) fails before the first.
+
+    The rules are their owners': the window length a ``train.cp`` can split is the mesh's
+    (:meth:`~longctx.trainer.mesh.MeshShape.check_window`), the shard folder training reads is the run
+    layout's, ``base`` needing a train section is evaluation's. A section left out (None) is not
+    checked.
+    """
+    train, pack, context = cfg.train, cfg.pack, cfg.context
+    try:
+        if train is not None and train.shards is None:  # training reads <output>/shards/seq<target>
+            if pack is not None and context.target not in pack.resolved_seq_lens(context.target):
+                raise ConfigError(
+                    f"train.shards is unset, so training reads the windows of context.target = "
+                    f"{context.target} tokens, and pack.seq_lens {pack.seq_lens} does not build them: add "
+                    f"{context.target} to pack.seq_lens, or set train.shards"
+                )
+            MeshShape.check_window(context.target, train.cp, length_key="context.target", cp_key="train.cp")
+        if cfg.eval is not None:
+            check_base_model(cfg.eval.models, train)
+    except ConfigError as err:
+        raise ConfigError(f"{origin}: {err}") from None
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:

@@ -48,7 +48,7 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
     from longctx.core.layout import RunLayout
     from longctx.core.tokenizer import resolve_tokenizer
 
-    if cfg.tokenizer.path is None or RunLayout(cfg.output).tokenizer.exists():
+    if cfg.tokenizer.path is None or RunLayout(cfg.output).tokenizer_file() is not None:
         return None
     return resolve_tokenizer(cfg.tokenizer.path).tokenizer
 

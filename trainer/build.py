@@ -5,6 +5,10 @@ one rank (``longctx.trainer.sharding``), materialized with ``to_empty`` (only th
 allocated, on its device) and then filled: from a Hugging Face checkpoint by reading this rank's
 slices of the safetensors files (``hf_io.load_weights``), or, for the tiny random model, from the
 seeded initialization, one parameter at a time. No rank ever holds the whole model.
+
+The base model, the one training starts from and ``longctx eval`` calls ``base``, is defined here:
+the config of ``train.model`` with the run's RoPE settings (:func:`model_config`) and its weights
+(:func:`fill_base_weights`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from longctx.trainer.hf_io import local_region
+from longctx.core.config import ContextConfig
+from longctx.trainer.config import TrainConfig
+from longctx.trainer.hf_io import load_config as load_hf_config
+from longctx.trainer.hf_io import load_weights, local_region
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.sharding import shard_model
@@ -54,3 +61,32 @@ def build_model(
     if list(model.buffers()):  # to_empty leaves buffers uninitialized; this model computes RoPE per call
         raise RuntimeError("the model has buffers, which to_empty leaves uninitialized: recompute them here")
     return BuiltModel(model, multiplier)
+
+
+def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> ModelConfig:
+    """The model of ``train.model`` with the run's RoPE settings (``max_position_embeddings`` = target)."""
+    section = tcfg.model
+    if section.hf_path is not None:
+        config = load_hf_config(section.hf_path)
+    else:
+        config = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
+    return config.with_rope(
+        rope_scaling=section.rope_scaling,
+        rope_theta=section.rope_theta,
+        max_position_embeddings=context.target,
+    )
+
+
+def fill_base_weights(model: Transformer, tcfg: TrainConfig) -> None:
+    """The base model's weights: the checkpoint of ``train.model.hf_path``, else the tiny model's
+    random initialization seeded by ``train.seed``."""
+    if tcfg.model.hf_path is not None:
+        load_weights(model, tcfg.model.hf_path)
+    else:
+        fill_random(model, tcfg.seed)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    """Whether ``precision`` (``train.precision``, ``eval.precision``) computes in bf16: ``bf16``, or
+    ``auto`` on a GPU."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")

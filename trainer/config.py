@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from longctx.core.config import StrictModel, must_exist
+from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.trainer.rope_keys import check_rope_scaling
@@ -308,6 +309,12 @@ class ShortContextConfig(StrictModel):
 
 
 MODEL_KEYWORDS = ("base", "trained")
+
+
+def check_base_model(models: list[str], train: TrainConfig | None) -> None:
+    """Refuse ``base`` in ``eval.models`` without a ``train`` section: ``base`` is its model."""
+    if "base" in models and train is None:
+        raise ConfigError("eval.models: 'base' is the model of the train section, and this config has none")
 
 
 class EvalConfig(StrictModel):

@@ -2,7 +2,7 @@
 
 Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
 preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
-torch; ``longctx plan`` (``longctx.commands.plan``) prints these figures and writes them as CSV.
+torch; ``longctx plan`` prints these figures and writes them as CSV (``longctx.trainer.plan_report``).
 
 Conventions used throughout (symbols as in the docstrings below):
 
@@ -39,6 +39,7 @@ from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-export
     kv_block_bytes,
     rank_memory,
 )
+from longctx.trainer.mesh import MeshShape
 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """Backward attention FLOPs over forward: FlashAttention's backward does 5 ``b x b x d`` matmuls per head
@@ -322,18 +323,9 @@ class LengthPlan:
     """Whether :attr:`memory` fits ``RunSettings.gpu_memory_bytes`` (None when no memory was given)."""
 
 
-def check_length(length: int, cp: int) -> None:
-    """Raise :class:`ConfigError` unless ``length`` splits into ``2 cp`` equal chunks (the zigzag layout)."""
-    if length <= 0 or length % (2 * cp):
-        raise ConfigError(
-            f"length {length} must be a positive multiple of 2 x cp = {2 * cp}: longctx train splits each "
-            "window into 2 x cp equal chunks (zigzag layout)"
-        )
-
-
 def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
     """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
-    check_length(length, settings.cp)
+    MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
     wall = None
     memory = rank_memory(
         model,

@@ -91,11 +91,11 @@ def _remote_targets(url: str, cache: Path | None) -> list[tuple[str, Path]]:
 
 
 def _default_tokenizer(target: Path) -> Path | None:
+    """The tokenizer of the run whose ``shards/seq<N>`` folder holds ``target``, when it has one."""
     from longctx.core.layout import RunLayout
 
     folder = target.parent if target.is_file() else target
-    candidate = RunLayout(folder.parent.parent).tokenizer  # <output>/shards/seq<N> -> <output>/tokenizer.json
-    return candidate if candidate.is_file() else None
+    return RunLayout.of_shard_folder(folder).tokenizer_file()
 
 
 @dataclass

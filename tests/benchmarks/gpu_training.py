@@ -2,7 +2,7 @@
 that fits (see ``gpu_suite.py``).
 
 The model and optimizer are built the way ``longctx train`` builds them at world size 1
-(``longctx.trainer.train.model_config``, ``longctx.trainer.build.build_model`` on the meta device then
+(``longctx.trainer.build.model_config``, ``longctx.trainer.build.build_model`` on the meta device then
 ``fill_random``, ``make_optimizer``), with activation checkpointing (``full``) and ``precision: auto``:
 bf16 autocast on CUDA, float32 on CPU. At world size 1 the trainer does not shard (FSDP2 needs more
 than one rank), so neither does the suite. Windows are synthetic packed rows in the packer's format
@@ -33,7 +33,7 @@ from longctx.core.config import ContextConfig
 from longctx.packer.dataset import row_to_sample
 from longctx.packer.reader import PackedRow
 from longctx.trainer.attention.zigzag import ContextParallelShard, zigzag_split
-from longctx.trainer.build import build_model, fill_random
+from longctx.trainer.build import build_model, fill_random, model_config, use_bf16
 from longctx.trainer.config import ModelSection, TinyModelConfig, TrainConfig
 from longctx.trainer.flops import causal_pair_count, param_count, training_flops
 from longctx.trainer.memory import rank_memory
@@ -41,7 +41,7 @@ from longctx.trainer.metrics import peak_flops
 from longctx.trainer.model import Transformer
 from longctx.trainer.parallel import ParallelState, init_parallel
 from longctx.trainer.sharding import scale_gradients
-from longctx.trainer.train import make_optimizer, model_config, use_bf16
+from longctx.trainer.train import make_optimizer
 
 Emit = Callable[[dict], None]
 
@@ -119,7 +119,7 @@ def build_trainer(dims: dict, seq_len: int, vocab: int, activation_checkpointing
         precision="auto",
     )
     state = init_parallel(config.cp, config.comm_timeout_s, config.dp_replicate)
-    bf16 = use_bf16(config, state.device)
+    bf16 = use_bf16(config.precision, state.device)
     model_cfg = model_config(config, ContextConfig(original=original, target=seq_len), vocab)
     built = build_model(model_cfg, state, activation_checkpointing=config.activation_checkpointing, bf16=bf16)
     fill_random(built.model, config.seed)

@@ -332,6 +332,10 @@ def test_cli_takes_a_config_path_and_omits_the_wall_clock(
         (["--model", "llama-3-8b", "--lengths", "8Q"], "bad length '8Q'"),
         (["--model", "llama-3-8b", "--lengths", "1000", "--cp", "16"], "multiple of 2 x cp"),
         (
+            ["--model", "llama-3-8b", "--lengths", "8K", "--cp", "8", "--gpus", "12"],
+            "cp = 8 must divide --gpus = 12",
+        ),
+        (
             ["--model", "llama-3-8b", "--lengths", "8K", "--tokens", "1B"],
             "both a token budget and a GPU count",
         ),
