@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch into $(VENV) before `make setup`, or set TORCH_SPEC.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test bench gpu-check gpu-wheels clean
+.PHONY: setup demo test lint bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,14 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/longctx demo
 
-test: setup
+# Lint first: a style finding stops `make test` (CI's command) before the suite runs.
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# The project's style, configured in pyproject.toml ([tool.ruff], 110 columns): lint and formatting.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 bench: setup
 	for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
