@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # torch into $(VENV) before `make setup`, or set TORCH_SPEC.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench gpu-check gpu-wheels clean
+.PHONY: setup demo test lint docs bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ test: setup lint
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# docs/configuration.md from the config models (tests/docs/test_config_reference.py fails when it is stale).
+docs: setup
+	$(BIN)/python -m longctx.config_reference docs/configuration.md
 
 bench: setup
 	for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
