@@ -41,7 +41,7 @@ gpu-check: setup
 	$(BIN)/python tests/benchmarks/gpu_suite.py --out runs/gpu_suite.json
 
 # Wheels for a GPU machine that has PyTorch but cannot install packages (pydantic and its needs, and
-# this checkout's own wheel), checked for a complete dependency set; see README's "GPU check".
+# this checkout's own wheel), checked for a complete dependency set; see docs/gpu-check.md.
 gpu-wheels: setup
 	$(BIN)/python tests/benchmarks/gpu_wheels.py download --dest .whl
 

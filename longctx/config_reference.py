@@ -48,7 +48,8 @@ type or a missing local path is an error naming the key. Relative paths are rela
 `longctx` runs in. Command-line flags override the file (see each command's `--help`). Each part
 owns its sections: `context`, `tokenizer` and the executor settings come from `longctx.core.config`,
 `curate` from `longctx.pipeline.config`, `pack` from `longctx.packer.config`, `train` and `eval`
-from `longctx.trainer.config`; `longctx.config.RootConfig` assembles them.
+from `longctx.trainer.config`; `longctx.config.RootConfig` assembles them, and each job receives
+only the sections it uses.
 
 In the tables, *required* marks a key without a default, and a section's default of `null` means
 the section is off (or, for `pack`, `train` and `eval`, that the run has none) until it is written.
@@ -74,7 +75,9 @@ def _plain(text: str, sections: Sections | None = None) -> str:
 
     text = re.sub(r":[a-z]+:`~?([^`]+)`", reference, text)
     text = text.replace("``", "`")
-    return " ".join(text.split())
+    # outside code spans, <output> and <N> are text, not HTML tags
+    parts = re.split(r"(`[^`]*`)", " ".join(text.split()))
+    return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;") for p in parts)
 
 
 def _paragraphs(doc: str | None, sections: Sections) -> list[str]:

@@ -69,7 +69,7 @@ class SourceConfig(StrictModel):
         default="id", description="jsonl/parquet/hf_dataset: the column holding a row's id, if any"
     )
     glob: str | None = Field(
-        default=None, description="jsonl/parquet: which files to read; default **/*.jsonl* or **/*.parquet"
+        default=None, description="jsonl/parquet: files to read; default `**/*.jsonl*` or `**/*.parquet`"
     )
     strip_gutenberg: bool = Field(default=True, description="books: remove Project Gutenberg's boilerplate")
     limit: int = Field(
