@@ -119,8 +119,14 @@ class TokenizerConfig(StrictModel):
     ``<output>/tokenizer.json``: good for the demo, not for a real model.
     """
 
-    path: str | None = None
-    train_vocab_size: int = Field(default=4096, ge=260)
+    path: str | None = Field(
+        default=None,
+        description="a tokenizer.json, a folder holding one, or a hub id (org/name[@revision]); "
+        "null: train a byte-level BPE on the input",
+    )
+    train_vocab_size: int = Field(
+        default=4096, ge=260, description="vocabulary of the BPE trained when path is null"
+    )
     train_sample_bytes: int = Field(default=20_000_000, gt=0, description="text sampled for BPE training")
 
     _location = field_validator("path", mode="before")(_tokenizer_location)
@@ -129,21 +135,26 @@ class TokenizerConfig(StrictModel):
 class SlurmConfig(StrictModel):
     """Passed to datatrove's ``SlurmPipelineExecutor``."""
 
-    partition: str
-    time: str = "24:00:00"
-    cpus_per_task: int = 1
-    mem_per_cpu_gb: int = 2
-    qos: str = "normal"
-    sbatch_args: dict[str, str] = Field(default_factory=dict)
+    partition: str = Field(description="the Slurm partition the tasks are submitted to")
+    time: str = Field(default="24:00:00", description="time limit of each job (sbatch --time)")
+    cpus_per_task: int = Field(default=1, description="CPUs per task (sbatch --cpus-per-task)")
+    mem_per_cpu_gb: int = Field(default=2, description="memory per CPU in GB (sbatch --mem-per-cpu)")
+    qos: str = Field(default="normal", description="quality of service (sbatch --qos)")
+    sbatch_args: dict[str, str] = Field(
+        default_factory=dict, description="further sbatch options, e.g. {account: my_account}"
+    )
 
 
 class ExecutorConfig(StrictModel):
     """Where stages run: datatrove's local, Slurm or Ray executor."""
 
-    kind: Literal["local", "slurm", "ray"] = "local"
+    kind: Literal["local", "slurm", "ray"] = Field(
+        default="local",
+        description="local processes, Slurm jobs (needs slurm) or a Ray cluster (the ray extra)",
+    )
     tasks: int = Field(default=2, gt=0, description="shards of the input, one task each")
     workers: int = Field(default=-1, description="tasks run at once on the local executor; -1 = all")
-    slurm: SlurmConfig | None = None
+    slurm: SlurmConfig | None = Field(default=None, description="the Slurm settings, needed by kind: slurm")
 
     @field_validator("workers")
     @classmethod

@@ -30,7 +30,10 @@ from longctx.trainer.mesh import MeshShape
 class RootConfig(StrictModel):
     """A whole run."""
 
-    output: Path = Path("runs/default")
+    output: Path = Field(
+        default=Path("runs/default"),
+        description="the run folder: documents, tokenizer, shards, checkpoints, model and evaluations",
+    )
     context: ContextConfig
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     curate: CurateConfig = Field(default_factory=CurateConfig)

@@ -56,16 +56,27 @@ class SourceConfig(StrictModel):
     """
 
     name: str = Field(description="names the source's folder of curated documents")
-    kind: SourceKind
+    kind: SourceKind = Field(
+        description="the reader: a folder of books, papers or code repositories, or rows"
+    )
     path: str = Field(description="a local path or an fsspec URL (s3://, gs://, hf://...)")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for a URL")
-    min_tokens: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, gt=0)
-    text_key: str = "text"
-    id_key: str = "id"
-    glob: str | None = None
-    strip_gutenberg: bool = True
-    limit: int = -1
+    min_tokens: int | None = Field(
+        default=None, ge=0, description="shortest document kept; default: curate.min_fraction_of_target"
+    )
+    max_tokens: int | None = Field(default=None, gt=0, description="longest document kept; default: no bound")
+    text_key: str = Field(default="text", description="jsonl/parquet/hf_dataset: the column holding the text")
+    id_key: str = Field(
+        default="id", description="jsonl/parquet/hf_dataset: the column holding a row's id, if any"
+    )
+    glob: str | None = Field(
+        default=None, description="jsonl/parquet: files to read; default `**/*.jsonl*` or `**/*.parquet`"
+    )
+    strip_gutenberg: bool = Field(default=True, description="books: remove Project Gutenberg's boilerplate")
+    limit: int = Field(
+        default=-1,
+        description="read only the first N units (rows: N per task), the rest recorded as skipped; -1: all",
+    )
 
     _location = field_validator("path", mode="before")(_location)
     _name = field_validator("name")(_folder_name)
@@ -81,11 +92,11 @@ class MinHashConfig(StrictModel):
     """datatrove MinHash LSH settings. Pairs whose Jaccard similarity is above about
     ``(1/num_buckets) ** (1/hashes_per_bucket)`` are found with high probability."""
 
-    enabled: bool = True
-    n_grams: int = Field(default=5, gt=0)
-    num_buckets: int = Field(default=14, gt=0)
-    hashes_per_bucket: int = Field(default=8, gt=0)
-    seed: int = 1
+    enabled: bool = Field(default=True, description="find near duplicates (false: exact ones only)")
+    n_grams: int = Field(default=5, gt=0, description="words per shingle")
+    num_buckets: int = Field(default=14, gt=0, description="LSH bands")
+    hashes_per_bucket: int = Field(default=8, gt=0, description="hashes per band")
+    seed: int = Field(default=1, description="seed of the hash functions")
 
     @property
     def threshold(self) -> float:
@@ -113,13 +124,20 @@ class FileDedupConfig(StrictModel):
     document and listed in its ``duplicate_files``.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="deduplicate code files across repositories")
     keep: list[FileKeepRule] = Field(
         default_factory=lambda: ["not_vendored", "longest", "shallowest"],
         description="order of preference among copies of a file; ties end with the repository id and path",
     )
-    jaccard: float = Field(default=0.7, gt=0.0, le=1.0)
-    containment: float = Field(default=0.8, gt=0.0, le=1.0)
+    jaccard: float = Field(
+        default=0.7, gt=0.0, le=1.0, description="near duplicates: at least this Jaccard similarity..."
+    )
+    containment: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        description="...or this share of the smaller file's n-grams in the larger",
+    )
     min_words: int = Field(default=50, ge=1, description="shorter files are only compared exactly")
     minhash: FileMinHashConfig = Field(default_factory=FileMinHashConfig)
 
@@ -133,9 +151,12 @@ class DedupConfig(StrictModel):
     Remaining ties go to the smallest id.
     """
 
-    exact: bool = True
+    exact: bool = Field(default=True, description="remove exact duplicates (normalized text hash)")
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
-    keep: list[DocumentKeepRule] = Field(default_factory=lambda: ["longest", "not_vendored"])
+    keep: list[DocumentKeepRule] = Field(
+        default_factory=lambda: ["longest", "not_vendored"],
+        description="order of preference among copies of a document; ties go to the smallest id",
+    )
     files: FileDedupConfig = Field(default_factory=FileDedupConfig)
 
     @field_validator("keep")
@@ -152,7 +173,9 @@ class SyntheticConfig(StrictModel):
     documents as haystack and written as one more curated source, which the packer mixes like any
     other (long-context recipes give retrieval tasks about 20% of the mix)."""
 
-    source: str = Field(default="synthetic")
+    source: str = Field(
+        default="synthetic", description="the source name: documents/<source>/, and its name in pack.mix"
+    )
     n_examples: int = Field(default=64, ge=0, description="examples per task kind")
     context_tokens: list[int] = Field(
         default_factory=list, description="prompt lengths in tokens; empty: context.target minus 64"
@@ -163,7 +186,7 @@ class SyntheticConfig(StrictModel):
         "multi_query, document_qa, common_words and frequent_words may be added",
     )
     depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
-    seed: int = 0
+    seed: int = Field(default=0, description="the same seed and documents give the same tasks")
 
     _name = field_validator("source")(_folder_name)
 
@@ -184,8 +207,12 @@ class CurateConfig(StrictModel):
         description="also publish the finished curation here (documents/, tokenizer, ledger, stats, then "
         "curation.json): an fsspec URL (s3://bucket/run) or a folder, which pack.input reads",
     )
-    sources: list[SourceConfig] = Field(default_factory=list)
-    min_fraction_of_target: float = Field(default=0.5, ge=0.0)
+    sources: list[SourceConfig] = Field(
+        default_factory=list, description="sources listed one by one, besides input's"
+    )
+    min_fraction_of_target: float = Field(
+        default=0.5, ge=0.0, description="keep documents of at least this fraction of context.target tokens"
+    )
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")
     max_book_bytes: int = Field(
         default=64 * 2**20, gt=0, description="book files above this are refused as too_large"

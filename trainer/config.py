@@ -17,7 +17,8 @@ from longctx.trainer.rope_keys import check_rope_scaling
 
 
 class TinyModelConfig(StrictModel):
-    """A small random Llama-family model, for the demo and tests (no download needed)."""
+    """A small random Llama-family model, for the demo and tests (no download needed). The keys mean
+    what they mean in a ``transformers`` ``LlamaConfig``."""
 
     hidden_size: int = Field(default=64, gt=0)
     intermediate_size: int = Field(default=172, gt=0)
@@ -35,10 +36,16 @@ class ModelSection(StrictModel):
     declare it, e.g. ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}``.
     """
 
-    hf_path: Path | None = None
+    hf_path: Path | None = Field(
+        default=None, description="a Hugging Face checkpoint folder; null: the tiny random model"
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    rope_theta: float | None = Field(default=None, gt=0)
-    rope_scaling: dict[str, Any] | None = None
+    rope_theta: float | None = Field(default=None, gt=0, description="RoPE base; default: the checkpoint's")
+    rope_scaling: dict[str, Any] | None = Field(
+        default=None,
+        description="rope_type linear, dynamic, ntk, yarn, llama3 or longrope with its keys; null: the "
+        "checkpoint's",
+    )
 
     _exists = field_validator("hf_path")(must_exist)
 
@@ -53,13 +60,13 @@ class ModelSection(StrictModel):
 class OptimConfig(StrictModel):
     """AdamW with linear warmup then cosine decay; continued-pretraining defaults."""
 
-    lr: float = Field(default=2e-5, gt=0)
+    lr: float = Field(default=2e-5, gt=0, description="peak learning rate")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final lr as a fraction of lr")
-    warmup_steps: int = Field(default=10, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.1, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=10, ge=0, description="steps of linear warmup to lr")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW's epsilon")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's decoupled weight decay")
+    grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm (clipped above it)")
 
 
 class CoverageConfig(StrictModel):
@@ -71,9 +78,13 @@ class CoverageConfig(StrictModel):
     ``context.original``. ``allow_short`` turns both checks into warnings.
     """
 
-    required_position: int | None = Field(default=None, gt=0)
-    max_steps_without_long: int = Field(default=50, gt=0)
-    allow_short: bool = False
+    required_position: int | None = Field(
+        default=None, gt=0, description="position the shards must reach; default context.target - 1"
+    )
+    max_steps_without_long: int = Field(
+        default=50, gt=0, description="steps without a token at or beyond context.original before aborting"
+    )
+    allow_short: bool = Field(default=False, description="warn instead of refusing")
 
 
 class CheckpointConfig(StrictModel):
@@ -95,7 +106,9 @@ class ExportConfig(StrictModel):
     ``train.storage_options``).
     """
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="dtype of the exported weights; auto: the base checkpoint's"
+    )
     max_shard_size: str = Field(default="5GB", description="largest safetensors file, e.g. 5GB or 500MB")
     output: str | None = Field(
         default=None, description="also publish the exported folders here (an fsspec URL or a folder)"
@@ -119,12 +132,14 @@ class WandbConfig(StrictModel):
     ``<output>/train/wandb`` without any network access (``wandb sync`` uploads it later);
     ``disabled`` turns W&B off without removing the section."""
 
-    project: str = Field(min_length=1)
-    entity: str | None = None
+    project: str = Field(min_length=1, description="the W&B project")
+    entity: str | None = Field(default=None, description="the W&B team or user; default: yours")
     name: str | None = Field(default=None, description="run name; default: the output folder's name")
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "online"
+    group: str | None = Field(default=None, description="groups related runs in the W&B interface")
+    tags: list[str] = Field(default_factory=list, description="labels of the run")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        default="online", description="online: send as it runs; offline: write locally; disabled: off"
+    )
 
 
 class LogConfig(StrictModel):
@@ -138,8 +153,12 @@ class LogConfig(StrictModel):
     """
 
     every: int = Field(default=10, gt=0, description="steps between metric records")
-    tensorboard: bool = False
-    wandb: WandbConfig | None = None
+    tensorboard: bool = Field(
+        default=False, description="also write TensorBoard events (the tensorboard extra)"
+    )
+    wandb: WandbConfig | None = Field(
+        default=None, description="also send to Weights & Biases (the wandb extra)"
+    )
 
     @field_validator("tensorboard")
     @classmethod
@@ -181,7 +200,7 @@ class TrainConfig(StrictModel):
     coverage: CoverageConfig = Field(default_factory=CoverageConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
-    steps: int = Field(default=20, gt=0)
+    steps: int = Field(default=20, gt=0, description="optimizer steps in all (a resumed run continues to it)")
     global_batch_rows: int | None = Field(
         default=None,
         gt=0,
@@ -192,7 +211,8 @@ class TrainConfig(StrictModel):
     holdout_rows: int = Field(
         default=0,
         ge=0,
-        description="last windows of the shard folder never trained on; longctx eval scores them",
+        description="windows set aside (drawn at random by seed) and never trained on; longctx eval scores "
+        "them first",
     )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
     dp_replicate: int = Field(
@@ -210,7 +230,7 @@ class TrainConfig(StrictModel):
         description="none: keep all activations; full: recompute each block in backward; selective: "
         "recompute each block except its attention (true/false are accepted for full/none)",
     )
-    seed: int = 0
+    seed: int = Field(default=0, description="data order, held-out rows and the tiny model's initialization")
     comm_timeout_s: int = Field(
         default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"
     )
@@ -229,7 +249,7 @@ class TrainConfig(StrictModel):
         return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     grad_accum: Any = Field(
-        default=None, exclude=True, repr=False, description="replaced by global_batch_rows"
+        default=None, exclude=True, repr=False, deprecated="replaced by global_batch_rows"
     )
 
     @field_validator("grad_accum")
@@ -246,14 +266,19 @@ class TrainConfig(StrictModel):
 class NeedleEvalConfig(StrictModel):
     """The needle-retrieval grid: context lengths x depths, per task kind."""
 
-    lengths: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048])
-    depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    lengths: list[int] = Field(
+        default_factory=lambda: [256, 512, 1024, 2048], description="prompt lengths in tokens"
+    )
+    depths: list[float] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0],
+        description="where the needle sits, as a fraction of the prompt (0: start, 1: end)",
+    )
     kinds: list[TaskKind] = Field(
         default_factory=lambda: ["single_needle"],
         description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
         "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
     )
-    seed: int = 0
+    seed: int = Field(default=0, description="the same seed and documents give the same needles")
     samples: int = Field(
         default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
     )
@@ -330,7 +355,11 @@ class EvalConfig(StrictModel):
     context length's bar) and ``short_context`` (the short-window loss ratio) use it.
     """
 
-    models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
+    models: list[str] = Field(
+        default_factory=lambda: list(MODEL_KEYWORDS),
+        min_length=1,
+        description="base, trained or Hugging Face checkpoint folders (--model overrides)",
+    )
     shards: str | None = Field(
         default=None,
         description="windows to score: a shard folder or an fsspec URL of one "
@@ -349,9 +378,11 @@ class EvalConfig(StrictModel):
         gt=0,
         description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
-    seed: int = 0
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
+    seed: int = Field(default=0, description="which windows are scored when none are held out")
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="as train.precision")
+    needle: NeedleEvalConfig | None = Field(
+        default_factory=NeedleEvalConfig, description="the needle grid; null: loss by position only"
+    )
     baseline: str = Field(
         default="base",
         min_length=1,
