@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
@@ -24,6 +25,9 @@ from torch import Tensor
 from longctx.core.atomic import atomic_path
 from longctx.trainer.model import Attention, ModelConfig, Transformer
 
+if TYPE_CHECKING:
+    from longctx.trainer.hf_model import HFCausalLM, HFModelConfig
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -31,12 +35,17 @@ DEFAULT_MAX_SHARD_SIZE = "5GB"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
-def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
-    """The :class:`ModelConfig` of the checkpoint in ``directory`` (its ``config.json``)."""
+def config_json(directory: str | os.PathLike[str]) -> dict:
+    """The ``config.json`` dict of the checkpoint in ``directory``."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
-    return ModelConfig.from_hf(json.loads(path.read_text()))
+    return json.loads(path.read_text())
+
+
+def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
+    """The :class:`ModelConfig` of the checkpoint in ``directory`` (its ``config.json``)."""
+    return ModelConfig.from_hf(config_json(directory))
 
 
 def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -71,7 +80,7 @@ def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
     raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
 
 
-def _skipped(name: str, config: ModelConfig) -> bool:
+def _skipped(name: str, config: ModelConfig | HFModelConfig) -> bool:
     """Stored tensors the model has no parameter for, by design (see the module docstring)."""
     return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
 
@@ -99,7 +108,7 @@ def local_region(param: Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
-def load_weights(model: Transformer, directory: str | os.PathLike[str]) -> None:
+def load_weights(model: Transformer | HFCausalLM, directory: str | os.PathLike[str]) -> None:
     """Copy the checkpoint's tensors in ``directory`` into ``model``'s parameters (converting dtype).
 
     Every parameter must be present with its exact shape and no unknown tensor may be stored;

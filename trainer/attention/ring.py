@@ -5,9 +5,15 @@ schedule). Step ``t`` posts the transfers for step ``t + 1`` before computing on
 communication overlaps computation. Partial results are merged in fp32 (``merge.py``); the backward
 re-circulates the blocks, accumulates dq locally and sends dk/dv accumulators (fp32) along the ring and
 back to the block owners.
+
+A :class:`RingCache` passed to :func:`ring_attention` keeps the call's output and log-sum-exp; a second
+call with it (the recomputation of a layer under activation checkpointing, in backward) returns them
+without running the forward ring again, so the layer is recomputed but its attention is not.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -175,6 +181,14 @@ def ring_backward(
     return dq, dkv_own[0], dkv_own[1]
 
 
+@dataclass
+class RingCache:
+    """The output and log-sum-exp of one :func:`ring_attention` call, filled by its first call."""
+
+    out: Tensor | None = None
+    lse: Tensor | None = None
+
+
 class _RingAttention(torch.autograd.Function):
     """Autograd wrapper: the forward keeps (q, k, v, out, lse); the backward runs the ring again."""
 
@@ -187,9 +201,15 @@ class _RingAttention(torch.autograd.Function):
         plan: RingPlan,
         scale: float,
         kernels: tuple[BlockKernel, ...],
+        cache: RingCache | None,
     ) -> Tensor:
-        out, lse = ring_forward(q, k, v, plan, scale, kernels)
-        out = out.to(q.dtype)
+        if cache is not None and cache.out is not None:
+            out, lse = cache.out.detach(), cache.lse
+        else:
+            out, lse = ring_forward(q, k, v, plan, scale, kernels)
+            out = out.to(q.dtype)
+            if cache is not None:
+                cache.out, cache.lse = out.detach(), lse
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan, ctx.scale, ctx.kernels = plan, scale, kernels
         return out
@@ -199,7 +219,7 @@ class _RingAttention(torch.autograd.Function):
     def backward(ctx: FunctionCtx, dout: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.plan, ctx.scale, ctx.kernels)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> None:
@@ -225,6 +245,7 @@ def ring_attention(
     *,
     softmax_scale: float | None = None,
     backend: str = "auto",
+    cache: RingCache | None = None,
 ) -> Tensor:
     """Causal, document-masked attention of this rank's queries over the whole packed window.
 
@@ -235,10 +256,11 @@ def ring_attention(
     ``[tokens, heads, head_dim]`` in the dtype of ``q``; differentiable in ``q``, ``k`` and ``v``.
     Collective over ``plan.group``: every rank of the group must call it, in the same order.
     ``softmax_scale`` defaults to ``1 / sqrt(head_dim)``; ``backend`` pins a kernel (see ``kernels.py``).
-    What the plan skips is reported by ``plan.stats`` (e.g. ``compute_fraction``).
+    What the plan skips is reported by ``plan.stats`` (e.g. ``compute_fraction``). ``cache``: see
+    :class:`RingCache` (a filled one must come from a call with the same plan and inputs).
     """
     _check_inputs(q, k, v, plan)
     q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)  # once here, not once per tile
     scale = default_scale(q.shape[2]) if softmax_scale is None else softmax_scale
     kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
-    return _RingAttention.apply(q, k, v, plan, scale, kernels)
+    return _RingAttention.apply(q, k, v, plan, scale, kernels, cache)
