@@ -123,8 +123,7 @@ def saved_model_config(
         return ModelConfig.from_hf(hf)
     except ValueError as err:
         raise ConfigError(
-            f"train.model.implementation longctx: {err} (implementation auto or transformers trains it "
-            "with its transformers code)"
+            f"{err}; implementation auto or transformers trains it with its transformers code"
         ) from None
 
 
@@ -143,15 +142,18 @@ def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> 
 
 
 def check_training_model(tcfg: TrainConfig, context: ContextConfig, seq_len: int, vocab_size: int) -> None:
-    """Refuse (:class:`ConfigError`, one line) a model this run cannot train at ``seq_len``-token
-    windows: the own decoder's config checks, or the transformers model's (``hf_model.check_model``)."""
-    config = model_config(tcfg, context, vocab_size)
+    """Refuse (:class:`ConfigError`, one line naming ``train.model``) a model this run cannot train at
+    ``seq_len``-token windows: a checkpoint the chosen implementation cannot read, the own decoder's
+    config checks, or the transformers model's (``hf_model.check_model``)."""
+    section = tcfg.model
+    where = f"train.model ({section.hf_path or 'the tiny model'}, implementation {section.implementation})"
     try:
+        config = model_config(tcfg, context, vocab_size)
         config.check_context_length(seq_len)
-    except ValueError as err:
-        raise ConfigError(f"train.model: {err}") from None
-    if isinstance(config, HFModelConfig):
-        check_model(config, seq_len)
+        if isinstance(config, HFModelConfig):
+            check_model(config, seq_len)
+    except ValueError as err:  # ConfigError too
+        raise ConfigError(f"{where}: {err}") from None
 
 
 def fill_base_weights(model: TrainedModel, tcfg: TrainConfig) -> None:

@@ -51,7 +51,15 @@ from longctx.trainer.rope import RopeConfig, ntk_theta
 
 EXTRA = "pip install 'longctx[transformers]'"
 _ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
-_UNSAVED_KEYS = ("transformers_version", "_attn_implementation_autoset", "attn_implementation")
+# Not part of the model: the writing library's version, the attention kernel, the storage dtype (the
+# export writes its own, see hf_io.write_checkpoint).
+_UNSAVED_KEYS = (
+    "transformers_version",
+    "_attn_implementation_autoset",
+    "attn_implementation",
+    "dtype",
+    "torch_dtype",
+)
 
 
 def require_transformers() -> Any:
@@ -65,12 +73,15 @@ def require_transformers() -> Any:
     return transformers
 
 
-def _causal_lm_class_name(model_type: str) -> str:
+def _causal_lm_class_name(config: Any) -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if name is None:
-        raise ConfigError(f"model_type {model_type!r} has no causal language model in transformers")
+        kind = "an encoder-decoder" if getattr(config, "is_encoder_decoder", False) else "not a causal LM"
+        raise ConfigError(
+            f"{config.model_type} cannot be trained with ring attention: it is {kind} in transformers"
+        )
     return name
 
 
@@ -117,7 +128,7 @@ class HFModelConfig:
     def _of(cls, config: Any) -> HFModelConfig:
         hf = {k: v for k, v in config.to_diff_dict().items() if k not in _UNSAVED_KEYS}
         hf["model_type"] = config.model_type
-        hf["architectures"] = [_causal_lm_class_name(config.model_type)]
+        hf["architectures"] = [_causal_lm_class_name(config)]
         return cls(hf)
 
     def to_hf(self) -> dict[str, Any]:
@@ -175,9 +186,7 @@ class HFModelConfig:
         windows of ``seq_len`` tokens (``hf_arch.config_problems``)."""
         problems = config_problems(self.transformers_config, seq_len)
         if problems:
-            raise ConfigError(
-                f"{self.model_type} cannot be trained with ring attention: it has {'; '.join(problems)}"
-            )
+            raise refusal(self.model_type, problems)
 
     def with_rope(
         self,
@@ -259,6 +268,19 @@ def decoder_layer_names(causal_lm: nn.Module) -> list[str]:
     return names
 
 
+def refusal(model_type: str, problems: list[str]) -> ConfigError:
+    """The one-line refusal of a model with ``problems`` (``hf_arch``'s descriptions)."""
+    return ConfigError(f"{model_type} cannot be trained with ring attention: it has {'; '.join(problems)}")
+
+
+class _BuildError(ConfigError):
+    """transformers could not build the model with ring attention (``problem`` says why)."""
+
+    def __init__(self, model_type: str, problem: str) -> None:
+        super().__init__(str(refusal(model_type, [problem])))
+        self.problem = problem
+
+
 def build_causal_lm(config: HFModelConfig) -> nn.Module:
     """The transformers causal LM of ``config`` with ring attention, float32 parameters on the meta
     device and its buffers (RoPE frequencies) computed on the CPU. Fill it with ``to_empty`` and a
@@ -277,10 +299,10 @@ def build_causal_lm(config: HFModelConfig) -> nn.Module:
         return causal_lm
     except (ValueError, KeyError, TypeError, ImportError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(
-            f"{config.model_type} cannot be built with {ATTENTION_NAME} attention (no transformers "
-            f"attention interface?): {message}"
-        ) from None
+        problem = (
+            f"no transformers attention interface ({ATTENTION_NAME} attention fails to build: {message})"
+        )
+        raise _BuildError(config.model_type, problem) from None
 
 
 def check_model(config: HFModelConfig, seq_len: int) -> None:
@@ -288,14 +310,16 @@ def check_model(config: HFModelConfig, seq_len: int) -> None:
     windows: its config (``hf_arch.config_problems``) and its modules, built on the meta device
     (``hf_arch.model_problems``)."""
     problems = config_problems(config.transformers_config, seq_len)
-    causal_lm = build_causal_lm(config)
-    problems += model_problems(causal_lm, *_modules(causal_lm, *decoder_and_head(causal_lm)))
-    if not decoder_layer_names(causal_lm):
-        problems.append("no decoder layers to shard (_no_split_modules)")
+    try:
+        causal_lm = build_causal_lm(config)
+    except _BuildError as err:
+        problems.append(err.problem)
+    else:
+        problems += model_problems(causal_lm, *_modules(causal_lm, *decoder_and_head(causal_lm)))
+        if not decoder_layer_names(causal_lm):
+            problems.append("no decoder layers to shard (_no_split_modules)")
     if problems:
-        raise ConfigError(
-            f"{config.model_type} cannot be trained with ring attention: it has {'; '.join(problems)}"
-        )
+        raise refusal(config.model_type, problems)
 
 
 def _modules(root: nn.Module, *names: str | None) -> list[nn.Module | None]:
@@ -351,9 +375,7 @@ class HFCausalLM(nn.Module):
         decoder, head = decoder_and_head(causal_lm)
         problems = model_problems(causal_lm, *_modules(causal_lm, decoder, head))
         if problems or decoder is None or head is None:
-            raise ConfigError(
-                f"{config.model_type} cannot be trained with ring attention: {'; '.join(problems)}"
-            )
+            raise refusal(config.model_type, problems)
         self.config = config
         self.attention: Attention = attention if attention is not None else RingAttention()
         for name, child in causal_lm.named_children():  # transformers' parameter names, unchanged
