@@ -23,7 +23,7 @@ import torch
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.trainer.config import TrainConfig
-from longctx.trainer.hf_io import config_json, load_weights, local_region
+from longctx.trainer.hf_io import config_json, load_weights, local_region, materialize
 from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
 from longctx.trainer.parallel import ParallelState
@@ -69,23 +69,8 @@ def build_model(
                 config, attention=attention, activation_checkpointing=activation_checkpointing
             )
     multiplier = shard_model(model, state, bf16=bf16) if state.sharded else 1.0
-    _materialize(model, state.device)
+    materialize(model, state.device)
     return BuiltModel(model, multiplier)
-
-
-def _materialize(model: TrainedModel, device: torch.device) -> None:
-    """Allocate ``model``'s meta parameters on ``device`` (``to_empty``), keeping tied parameters one
-    object (parameters are swapped in place, not replaced) and buffers their values."""
-    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)
-    try:
-        model.to_empty(device=device)  # leaves buffers uninitialized too
-    finally:
-        torch.__future__.set_swap_module_params_on_conversion(swap)
-    with torch.no_grad():
-        for name, buffer in model.named_buffers():
-            buffer.copy_(buffers[name])
 
 
 def choose_implementation(setting: str, hf_config: Mapping[str, Any] | None) -> str:

@@ -79,7 +79,7 @@ def config_problems(config: Any, seq_len: int) -> list[str]:
     no_rope = _get(config, "no_rope_layers")
     if no_rope and not all(no_rope):
         nope = [i for i, uses_rope in enumerate(no_rope) if not uses_rope]
-        problems.append(f"NoPE layers (no_rope_layers: layers {', '.join(map(str, nope))} have no RoPE)")
+        problems.append(f"NoPE layers (no_rope_layers: no RoPE in layers {', '.join(map(str, nope))})")
     v_dim, qk_dim = _get(config, "v_head_dim"), _get(config, "qk_head_dim")
     if v_dim is not None and qk_dim is not None and v_dim != qk_dim:
         problems.append(

@@ -171,6 +171,24 @@ _SAFETENSORS_FLOATS = {
 }
 
 
+def materialize(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    """Allocate a meta-device ``model``'s parameters on ``device`` (``to_empty``; in ``dtype`` when
+    given), uninitialized, keeping tied parameters one object (parameters are swapped in place, not
+    replaced) and buffers (a transformers model's RoPE frequencies) their values."""
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        if dtype is not None:
+            model.to(dtype)
+        model.to_empty(device=device)  # leaves buffers uninitialized too
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+
+
 def load_model(
     directory: str | os.PathLike[str],
     *,
@@ -191,7 +209,7 @@ def load_model(
         config.check_context_length(seq_len)
     with torch.device("meta"):
         model = Transformer(config, attention=attention, activation_checkpointing=activation_checkpointing)
-    model = model.to(dtype).to_empty(device=device)
+    materialize(model, device, dtype)
     load_weights(model, directory)
     return model
 

@@ -22,6 +22,7 @@ computes for that length (its ``ROPE_INIT_FUNCTIONS`` with ``seq_len``), not wit
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -40,6 +41,7 @@ from longctx.trainer.hf_arch import (
     window_pinnable,
 )
 from longctx.trainer.hf_attention import ATTENTION_NAME, ROWS_KWARG, PackedRows, checkpoint_layers, register
+from longctx.trainer.hf_io import config_json, load_weights, materialize
 from longctx.trainer.model import (
     Attention,
     RingAttention,
@@ -458,3 +460,20 @@ class HFCausalLM(nn.Module):
         losses = chunked_cross_entropy(hidden, labels, self.logits, vocab_size=self.config.vocab_size)
         # FSDP2 hooks the output for backward; an output that is a view could lose that hook
         return losses.clone() if losses._base is not None else losses
+
+
+def load_hf_model(
+    directory: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attention: Attention | None = None,
+    activation_checkpointing: str | bool = "none",
+) -> HFCausalLM:
+    """The transformers model of the checkpoint in ``directory`` with ring attention, unsharded, its
+    weights loaded in ``dtype`` on ``device`` (``hf_io.load_model``'s counterpart)."""
+    config = HFModelConfig.from_hf(config_json(directory))
+    model = HFCausalLM(config, attention=attention, activation_checkpointing=activation_checkpointing)
+    materialize(model, device, dtype)
+    load_weights(model, directory)
+    return model

@@ -390,10 +390,11 @@ def chunked_cross_entropy(
     chunk_tokens: int | None = None,
     ignore_index: int = -100,
 ) -> Tensor:
-    """Next-token cross-entropy of every token (float32, ``labels``' shape, 0 where ``labels`` is
-    ``ignore_index``), differentiable, for hidden states whose logits ``logits_of`` computes.
+    """Next-token cross-entropy of every token (float32, or float64 for float64 logits; ``labels``'
+    shape, 0 where ``labels`` is ``ignore_index``), differentiable, for hidden states whose logits
+    ``logits_of`` computes.
 
-    Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
+    Logits are computed in float32 (float64 stays) at most ``chunk_tokens`` tokens at a time (default
     ``longctx.trainer.memory.logits_chunk_tokens`` of ``vocab_size``); when the input takes more than one
     chunk, each chunk is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]``
     logits is alive. Summing gives the loss of this rank's tokens, which the caller normalizes by the
@@ -425,5 +426,6 @@ def chunked_cross_entropy(
 def _chunk_cross_entropy(
     hidden: Tensor, labels: Tensor, logits_of: Callable[[Tensor], Tensor], ignore_index: int
 ) -> Tensor:
-    logits = logits_of(hidden).float()
+    logits = logits_of(hidden)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")

@@ -1,0 +1,318 @@
+"""The transformers implementation (any transformers causal LM, ring attention through
+``AttentionInterface``) in one process, against the unmodified transformers model.
+
+References: transformers itself, running each document of a packed row alone with its default
+attention (logits and gradients, float64); transformers' own rotary modules and RoPE functions; the
+own decoder (itself tested against transformers in test_model_hf.py) where transformers, given one
+document, would pick other RoPE frequencies than the window's. The multi-process checks (context
+parallelism 2 and 3, world 4 against world 1, refusals through the CLI) are in test_hf_sharded.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longctx.core.errors import ConfigError
+from longctx.trainer.build import build_model, fill_random, saved_model_config
+from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model, load_hf_model
+from longctx.trainer.model import ModelConfig, RingAttention, Transformer
+from longctx.trainer.parallel import ParallelState
+from longctx.trainer.rope import RopeConfig, inverse_frequencies
+from tests.trainer.test_model_hf import randomize
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+TINY = {
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+# Qwen3: q/k norms, tied embeddings. OLMo 2: q/k norms over all heads, norms after the blocks, untied.
+MODELS: dict[str, dict[str, Any]] = {"qwen3": {"tie_word_embeddings": True}, "olmo2": {}}
+DOCS = [7, 13, 1, 20, 7]  # 48 tokens: a multiple of 2 x cp for cp 1, 2 and 3
+
+
+def save_random(folder: Path, model_type: str, seed: int = 0, **extra: Any) -> Path:
+    """A random transformers causal LM (weights large enough to exercise every path) saved by
+    ``save_pretrained`` in float64."""
+    config = AutoConfig.for_model(model_type, **{**TINY, **MODELS.get(model_type, {}), **extra})
+    model = AutoModelForCausalLM.from_config(config)
+    randomize(model, seed)
+    model.to(torch.float64).save_pretrained(folder)
+    return folder
+
+
+def packed(lengths: list[int], vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One packed row: ids, per-document positions, window indices, document ids and next-token
+    labels within each document (-100 at a document's last token)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (sum(lengths),), generator=generator)
+    labels = torch.cat([torch.cat([part[1:], torch.tensor([-100])]) for part in ids.split(lengths)])
+    return {
+        "input_ids": ids,
+        "position_ids": torch.cat([torch.arange(n) for n in lengths]),
+        "token_index": torch.arange(sum(lengths)),
+        "segment_ids": torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)),
+        "labels": labels,
+    }
+
+
+def documents_alone(folder: Path, row: dict[str, torch.Tensor], lengths: list[int]):
+    """transformers' logits of each document run alone (default attention) and the gradients of the
+    summed next-token losses, float64."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
+    logits, total = [], torch.zeros((), dtype=torch.float64)
+    for part in row["input_ids"].split(lengths):
+        out = model(input_ids=part[None]).logits[0]
+        logits.append(out.detach())
+        total = total + F.cross_entropy(out[:-1], part[1:], reduction="sum")
+    total.backward()
+    return torch.cat(logits), total.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("model_type", sorted(MODELS))
+def test_packed_row_equals_each_document_alone(model_type: str, tmp_path: Path) -> None:
+    folder = save_random(tmp_path / model_type, model_type)
+    row = packed(DOCS, TINY["vocab_size"])
+    want_logits, want_loss, want_grads = documents_alone(folder, row, DOCS)
+
+    model = load_hf_model(folder, dtype=torch.float64)
+    assert isinstance(model.attention, RingAttention) and model.tied == (model_type == "qwen3")
+    inputs = {k: v for k, v in row.items() if k != "labels"}
+    logits = model.logits(model(**inputs))
+    losses = model(**inputs, labels=row["labels"])
+    losses.sum().backward()
+    assert relative_error(logits.detach(), want_logits) < 1e-10
+    assert relative_error(losses.sum().detach(), want_loss) < 1e-10
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert grads.keys() <= want_grads.keys()  # transformers lists a tied lm_head.weight too
+    for name, grad in grads.items():
+        assert relative_error(grad, want_grads[name]) < 1e-10, name
+
+
+def test_the_implementation_is_chosen_by_what_the_own_decoder_reads() -> None:
+    llama = AutoConfig.for_model("llama", **TINY).to_dict()
+    qwen3 = AutoConfig.for_model("qwen3", **TINY).to_dict()
+    assert isinstance(saved_model_config(llama, "auto"), ModelConfig)
+    assert isinstance(saved_model_config(qwen3, "auto"), HFModelConfig)
+    assert isinstance(saved_model_config(llama, "transformers"), HFModelConfig)
+    tiny = saved_model_config(None, "transformers", tiny={"hidden_size": 32}, vocab_size=50)
+    assert isinstance(tiny, HFModelConfig) and tiny.model_type == "llama" and tiny.vocab_size == 50
+    assert isinstance(saved_model_config(None, "auto", vocab_size=50), ModelConfig)
+    with pytest.raises(
+        ConfigError, match=r"unsupported model_type 'qwen3'.*implementation auto or transformers"
+    ):
+        saved_model_config(qwen3, "longctx")
+
+
+def test_tiny_llama_trains_alike_on_both_implementations() -> None:
+    """The own decoder and transformers' Llama, filled with the same seeded weights, give the same
+    token losses and gradients on a packed row (the two paths do the same work)."""
+    own_config = ModelConfig.tiny("llama", vocab_size=96, tie_word_embeddings=True)
+    state = ParallelState.single()
+    own = build_model(own_config, state, activation_checkpointing="none", bf16=False).model
+    hf = build_model(
+        HFModelConfig.from_hf(own_config.to_hf()), state, activation_checkpointing="none", bf16=False
+    )
+    hf = hf.model
+    assert [n for n, _ in own.named_parameters()] == [n for n, _ in hf.named_parameters()]
+    for model in (own, hf):
+        fill_random(model, seed=3)
+    row = packed(DOCS, 96, seed=1)
+    inputs = {k: v for k, v in row.items() if k != "labels"}
+    own_losses, hf_losses = (model(**inputs, labels=row["labels"]) for model in (own, hf))
+    for losses in (own_losses, hf_losses):
+        losses.sum().backward()
+    torch.testing.assert_close(hf_losses, own_losses, rtol=1e-5, atol=1e-6)
+    for (name, a), (_, b) in zip(own.named_parameters(), hf.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "rope_scaling",
+    [
+        {"rope_type": "dynamic", "factor": 4.0},
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.25 * i for i in range(8)],
+            "long_factor": [2.0 + 0.5 * i for i in range(8)],
+            "original_max_position_embeddings": 24,
+        },
+    ],
+    ids=["dynamic", "longrope"],
+)
+def test_length_dependent_rope_takes_the_window_length(rope_scaling: dict[str, Any]) -> None:
+    """With a 48-token window of documents no longer than 20 tokens and a pretraining length of 24,
+    dynamic and longrope rotate with the frequencies of the window's length (as the own decoder, given
+    rope_seq_len), on every subset of the window's tokens (a rank's zigzag share); transformers alone
+    would take each call's largest position (the unscaled or short-factor frequencies here)."""
+    base = ModelConfig.tiny("llama", vocab_size=96, rope=RopeConfig(16, max_position_embeddings=24))
+    base = base.with_rope(rope_scaling=rope_scaling)
+    own_config = base.with_rope(max_position_embeddings=24)
+    hf_config = HFModelConfig.from_hf(base.to_hf()).with_rope(max_position_embeddings=24)
+    state = ParallelState.single()
+    own = build_model(own_config, state, activation_checkpointing="none", bf16=False).model
+    hf = build_model(hf_config, state, activation_checkpointing="none", bf16=False).model
+    for model in (own, hf):
+        fill_random(model, seed=5)
+    row = packed(DOCS, 96, seed=2)
+    inputs = {k: v for k, v in row.items() if k != "labels"}
+    with torch.no_grad():
+        want = own.logits(own(**inputs, rope_seq_len=48))
+        alone = hf.logits(hf(**inputs))  # no window given: the row's largest position (19)
+        got = hf.logits(hf(**inputs, rope_seq_len=48))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(alone, want, rtol=1e-3, atol=1e-3)
+    rotary = hf.model.rotary_emb
+    full_cos, _ = rotary(torch.zeros(1, dtype=torch.float32), row["position_ids"][None])
+    shard = torch.arange(8, 16)  # positions 1..8 of the fourth document only
+    cos, _ = rotary(torch.zeros(1, dtype=torch.float32), row["position_ids"][shard][None])
+    assert torch.equal(cos[0], full_cos[0, shard])
+
+
+def test_rope_overrides_reach_the_transformers_rotary_module() -> None:
+    """train.model.rope_scaling / rope_theta and max_position_embeddings = target, written into the
+    transformers config: the model's rotary frequencies equal longctx's for the same declaration
+    (ntk as default RoPE with the NTK base; a missing original length is the checkpoint's)."""
+    hf = HFModelConfig.from_hf(AutoConfig.for_model("qwen3", **TINY).to_dict())
+    cases = [
+        ({"rope_type": "yarn", "factor": 4.0}, None),
+        ({"rope_type": "ntk", "factor": 8.0}, None),
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, 500_000.0),
+        (None, 123_456.0),
+    ]
+    for scaling, theta in cases:
+        config = hf.with_rope(rope_scaling=scaling, rope_theta=theta, max_position_embeddings=256)
+        assert config.max_position_embeddings == 256
+        model = HFCausalLM(config)
+        declared = {"max_position_embeddings": 64, "rope_theta": theta or 10_000.0, "rope_scaling": scaling}
+        expected = RopeConfig.from_hf(declared, 8).with_overrides(max_position_embeddings=256)
+        inv_freq, scaling_factor = inverse_frequencies(expected)
+        torch.testing.assert_close(model.model.rotary_emb.inv_freq, inv_freq.float(), rtol=1e-6, atol=0)
+        assert model.model.rotary_emb.attention_scaling == pytest.approx(scaling_factor)
+        params = config.to_hf()["rope_parameters"]
+        if scaling is not None and scaling["rope_type"] in ("yarn", "llama3"):
+            assert params["original_max_position_embeddings"] == 64
+        assert params["rope_type"] == (
+            "default" if scaling is None or scaling["rope_type"] == "ntk" else scaling["rope_type"]
+        )
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_keeps_gradients(mode: str, tmp_path: Path, monkeypatch) -> None:
+    """full recomputes each decoder layer, its ring attention included; selective recomputes the
+    layer but reuses the attention's output (the ring's forward runs once per layer)."""
+    from longctx.trainer.attention import ring
+
+    folder = save_random(tmp_path / "qwen3", "qwen3")
+    row = packed(DOCS, TINY["vocab_size"], seed=3)
+    inputs = {k: v for k, v in row.items() if k != "labels"}
+    ring_forward, calls = ring.ring_forward, []
+
+    def counted(*args: Any) -> Any:
+        calls.append(torch.is_grad_enabled())
+        return ring_forward(*args)
+
+    monkeypatch.setattr(ring, "ring_forward", counted)
+    results = {}
+    for checkpointing in ("none", mode):
+        calls.clear()
+        model = load_hf_model(folder, dtype=torch.float64, activation_checkpointing=checkpointing)
+        model(**inputs, labels=row["labels"]).sum().backward()
+        results[checkpointing] = ({n: p.grad for n, p in model.named_parameters()}, len(calls))
+    layers = TINY["num_hidden_layers"]
+    assert results["none"][1] == layers
+    assert results[mode][1] == (2 * layers if mode == "full" else layers)
+    for name, grad in results["none"][0].items():
+        assert relative_error(results[mode][0][name], grad) < 1e-12, name
+
+
+REFUSED = [
+    (
+        "qwen3",
+        {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 0},
+        "sliding-window layers",
+    ),
+    ("gemma2", {"sliding_window": 4096}, "logit soft-capping (attn_logit_softcapping = 50.0, final"),
+    ("gpt2", {"n_embd": 32, "n_layer": 2, "n_head": 4}, "absolute position embeddings (transformer.wpe)"),
+    ("bloom", {"n_layer": 2, "n_head": 4}, "no rotary position embedding"),
+    ("smollm3", {"no_rope_layers": [1, 0]}, "NoPE layers (no_rope_layers: no RoPE in layers 1)"),
+    ("t5", {}, "it is an encoder-decoder"),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[case[0] for case in REFUSED])
+def test_unsupported_architectures_are_refused_in_one_line(case: tuple[str, dict, str]) -> None:
+    model_type, extra, missing = case
+    try:
+        config = HFModelConfig.from_hf(AutoConfig.for_model(model_type, **{**TINY, **extra}).to_dict())
+        check_model(config, 64)
+    except ConfigError as err:
+        message = str(err)
+    else:
+        pytest.fail(f"{model_type} was not refused")
+    assert missing in message and "\n" not in message, message
+
+
+def test_models_the_ring_trains_are_not_refused() -> None:
+    """Qwen3 with a sliding window no shorter than the training windows (it never cuts a document),
+    and decoders with biases, partial rotary or logit scaling (Phi-3, Granite, Cohere, GPT-NeoX)."""
+    for model_type, extra in [
+        ("qwen3", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}),
+        ("phi3", {}),
+        ("granite", {"logits_scaling": 4.0}),
+        ("cohere", {"logit_scale": 0.5}),
+        ("gpt_neox", {}),
+    ]:
+        check_model(
+            HFModelConfig.from_hf(AutoConfig.for_model(model_type, **{**TINY, **extra}).to_dict()), 64
+        )
+
+
+@pytest.mark.parametrize("model_type", ["granite", "cohere"])
+def test_logit_scaling_is_applied_as_the_causal_lm_applies_it(model_type: str, tmp_path: Path) -> None:
+    extra = {"logits_scaling": 4.0} if model_type == "granite" else {"logit_scale": 0.5}
+    folder = save_random(tmp_path / model_type, model_type, **extra)
+    row = packed(DOCS, TINY["vocab_size"])
+    want, _, _ = documents_alone(folder, row, DOCS)
+    model = load_hf_model(folder, dtype=torch.float64)
+    with torch.no_grad():
+        got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
+    assert relative_error(got, want) < 1e-10
+
+
+def test_exported_config_reloads_in_transformers(tmp_path: Path) -> None:
+    """The config the export writes (HFModelConfig.to_hf) is the transformers config, with the run's
+    RoPE, the causal-LM architecture and no storage dtype or attention implementation."""
+    hf = HFModelConfig.from_hf(json.loads(AutoConfig.for_model("olmo2", **TINY).to_json_string()))
+    config = hf.with_rope(rope_scaling={"rope_type": "linear", "factor": 2.0}, max_position_embeddings=128)
+    written = config.to_hf()
+    assert written["architectures"] == ["Olmo2ForCausalLM"]
+    assert not {"dtype", "torch_dtype", "transformers_version"} & written.keys()
+    folder = tmp_path / "config"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(written))
+    reloaded = AutoConfig.from_pretrained(folder)
+    assert reloaded.max_position_embeddings == 128
+    assert reloaded.rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10_000.0}
+    assert HFModelConfig.from_hf(written) == config  # a checkpoint's settings compare equal on resume
