@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from longctx.core.errors import ConfigError
 from longctx.trainer.build import build_model, fill_random, saved_model_config
 from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model, load_hf_model
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
+from longctx.trainer.model import ModelConfig, RingAttention
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.rope import RopeConfig, inverse_frequencies
 from tests.trainer.test_model_hf import randomize
