@@ -203,8 +203,14 @@ class HFModelConfig:
         ``rope_theta``, ``ntk`` becomes default RoPE with the NTK base, and ``max_position_embeddings``
         is replaced last."""
         config = self.transformers_config
-        versioned = hasattr(config, "rope_parameters")  # transformers 5; before: rope_scaling + rope_theta
-        current = dict((config.rope_parameters if versioned else config.rope_scaling) or {})
+        hf = self.to_hf()
+        if max_position_embeddings is not None:
+            hf["max_position_embeddings"] = max_position_embeddings
+        # transformers 5 declares RoPE in rope_parameters (with rope_theta); before: rope_scaling, rope_theta
+        versioned = int(require_transformers().__version__.split(".")[0]) >= 5
+        current = dict(getattr(config, "rope_parameters" if versioned else "rope_scaling", None) or {})
+        if not current and getattr(config, "rope_theta", None) is None:
+            return HFModelConfig.from_hf(hf)  # no RoPE declared: check_model refuses the model
         if any(isinstance(v, Mapping) for v in current.values()) and (rope_scaling or rope_theta):
             raise ConfigError(
                 "train.model.rope_scaling: this model declares RoPE per layer type; it cannot be overridden"
@@ -232,7 +238,6 @@ class HFModelConfig:
             rotated = int(head_dim * params.pop("partial_rotary_factor", 1.0))
             theta = ntk_theta(RopeConfig(rotated, rope_type="ntk", theta=theta, factor=params.pop("factor")))
             rope_type = "default"
-        hf = self.to_hf()
         if versioned:
             hf["rope_parameters"] = {"rope_type": rope_type, "rope_theta": theta, **params}
             hf.pop("rope_scaling", None)
@@ -240,8 +245,6 @@ class HFModelConfig:
         else:
             hf["rope_theta"] = theta
             hf["rope_scaling"] = {"rope_type": rope_type, **params} if rope_type != "default" else None
-        if max_position_embeddings is not None:
-            hf["max_position_embeddings"] = max_position_embeddings
         return HFModelConfig.from_hf(hf)
 
 
