@@ -37,9 +37,11 @@ ROWS_KWARG = "longctx_rows"
 
 @dataclass(frozen=True)
 class PackedRows:
-    """What the attention of every layer needs about the batch: one bound ring attention per row
-    (called ``(q, k, v, softmax_scale=..., cache=...)``) and the window length, the largest span a
-    document can have (a sliding window at least this long never cuts a document)."""
+    """What the attention of every layer needs about the batch: one bound attention per row, called
+    ``(q, k, v, softmax_scale=...)`` (and ``cache=`` under selective checkpointing): the ring's
+    (``RingAttention.bind``) or, in evaluation, a key/value cache's (``generate.KVCache``); and the
+    window length, the largest span a document can have (a sliding window at least this long never
+    cuts a document)."""
 
     rows: Sequence[RowAttention]
     window: int
@@ -103,7 +105,7 @@ def ring_attention_forward(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     caches = _CACHES.get()
     out = [
-        attend(q[b], k[b], v[b], softmax_scale=scaling, cache=caches.next_cache() if caches else None)
+        attend(q[b], k[b], v[b], softmax_scale=scaling, **({"cache": caches.next_cache()} if caches else {}))
         for b, attend in enumerate(packed.rows)
     ]
     return torch.stack(out), None

@@ -155,6 +155,10 @@ class HFModelConfig:
         return bool(getattr(self.transformers_config, "tie_word_embeddings", False))
 
     @property
+    def num_hidden_layers(self) -> int:
+        return int(self.transformers_config.num_hidden_layers)
+
+    @property
     def max_position_embeddings(self) -> int:
         return int(self.transformers_config.max_position_embeddings)
 

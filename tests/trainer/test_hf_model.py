@@ -10,6 +10,7 @@ parallelism 2 and 3, world 4 against world 1, refusals through the CLI) are in t
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ import torch.nn.functional as F
 
 from longctx.core.errors import ConfigError
 from longctx.trainer.build import build_model, fill_random, saved_model_config
+from longctx.trainer.generate import greedy_generate
 from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model, load_hf_model
-from longctx.trainer.model import ModelConfig, RingAttention
+from longctx.trainer.model import ModelConfig, RingAttention, Transformer
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.rope import RopeConfig, inverse_frequencies
 from tests.trainer.test_model_hf import randomize
@@ -299,6 +301,55 @@ def test_logit_scaling_is_applied_as_the_causal_lm_applies_it(model_type: str, t
     with torch.no_grad():
         got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
     assert relative_error(got, want) < 1e-10
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "granite"])
+def test_greedy_generation_with_the_key_value_cache_equals_transformers(
+    model_type: str, tmp_path: Path
+) -> None:
+    """``longctx eval``'s generation (generate.greedy_generate, a KVCache as the model's attention) on
+    the transformers path, against transformers recomputing the whole sequence for every token.
+    Granite scales attention scores by attention_multiplier (1.0), not 1/sqrt(head_dim)."""
+    folder = save_random(tmp_path / model_type, model_type)
+    prompt = list(range(3, 23))
+    got = greedy_generate(load_hf_model(folder, dtype=torch.float64), prompt, 6, torch.device("cpu"))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
+    sequence = list(prompt)
+    with torch.no_grad():
+        for _ in range(6):
+            sequence.append(int(reference(input_ids=torch.tensor([sequence])).logits[0, -1].argmax()))
+    assert got == sequence[len(prompt) :]
+
+
+def test_eval_loads_checkpoints_with_the_implementation_that_reads_them(tmp_path: Path) -> None:
+    """longctx eval scores a checkpoint folder with the own decoder where it reads it (Llama) and
+    with its transformers code otherwise (Qwen3); both give transformers' per-document loss."""
+    from longctx.core.config import ContextConfig
+    from longctx.trainer.eval_job import ModelSpec, _load
+    from longctx.trainer.evaluate import loss_by_position
+
+    row = packed(DOCS, TINY["vocab_size"], seed=4)
+    cu = torch.tensor([0, *itertools.accumulate(DOCS)])
+    sample = {
+        "input_ids": row["input_ids"],
+        "position_ids": row["position_ids"],
+        "labels": row["labels"].clamp_min(0),
+        "loss_mask": row["labels"] >= 0,
+        "cu_seqlens": cu,
+    }
+    for model_type, kind in (("llama", Transformer), ("qwen3", HFCausalLM)):
+        folder = save_random(tmp_path / model_type, model_type)
+        spec = ModelSpec(model_type, str(folder), folder)
+        model = _load(
+            spec, None, ContextConfig(original=16, target=48), TINY["vocab_size"], torch.device("cpu")
+        )
+        assert type(model) is kind
+        buckets = loss_by_position(model.double(), [sample], 16, 48, torch.device("cpu"))
+        _, total, _ = documents_alone(folder, row, DOCS)
+        mean = sum(b["mean_loss"] * b["tokens"] for b in buckets if b["tokens"]) / sum(
+            b["tokens"] for b in buckets
+        )
+        assert mean == pytest.approx(float(total) / int((row["labels"] >= 0).sum()), rel=1e-6)
 
 
 def test_exported_config_reloads_in_transformers(tmp_path: Path) -> None:
