@@ -22,6 +22,7 @@ computes for that length (its ``ROPE_INIT_FUNCTIONS`` with ``seq_len``), not wit
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def require_transformers() -> Any:
     """The ``transformers`` module, or a :class:`ConfigError` naming the extra that installs it."""
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None:
         raise ConfigError(
-            f"train.model.implementation transformers needs transformers and accelerate: {EXTRA}"
+            "the transformers implementation (train.model.implementation) needs transformers and "
+            f"accelerate: {EXTRA}"
         )
     import transformers
 
@@ -128,7 +130,8 @@ class HFModelConfig:
 
     @classmethod
     def _of(cls, config: Any) -> HFModelConfig:
-        hf = {k: v for k, v in config.to_diff_dict().items() if k not in _UNSAVED_KEYS}
+        written = json.loads(config.to_json_string(use_diff=True))  # what save_pretrained writes
+        hf = {k: v for k, v in written.items() if k not in _UNSAVED_KEYS}
         hf["model_type"] = config.model_type
         hf["architectures"] = [_causal_lm_class_name(config)]
         return cls(hf)
