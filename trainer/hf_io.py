@@ -16,7 +16,7 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -24,9 +24,6 @@ from torch import Tensor
 
 from longctx.core.atomic import atomic_path
 from longctx.trainer.model import Attention, ModelConfig, Transformer
-
-if TYPE_CHECKING:
-    from longctx.trainer.hf_model import HFCausalLM, HFModelConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -80,7 +77,7 @@ def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
     raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
 
 
-def _skipped(name: str, config: ModelConfig | HFModelConfig) -> bool:
+def _skipped(name: str, config: Any) -> bool:
     """Stored tensors the model has no parameter for, by design (see the module docstring)."""
     return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
 
@@ -108,8 +105,12 @@ def local_region(param: Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
-def load_weights(model: Transformer | HFCausalLM, directory: str | os.PathLike[str]) -> None:
+def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
     """Copy the checkpoint's tensors in ``directory`` into ``model``'s parameters (converting dtype).
+
+    ``model`` has Hugging Face parameter names and a ``config`` with ``model_type`` and
+    ``tie_word_embeddings``: a :class:`Transformer` or a transformers model on the ring attention
+    path (``hf_model.HFCausalLM``).
 
     Every parameter must be present with its exact shape and no unknown tensor may be stored;
     all names and shapes are checked before anything is copied. Each parameter receives only the
