@@ -166,13 +166,17 @@ def assert_same_weights(folder: Path, reference: Path) -> None:
 def test_world_4_equals_world_1_resumes_at_world_2_and_exports(packed: Path, tmp_path: Path) -> None:
     bases = {name: save_base(tmp_path / f"base_{name}", name) for name in sorted(MODELS)}
     # DP 2 x CP 2 against one process accumulating the same 4 rows per step: Qwen3 6 steps (checkpoints
-    # at 3 and 6), OLMo 2 3 steps.
-    steps = {"qwen3": 6, "olmo2": 3}
+    # at 3 and 6) with full activation checkpointing, OLMo 2 3 steps with selective checkpointing.
+    settings = {
+        "qwen3": {"steps": 6, "activation_checkpointing": "full"},
+        "olmo2": {"steps": 3, "activation_checkpointing": "selective"},
+    }
     runs = [
-        (name, run_config(packed, tmp_path / name, bases[name], steps=steps[name], cp=2)) for name in bases
+        (name, run_config(packed, tmp_path / name, base, cp=2, **settings[name]))
+        for name, base in bases.items()
     ]
     reference = {
-        name: jobs.train(parse_config(run_config(packed, tmp_path / f"ref_{name}", base, steps=steps[name])))
+        name: jobs.train(parse_config(run_config(packed, tmp_path / f"ref_{name}", base, **settings[name])))
         for name, base in bases.items()
     }
     world4 = train_on(4, runs, tmp_path)
@@ -186,7 +190,8 @@ def test_world_4_equals_world_1_resumes_at_world_2_and_exports(packed: Path, tmp
     shutil.copytree(tmp_path / "qwen3", resumed)
     shutil.rmtree(resumed / "train" / "checkpoints" / "step_0000006")
     shutil.rmtree(resumed / "train" / "final")
-    world2 = train_on(2, [("resumed", run_config(packed, resumed, bases["qwen3"], steps=6, cp=2))], tmp_path)
+    again = run_config(packed, resumed, bases["qwen3"], cp=2, **settings["qwen3"])
+    world2 = train_on(2, [("resumed", again)], tmp_path)
     assert_close_losses(world2["resumed"], reference["qwen3"].losses[3:])
     assert_same_weights(resumed / "train" / "final", tmp_path / "ref_qwen3" / "train" / "final")
 
