@@ -231,31 +231,40 @@ REFUSALS = {
 }
 
 
+def start_training(
+    packed: Path, tmp_path: Path, name: str, model_type: str, extra: dict, **model: Any
+) -> Any:
+    """``longctx train --nproc 2`` (2 steps) on a random ``model_type`` checkpoint, in the background."""
+    config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": VOCAB, **extra})
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"base_{name}")
+    settings = train_config(
+        packed, tmp_path / name, steps=2, model={"hf_path": str(tmp_path / f"base_{name}"), **model}
+    )
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    command = [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
 def test_unsupported_models_are_refused_before_any_rank_starts(packed: Path, tmp_path: Path) -> None:
     """`longctx train --nproc 2` on each: exit status 2, one line naming what is missing, nothing
-    written into the output folder (the commands run side by side)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    started = {}
-    for name, (model_type, extra, implementation, _) in REFUSALS.items():
-        config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": VOCAB, **extra})
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"base_{name}")
-        model = {"hf_path": str(tmp_path / f"base_{name}"), "implementation": implementation}
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(train_config(packed, tmp_path / name, model=model)))
-        command = [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"]
-        started[name] = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+    written into the output folder; a Qwen3 base model (implementation auto) trains (the commands run
+    side by side)."""
+    started = {
+        name: start_training(packed, tmp_path, name, model_type, extra, implementation=implementation)
+        for name, (model_type, extra, implementation, _) in REFUSALS.items()
+    }
+    qwen3 = start_training(packed, tmp_path, "qwen3", "qwen3", {})
     for name, process in started.items():
         _, stderr = process.communicate(timeout=300)
         missing = REFUSALS[name][3]
         assert process.returncode == 2, (name, stderr[-2000:])
         lines = stderr.strip().splitlines()
-        assert (
-            len(lines) == 1 and lines[0].startswith("longctx train: train.model") and missing in lines[0]
-        ), (
-            name,
-            stderr,
-        )
+        assert len(lines) == 1, (name, stderr)
+        assert lines[0].startswith("longctx train: train.model") and missing in lines[0], (name, stderr)
         assert not (tmp_path / name).exists(), name
+    _, stderr = qwen3.communicate(timeout=600)
+    assert qwen3.returncode == 0, stderr[-3000:]
+    assert (tmp_path / "qwen3" / "train" / "final" / "model.safetensors").is_file()
