@@ -8,7 +8,7 @@ assembles them, and each command hands every job only its own section and what i
 Every section forbids unknown keys, so a typo (``min_token`` for ``min_tokens``) is an error naming
 the key and a suggestion, never a silently ignored setting: the whole file is checked when it is
 read. What a section names outside the file (paths that must exist, optional extras) is checked by
-:func:`check_sections` for the sections a job uses (``longctx.jobs``), so that a missing
+:func:`check_world` for the sections a job uses (``longctx.jobs``), so that a missing
 ``train.model.hf_path`` stops ``longctx train``, not ``longctx curate``. Relative paths are taken
 relative to the current working directory.
 """
@@ -59,7 +59,7 @@ def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
     return cfg
 
 
-def check_sections(cfg: RootConfig, sections: Iterable[str]) -> None:
+def check_world(cfg: RootConfig, sections: Iterable[str]) -> None:
     """Refuse a run whose ``sections`` (dotted keys such as ``curate`` or ``train.model``; absent ones
     are skipped) name a path that does not exist or an optional extra that is not installed: a
     :class:`ConfigError` naming every such key. Each job checks the sections it uses before any work."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from longctx.config import RootConfig, check_sections
+from longctx.config import RootConfig, check_world
 from longctx.core.errors import ConfigError
 
 if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
@@ -40,11 +40,11 @@ also uses ``train.model`` when it evaluates the ``base`` model; ``train`` and ``
 
 def check(cfg: RootConfig, *names: str) -> None:
     """Refuse, before any work, a config whose sections used by the jobs ``names`` (keys of :data:`SECTIONS`)
-    name a missing path or an extra that is not installed: see :func:`longctx.config.check_sections`."""
+    name a missing path or an extra that is not installed: see :func:`longctx.config.check_world`."""
     sections = [section for name in names for section in SECTIONS[name]]
     if "eval" in names and cfg.eval is not None and "base" in cfg.eval.models:
         sections.append("train.model")
-    check_sections(cfg, sections)
+    check_world(cfg, sections)
 
 
 def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel
 
 from longctx.cli import main
-from longctx.config import RootConfig, check_sections, load_config, parse_config
+from longctx.config import RootConfig, check_world, load_config, parse_config
 from longctx.core.errors import ConfigError
 
 BASE = {"context": {"original": 512, "target": 2048}}
@@ -74,11 +74,11 @@ def test_missing_paths_are_named_when_their_section_is_checked(tmp_path: Path) -
         cfg = parse_config(BASE | settings)
         section = key.split(".")[0]
         with pytest.raises(ConfigError) as err:
-            check_sections(cfg, [section])
+            check_world(cfg, [section])
         header, line = str(err.value).splitlines()  # one line for the one problem
         assert header == "invalid configuration in <dict>:"
         assert line.startswith(f"  {key}: ") and problem in line and str(tmp_path / "nope") in line
-        check_sections(cfg, [s for s in sections if s != section])
+        check_world(cfg, [s for s in sections if s != section])
 
 
 def test_every_missing_path_of_the_checked_sections_is_named(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_every_missing_path_of_the_checked_sections_is_named(tmp_path: Path) -> 
             settings[section] = settings.get(section, {}) | values
     cfg = load_config(_write(tmp_path, settings))
     with pytest.raises(ConfigError) as err:
-        check_sections(cfg, ["tokenizer", "curate", "train.model"])
+        check_world(cfg, ["tokenizer", "curate", "train.model"])
     lines = str(err.value).splitlines()
     assert lines[0] == f"invalid configuration in {tmp_path / 'cfg.yaml'}:"
     keys = [line.split(":")[0].strip() for line in lines[1:]]
@@ -107,7 +107,7 @@ def test_present_paths_urls_and_hub_ids_pass(tmp_path: Path) -> None:
         "train": {"model": {"hf_path": str(tmp_path / "ckpt")}},
         "eval": {"shards": "s3://bucket/shards", "models": ["base", str(tmp_path / "ckpt")]},
     }
-    check_sections(parse_config(settings), ["tokenizer", "curate", "pack", "train", "eval"])
+    check_world(parse_config(settings), ["tokenizer", "curate", "pack", "train", "eval"])
 
 
 def test_semantic_checks() -> None:
