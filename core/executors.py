@@ -12,7 +12,6 @@ the executor starts dies with the command, even when it is killed (:mod:`longctx
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 from collections.abc import Collection, Iterator
@@ -42,27 +41,15 @@ Stage = tuple[str, list[PipelineStep], int]
 
 
 def warm_task_caches() -> None:
-    """Fill, once per process, two caches that datatrove's tasks would otherwise fill in every worker
-    or on every task. Called when this module is imported: the job's forkserver imports it, so the
-    workers it forks start with both.
+    """Fill, once per process, a cache that datatrove's tasks would otherwise fill in every worker.
+    Called when this module is imported: the job's forkserver imports it, so the workers it forks
+    start with it filled.
 
-    - datatrove checks that pyarrow is installed whenever a Parquet step is built or unpickled (every
-      worker unpickles its stage's steps), by parsing the metadata of every installed distribution
-      (~35 ms per process; its answer is cached per process).
-    - datatrove adds three loguru handlers per task (two when the task starts, one when it ends), and
-      each ``logger.add`` scans every install scheme of :mod:`sysconfig` for the library folders it
-      shortens in tracebacks (~3 ms; about 0.1 s of a curation's driver, which runs the small stages'
-      tasks one after another). The folders do not change within a process, but loguru has no
-      setting to keep them: its (private) scan is wrapped in a cache here, and loguru is left as it
-      is where that scan is not found.
+    datatrove checks that pyarrow is installed whenever a Parquet step is built or unpickled (every
+    worker unpickles its stage's steps), by parsing the metadata of every installed distribution
+    (~35 ms per process; its answer is cached per process).
     """
     check_required_dependencies("Parquet steps", ["pyarrow"])
-    from loguru import _better_exceptions
-
-    formatter = getattr(_better_exceptions, "ExceptionFormatter", None)
-    scan = getattr(formatter, "_get_lib_dirs", None)
-    if callable(scan) and not hasattr(scan, "cache_info"):
-        formatter._get_lib_dirs = staticmethod(functools.cache(scan))
 
 
 warm_task_caches()

@@ -328,12 +328,12 @@ def run_fingerprint(
     tokenizer: dict[str, Any],
     specials: dict[str, Any],
 ) -> dict[str, Any]:
-    """What determines the output's bytes: resolved sources (without their storage options, which
-    hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
+    """What determines the output's bytes: resolved sources (their dump leaves out the storage options,
+    which hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
     and file-level deduplication), reader limits, the tokenizer (its bytes, or its training
     settings), the special tokens, and the task count."""
     return {
-        "sources": [json.loads(s.model_dump_json(exclude={"storage_options"})) for s in sources],
+        "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
         "dedup": json.loads(curate.dedup.model_dump_json()),
         "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,

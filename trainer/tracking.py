@@ -11,7 +11,8 @@ which never deletes a record), TensorBoard is told to purge them (``purge_step``
 run (its id is kept in the run folder), where steps it has already seen are not logged twice.
 
 TensorBoard (``torch.utils.tensorboard``) and W&B are optional extras, imported only when
-configured; the config already refuses them when they are not installed (``LogConfig``).
+configured; ``longctx train`` refuses them before it starts when they are not installed (the checks
+of ``LogConfig``, run by ``longctx.jobs.check``).
 """
 
 from __future__ import annotations

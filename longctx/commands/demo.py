@@ -33,6 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
+    from longctx import jobs
     from longctx.config import load_config
     from longctx.demo import packaged_config, run_demo
 
@@ -42,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with packaged_config() if args.config is None else contextlib.nullcontext(args.config) as config_path:
         cfg = load_config(config_path, {"output": str(args.output) if args.output else None})
+        jobs.check(cfg, *jobs.SECTIONS)  # every stage's sections, before the first stage starts
         run_demo(cfg, config_path, verbose=args.verbose)
     return 0

@@ -141,12 +141,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _config_defaults(path: Path) -> dict[str, object]:
     """What a run config says about the plan: model, length, cp, replicas, activation checkpointing."""
-    from longctx.config import load_config
+    from longctx.config import check_world, load_config
     from longctx.core.errors import ConfigError
 
     cfg = load_config(path)
     if cfg.train is None:
         raise ConfigError(f"{path} has no 'train' section")
+    check_world(cfg, ["train.model"])
     defaults: dict[str, object] = {
         "lengths": str(cfg.context.target),
         "cp": cfg.train.cp,

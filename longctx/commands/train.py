@@ -44,6 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx import jobs
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
@@ -62,13 +63,12 @@ def run(args: argparse.Namespace) -> int:
         )
         if cfg.train is None:
             raise ConfigError(f"{args.config} has no 'train' section")
+        jobs.check(cfg, "train")  # before torchrun starts any rank
         launcher = bool(args.nproc) and "RANK" not in os.environ
         world = args.nproc if launcher else int(os.environ.get("WORLD_SIZE", "1"))
         check_before_start(cfg.train, cfg.context, cfg.output, world)
         if launcher:
             return launch_training(args.nproc, torchrun_args(args), cfg.output)
-        from longctx import jobs
-
         if args.export is not None:
             folder = jobs.export(cfg, args.export)
             if int(os.environ.get("RANK", "0")) == 0:
