@@ -61,7 +61,7 @@ def _outside(missing: Path) -> list[tuple[dict, str, str]]:
             "path does not exist",
         ),
         ({"train": {"model": {"hf_path": str(missing)}}}, "train.model.hf_path", "path does not exist"),
-        ({"eval": {"shards": str(missing)}}, "eval.shards", "path does not exist"),
+        ({"eval": {"shards": str(missing), "models": ["trained"]}}, "eval.shards", "path does not exist"),
         ({"eval": {"models": ["trained", str(missing)]}}, "eval.models", "nor a Hugging Face checkpoint"),
     ]
 
