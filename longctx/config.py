@@ -20,6 +20,7 @@ from pydantic import Field
 
 from longctx.core.config import ContextConfig, StrictModel, TokenizerConfig, validate_section
 from longctx.core.errors import ConfigError
+from longctx.core.remote import is_remote
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
 from longctx.trainer.config import EvalConfig, TrainConfig
@@ -37,10 +38,20 @@ class RootConfig(StrictModel):
     eval: EvalConfig | None = None
 
 
+LOCAL_RUN_FOLDER = (
+    "the run folder holds resume state, locks and temporary files, which object storage cannot hold "
+    "safely, so it is a local path; jobs publish their results to object storage instead: curate.output "
+    "(`longctx curate --publish URL`), pack.output (`longctx pack --publish URL`), train.export.output"
+)
+"""Why ``output`` (``--output``) is never a URL, and what to use instead."""
+
+
 def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
     """Validate a config mapping; raise :class:`ConfigError` naming every bad key."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
+    if isinstance(data.get("output"), str) and is_remote(data["output"]):
+        raise ConfigError(f"{origin}: output {data['output']} is a URL; {LOCAL_RUN_FOLDER}")
     return validate_section(RootConfig, data, origin)
 
 

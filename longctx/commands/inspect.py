@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--show", type=int, metavar="ROW", help="decode row ROW with its segments and provenance marked"
     )
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write the histograms as a figure")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the histograms as a figure (a local file)")
     parser.add_argument(
         "--tokenizer",
         type=Path,
@@ -52,7 +52,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-errors", type=int, default=20, help="violations reported by --validate")
     parser.add_argument(
         "--cache",
-        type=Path,
         help="where a PATH given as a URL is copied and checked (default $LONGCTX_CACHE or ~/.cache/longctx)",
     )
     parser.set_defaults(func=run)
@@ -187,9 +186,12 @@ def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.core.remote import is_remote
     from longctx.packer.format import ShardError
 
+    args.plot = local_path(args.plot, "--plot", "write the figure to a local file")
+    args.cache = local_path(args.cache, "--cache", "the cache is a local folder")
     status = 0
     if is_remote(args.path):
         targets = _remote_targets(args.path, args.cache)
