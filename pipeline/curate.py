@@ -225,11 +225,13 @@ def prepare_tokenizer(
     layout: RunLayout,
     sources: list[SourceConfig],
 ) -> Path:
-    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
-    beside it, when it has one): a copy of the given files, or a byte-level BPE trained on a sample
-    of every source (kept across reruns). Called only once the run's identity is checked."""
+    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json`` and
+    ``chat_template.jinja`` beside it, when it has them): a copy of the given files, or a byte-level
+    BPE trained on a sample of every source (kept across reruns). Called only once the run's identity
+    is checked."""
     if files is not None:
-        for source, target in ((files.tokenizer, layout.tokenizer), (files.config, layout.tokenizer_config)):
+        given = (files.tokenizer, files.config, files.chat_template)
+        for source, target in zip(given, layout.tokenizer_files, strict=True):
             if source is None:
                 discard(target)
             elif not target.exists() or target.read_bytes() != source.read_bytes():

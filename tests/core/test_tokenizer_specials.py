@@ -225,7 +225,8 @@ def test_the_chat_template_file_of_a_hub_tokenizer_comes_along(tmp_path: Path) -
     run = _resolve_in_subprocess("acme/chat-tok", _offline_env(hub))
     assert run.returncode == 0, run.stderr
     tokenizer, config, chat = run.stdout.split()
-    assert Path(chat).read_text() == template.read_text() and Path(chat).parent == Path(tokenizer).parent
+    assert Path(chat).read_text() == template.read_text()
+    assert Path(chat).parent == Path(tokenizer).parent == Path(config).parent
     # and from a local folder
     found = resolve_tokenizer(tmp_path / "src")
     assert found.chat_template == template and found.config == source.with_name("tokenizer_config.json")
