@@ -45,7 +45,11 @@ def workdir(tmp_path: Path):
         (["demo", "--output", URL], "--output", "local run folder"),
         (["inspect", "shards", "--plot", URL + "/h.png"], "--plot", "local file"),
         (["inspect", URL + "/shards", "--cache", URL], "--cache", "local folder"),
-        (["plan", "--model", "llama-3-8b", "--lengths", "8K", "--csv", URL + "/p.csv"], "--csv", "local file"),
+        (
+            ["plan", "--model", "llama-3-8b", "--lengths", "8K", "--csv", URL + "/p.csv"],
+            "--csv",
+            "local file",
+        ),
     ],
 )
 def test_a_url_for_a_local_path_is_one_line_and_writes_nothing(
