@@ -37,7 +37,7 @@ import torch
 from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.text import plural
 from longctx.packer.dataset import IGNORE_INDEX, collate_packed, tokens_to_sample
-from longctx.packer.format import ShardError, ShardMetadata
+from longctx.packer.format import ShardError, ShardHeader, ShardMetadata
 from longctx.packer.rowcheck import RowTokens
 
 FLASH = ("flash_attention_2", "flash_attention_3")
@@ -244,13 +244,18 @@ class PackedCollator:
         )
 
 
-def read_header(dataset: Any) -> ShardMetadata:
+def read_header(dataset: Any) -> ShardHeader:
     """The shard header (tokenizer fingerprint and vocabulary, ``seq_len``, contexts, format
     version...) of shards loaded with ``datasets`` (``Dataset.from_file`` or
-    ``load_dataset("arrow", ...)``), a ``datasets.Features``, or a pyarrow schema.
+    ``load_dataset("arrow", ...)``, and datasets made from them by ``map``/``select``), a
+    ``datasets.Features``, or a pyarrow schema.
 
     ``datasets`` drops the shard's own schema metadata but keeps its features, where the header is
-    stored as the ``id`` of the ``input_ids`` values (``packer/FORMAT.md``).
+    stored as the ``id`` of the ``input_ids`` values (``packer/FORMAT.md``). That stored header is one
+    file's, with that file's row count: for a dataset, the :class:`ShardMetadata` returned counts the
+    dataset's own rows instead (of every file it was loaded from, after any ``select``); for a
+    pyarrow schema it is its file's count; a bare ``Features`` gives a :class:`ShardHeader`, without
+    a count.
     """
     features = getattr(dataset, "features", dataset)
     raw: str | bytes | None = None
@@ -267,6 +272,9 @@ def read_header(dataset: Any) -> ShardMetadata:
             "written before format version 2"
         )
     try:
-        return ShardMetadata.model_validate(json.loads(raw))
+        stored = ShardMetadata.model_validate(json.loads(raw))
     except ValueError as err:
         raise ShardError(f"malformed longctx shard header: {err}") from None
+    if features is dataset:  # a Features or a schema
+        return stored if hasattr(features, "field") else ShardHeader(**stored.model_dump(exclude={"rows"}))
+    return stored.model_copy(update={"rows": len(dataset)})

@@ -313,3 +313,29 @@ def test_trl_without_skip_prepare_dataset_is_one_line_naming_the_cut_columns(
         refused.value
     )
     assert "skip_prepare_dataset" in str(refused.value)
+
+
+def test_read_header_counts_the_rows_of_the_dataset_it_is_given(
+    packed_run: PackedRun, tmp_path: Path
+) -> None:
+    """The header stored in the features is one file's, rows included; a dataset of several files
+    (or a selection) reports its own count, checked against the files' rows read with pyarrow."""
+    datasets = pytest.importorskip("datasets")
+    from longctx.packer.format import ShardHeader, ShardMetadata
+
+    files = sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))
+    per_file = [open_shard(f)[1].num_rows for f in files]
+    assert len(files) > 1 and len(set(per_file)) > 1  # a wrong count cannot pass by chance
+    every = datasets.load_dataset(
+        "arrow", data_files=[str(f) for f in files], split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert read_header(every).rows == sum(per_file) == len(every)
+    assert read_header(datasets.Dataset.from_file(str(files[1]))).rows == per_file[1]
+    assert read_header(every.select(range(5))).rows == 5
+    assert read_header(every.filter(lambda row: row["cu_seqlens"][1] < SEQ_LEN)).rows == sum(
+        1 for f in files for cu in open_shard(f)[1].column("cu_seqlens").to_pylist() if cu[1] < SEQ_LEN
+    )
+    assert read_header(open_shard(files[1])[1].schema).rows == per_file[1]  # one file's schema: its rows
+    bare = read_header(every.features)  # no dataset, no count
+    assert type(bare) is ShardHeader and not isinstance(bare, ShardMetadata)
+    assert bare == ShardHeader(**read_header(every).model_dump(exclude={"rows"}))
