@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 
 from longctx.core.buckets import bucket_bounds
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 from longctx.packer.manifest import Manifest
 from longctx.packer.reader import PackedRow, ShardColumns
 from longctx.packer.stats import OutputStats
@@ -98,16 +99,23 @@ def format_manifest(manifest: Manifest, title: str) -> str:
     return "\n".join(lines)
 
 
-def format_row(row: PackedRow, index: int, tokenizer: Tokenizer | None, max_chars: int = 2000) -> str:
-    """Window ``index`` segment by segment: where each lies in the window and in its document,
-    then its decoded text (token ids when no tokenizer is given), cut to ``max_chars``."""
+def format_row(
+    row: PackedRow, index: int, tokenizer: Tokenizer | None, max_chars: int = 2000, where: str = ""
+) -> str:
+    """Window ``index`` (of the output ``where``) segment by segment: where each lies in the window
+    and in its document, then its decoded text (token ids when no tokenizer is given), cut to
+    ``max_chars``."""
     cu = row.cu_seqlens.tolist()
     trained = int(row.loss_mask.sum())
-    lines = [f"row {index}: {len(cu) - 1} segment(s), {trained:,} trained tokens of {len(row.input_ids):,}"]
+    lines = [
+        f"row {index}{f' of {where}' if where else ''}: {plural(len(cu) - 1, 'segment')}, "
+        f"{trained:,} trained tokens of {len(row.input_ids):,}"
+    ]
     for j, (start, end) in enumerate(itertools.pairwise(cu)):
         if row.doc_id[j] is None:
             lines.append(
-                f"── segment {j}: window tokens [{start}, {end}) · padding ({end - start} tokens) ──"
+                f"── segment {j}: window tokens [{start}, {end}) · "
+                f"padding ({plural(end - start, 'token')}) ──"
             )
             continue
         offset = row.doc_offset[j]

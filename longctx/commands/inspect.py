@@ -38,7 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "violations",
     )
     parser.add_argument(
-        "--show", type=int, metavar="ROW", help="decode row ROW with its segments and provenance marked"
+        "--show",
+        type=int,
+        metavar="ROW",
+        help="decode row ROW with its segments and provenance marked (instead of the summary)",
     )
     parser.add_argument("--plot", metavar="FILE.png", help="write the histograms as a figure (a local file)")
     parser.add_argument(
@@ -145,7 +148,7 @@ def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int)
     return True
 
 
-def _show(opened: _Opened, row: int, tokenizer_path: Path | None, max_chars: int) -> None:
+def _show(opened: _Opened, label: str, row: int, tokenizer_path: Path | None, max_chars: int) -> None:
     from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
     from longctx.packer.report import format_row
 
@@ -157,8 +160,7 @@ def _show(opened: _Opened, row: int, tokenizer_path: Path | None, max_chars: int
             tokenizer = load_tokenizer(tokenizer_path)
         else:
             print(f"{tokenizer_path} is not the shards' tokenizer; showing token ids", file=sys.stderr)
-    print()
-    print(format_row(opened.row(row), row, tokenizer, max_chars))
+    print(format_row(opened.row(row), row, tokenizer, max_chars, where=label))
 
 
 def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
@@ -171,17 +173,19 @@ def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
     if args.validate and not _validate(target, label, tokenizer_path, args.max_errors):
         return 1
     opened = _open(target)
-    shards = tqdm(
-        opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr
-    )
-    stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
-    summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
-    print(format_manifest(summary, title=label))
-    if args.plot:
-        plot_manifest(summary, args.plot)
-        print(f"histograms written to {args.plot}")
+    if args.show is None or args.plot:  # --show alone prints the row only, without reading every shard
+        shards = tqdm(
+            opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr
+        )
+        stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
+        summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
+        if args.show is None:
+            print(format_manifest(summary, title=label))
+        if args.plot:
+            plot_manifest(summary, args.plot)
+            print(f"histograms written to {args.plot}")
     if args.show is not None:
-        _show(opened, args.show, tokenizer_path, args.max_chars)
+        _show(opened, label, args.show, tokenizer_path, args.max_chars)
     return 0
 
 

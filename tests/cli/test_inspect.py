@@ -81,9 +81,12 @@ def test_damaged_shards_are_clear_errors(copy: Path, capsys: pytest.CaptureFixtu
 
 
 def test_show_marks_segments_and_provenance(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
-    assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "0", "--max-chars", "80"]) == 0
+    folder = packed_run.folder(SEQ_LEN)
+    assert main(["inspect", str(folder), "--show", "0", "--max-chars", "80"]) == 0
     out = capsys.readouterr().out
-    assert "row 0:" in out and "── segment 0: window tokens [0, " in out
+    # the row only: its first line names it, and no summary or histogram comes before or after
+    assert out.startswith(f"row 0 of {folder}: ") and "── segment 0: window tokens [0, " in out
+    assert "rows x" not in out and "position ids" not in out and "segment lengths" not in out
     assert "· document " in out and "(source " in out and ") of " in out
     assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "100000"]) == 2
     assert "out of range" in capsys.readouterr().err
@@ -96,7 +99,7 @@ def test_plot_and_single_file(packed_run: PackedRun, tmp_path: Path, capsys: pyt
     shard = packed_run.folder(SEQ_LEN) / "00000_00000.arrow"
     assert main(["inspect", str(shard), "--validate", "--show", "1"]) == 0
     out = capsys.readouterr().out
-    assert "valid (every invariant holds)" in out and "row 1:" in out
+    assert "valid (every invariant holds)" in out and f"row 1 of {shard}: " in out
 
 
 def test_help_describes_the_options(capsys: pytest.CaptureFixture) -> None:
