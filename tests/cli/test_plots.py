@@ -64,6 +64,23 @@ def test_curation_summary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     image = same_as_pyplot(monkeypatch, stats, lambda p: stats.plot_summary(summary, p), tmp_path)
     assert image.shape == (450, 1200, 4)  # figsize (12, 4.5) at 100 dpi
 
+    # the length axis has every power-of-two bucket from 2K to 128K, the empty 4K one too
+    drawn = []
+    monkeypatch.setattr(stats, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    stats.plot_summary(summary, tmp_path / "unused.png")
+    lengths = drawn[0].axes[1]
+    assert [t.get_text() for t in lengths.get_xticklabels()] == [
+        "2K",
+        "4K",
+        "8K",
+        "16K",
+        "32K",
+        "64K",
+        "128K",
+    ]
+    heights = [[bar.get_height() for bar in container] for container in lengths.containers]
+    assert heights == [[0, 0, 0, 0, 1, 3, 12], [1, 0, 3, 11, 0, 0, 0]]  # books, code
+
 
 def test_inspect_plot(monkeypatch: pytest.MonkeyPatch, packed_run: PackedRun, tmp_path: Path) -> None:
     from longctx.packer import report
