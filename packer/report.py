@@ -73,8 +73,8 @@ def format_manifest(manifest: Manifest, title: str) -> str:
     lines = [
         title,
         (
-            f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document "
-            f"tokens, padding {manifest.padding:,} ({padding_share:.2%}); "
+            f"  {plural(manifest.rows, 'row')} x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} "
+            f"document tokens, padding {manifest.padding:,} ({padding_share:.2%}); "
             f"efficiency {manifest.efficiency:.3%}"
         ),
         (
@@ -170,7 +170,8 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
         ax.tick_params(axis="x", labelrotation=60)
         ax.legend(fontsize="small")
     fig.suptitle(
-        f"seq_len {manifest.header.seq_len:,}: {manifest.rows:,} rows, efficiency {manifest.efficiency:.3%}"
+        f"seq_len {manifest.header.seq_len:,}: {plural(manifest.rows, 'row')}, "
+        f"efficiency {manifest.efficiency:.3%}"
     )
     fig.tight_layout()
     write_figure(path, fig, dpi=120)

@@ -51,6 +51,7 @@ from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.text import plural
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -550,10 +551,8 @@ def run_curation(
         raise fault from None
     if curate.output is not None:
         sent = publish_curation(layout, curate.output, curate.storage_options)
-        print(
-            f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}",
-            flush=True,
-        )
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
+        print(f"{curate.output}: {done}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
 
 

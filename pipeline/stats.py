@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from longctx.core.buckets import bucket_bounds, bucket_floor, bucket_of
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 
 COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
 
@@ -133,8 +134,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     files = summary.get("file_dedup")
     if files:
         lines.append(
-            f"file-level dedup: {files['files_removed']} code files removed as copies of another "
+            f"file-level dedup: {plural(files['files_removed'], 'code file')} removed as copies of another "
             f"repository's ({files['exact']} exact, {files['near']} near); "
-            f"{files['repository_copies']} repositories were copies"
+            f"{plural(files['repository_copies'], 'repository', 'repositories')} "
+            f"{'was a copy' if files['repository_copies'] == 1 else 'were copies'}"
         )
     return "\n".join(lines)

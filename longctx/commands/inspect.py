@@ -132,6 +132,7 @@ def _open(target: Path) -> _Opened:
 
 
 def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int) -> bool:
+    from longctx.core.text import plural
     from longctx.packer.validate import validate_file, validate_folder
 
     violations = (
@@ -142,7 +143,7 @@ def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int)
     for violation in violations:
         print(f"INVALID {violation}")
     if violations:
-        print(f"{label}: {len(violations)} violation(s) shown (at most --max-errors={max_errors})")
+        print(f"{label}: {plural(len(violations), 'violation')} shown (at most --max-errors={max_errors})")
         return False
     print(f"{label}: valid (every invariant holds)")
     return True
@@ -153,7 +154,7 @@ def _show(opened: _Opened, label: str, row: int, tokenizer_path: Path | None, ma
     from longctx.packer.report import format_row
 
     if not 0 <= row < opened.rows:
-        raise IndexError(f"--show {row}: out of range, there are {opened.rows} rows")
+        raise IndexError(f"--show {row}: out of range, the rows are 0..{opened.rows - 1}")
     tokenizer = None
     if tokenizer_path is not None:
         if tokenizer_fingerprint(tokenizer_path) == opened.header.tokenizer.sha256:

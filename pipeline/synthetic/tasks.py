@@ -49,6 +49,8 @@ from typing import Literal, get_args
 
 from tokenizers import Tokenizer
 
+from longctx.core.text import plural
+
 TaskKind = Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 DEFAULT_SOURCE = "synthetic"
@@ -482,7 +484,7 @@ def build_example(
     if target < 1:
         raise ValueError(
             f"context_tokens={context_tokens} leaves no room for haystack text: the instruction, "
-            f"question and {len(task.needles)} needle(s) of {kind} take about {fixed} tokens"
+            f"question and {plural(len(task.needles), 'needle')} of {kind} take about {fixed} tokens"
         )
     if len(gathered.ends) < target:
         raise ValueError(

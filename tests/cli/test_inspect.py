@@ -150,3 +150,13 @@ def test_help_describes_the_options(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for option in ("--validate", "--show ROW", "--plot FILE.png"):
         assert option in out
+
+
+def test_the_summary_counts_one_row_and_one_shard_in_the_singular(packed_run: PackedRun) -> None:
+    from longctx.packer.report import format_manifest
+
+    manifest = packed_run.manifests[SEQ_LEN]
+    one = manifest.model_copy(update={"rows": 1, "shards": manifest.shards[:1]})
+    text = format_manifest(one, "t")
+    assert "  1 row x 256 tokens = " in text and "; 1 shard file" in text
+    assert " rows x" not in text and "file(s)" not in text

@@ -116,3 +116,22 @@ def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     same_as_pyplot(
         monkeypatch, evaluate, lambda p: evaluate.plot_needle_heatmap(results, p), tmp_path / "needle"
     )
+
+
+def test_titles_count_in_the_singular_for_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One needle per cell reads "1 sample per cell" (it read "1 samples")."""
+    from longctx.trainer import evaluate
+
+    drawn = []
+    monkeypatch.setattr(evaluate, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    for samples in (1, 3):
+        results = {
+            "base": [
+                evaluate.NeedleResult(256, 0.5, "single_needle", s, "42", "42", True) for s in range(samples)
+            ]
+        }
+        evaluate.plot_needle_heatmap(results, tmp_path / "unused.png")
+    assert [figure.get_suptitle() for figure in drawn] == [
+        "needle retrieval: greedy decoding reproduces the value (1 sample per cell)",
+        "needle retrieval: greedy decoding reproduces the value (3 samples per cell)",
+    ]
