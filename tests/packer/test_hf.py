@@ -288,7 +288,10 @@ def test_trl_without_skip_prepare_dataset_is_one_line_naming_the_cut_columns(
     datasets = pytest.importorskip("datasets")
     from longctx.packer.hf import PackedRowError
 
-    rows = datasets.Dataset.from_file(str(sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))[0]))
+    # a copy: TRL's dataset preparation writes datasets' cache files beside the file it maps
+    shard = tmp_path / "shard.arrow"
+    shard.write_bytes(sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))[0].read_bytes())
+    rows = datasets.Dataset.from_file(str(shard))
     tokenizer = transformers.AutoTokenizer.from_pretrained(packed_run.root)
     model = tiny_llama("sdpa", read_header(rows).tokenizer.vocab_size).train()
     args = trl.SFTConfig(
@@ -309,6 +312,7 @@ def test_trl_without_skip_prepare_dataset_is_one_line_naming_the_cut_columns(
     )
     with pytest.raises(PackedRowError) as refused:
         trainer.train()
+    assert list(packed_run.folder(SEQ_LEN).glob("cache-*")) == []  # the shared shards left as they were
     assert "input_ids 64, position_ids 256, loss_mask 256 tokens, cu_seqlens ends at 256" in str(
         refused.value
     )
