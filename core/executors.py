@@ -34,6 +34,7 @@ from longctx.core.lifetime import (
 )
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
+from longctx.core.text import plural
 from longctx.core.workers import job_processes, start_forkserver
 
 Stage = tuple[str, list[PipelineStep], int]
@@ -75,7 +76,7 @@ class StageReport:
         completions = self.logging_dir / "completions"
         done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
         print(
-            f"{label}: {self.tasks} task(s)" + (f", {done} done in an earlier run" if done else ""),
+            f"{label}: {plural(self.tasks, 'task')}" + (f", {done} done in an earlier run" if done else ""),
             flush=True,
         )
         quiet = contextlib.nullcontext() if self.verbose else stderr_to_file(self.console_log)

@@ -4,6 +4,7 @@
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
+      chat_template.jinja      its chat template, when it has one in this file (kept for the export)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       curation.json            the curated files and their checksums, when curation publishes them
@@ -85,6 +86,16 @@ class RunLayout:
     def tokenizer_config(self) -> Path:
         """The ``tokenizer_config.json`` beside the run's tokenizer (its special tokens)."""
         return self.root / "tokenizer_config.json"
+
+    @property
+    def chat_template(self) -> Path:
+        """The tokenizer's chat template, when it keeps it in a file of its own (transformers >= 4.47)."""
+        return self.root / "chat_template.jinja"
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, Path, Path]:
+        """Every file of the run's tokenizer: ``tokenizer.json``, then the side files that may be absent."""
+        return (self.tokenizer, self.tokenizer_config, self.chat_template)
 
     @property
     def documents(self) -> Path:

@@ -32,6 +32,7 @@ from longctx.core.config import (
     world_problems,
 )
 from longctx.core.errors import ConfigError
+from longctx.core.remote import is_remote
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
 from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
@@ -55,11 +56,21 @@ class RootConfig(StrictModel):
     _origin: str = PrivateAttr(default="the run config")  # named in errors: the file it was read from
 
 
+LOCAL_RUN_FOLDER = (
+    "the run folder holds resume state, locks and temporary files, which object storage cannot hold "
+    "safely, so it is a local path; jobs publish their results to object storage instead: curate.output "
+    "(`longctx curate --publish URL`), pack.output (`longctx pack --publish URL`), train.export.output"
+)
+"""Why ``output`` (``--output``) is never a URL, and what to use instead."""
+
+
 def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
     """Validate a config mapping; raise :class:`ConfigError` naming every bad key, or the first
     pair of sections that disagree."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
+    if isinstance(data.get("output"), str) and is_remote(data["output"]):
+        raise ConfigError(f"{origin}: output {data['output']} is a URL; {LOCAL_RUN_FOLDER}")
     cfg = validate_section(RootConfig, data, origin)
     check_sections(cfg, origin)
     cfg._origin = origin

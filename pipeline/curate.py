@@ -51,6 +51,7 @@ from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.text import plural
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -225,11 +226,13 @@ def prepare_tokenizer(
     layout: RunLayout,
     sources: list[SourceConfig],
 ) -> Path:
-    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
-    beside it, when it has one): a copy of the given files, or a byte-level BPE trained on a sample
-    of every source (kept across reruns). Called only once the run's identity is checked."""
+    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json`` and
+    ``chat_template.jinja`` beside it, when it has them): a copy of the given files, or a byte-level
+    BPE trained on a sample of every source (kept across reruns). Called only once the run's identity
+    is checked."""
     if files is not None:
-        for source, target in ((files.tokenizer, layout.tokenizer), (files.config, layout.tokenizer_config)):
+        given = (files.tokenizer, files.config, files.chat_template)
+        for source, target in zip(given, layout.tokenizer_files, strict=True):
             if source is None:
                 discard(target)
             elif not target.exists() or target.read_bytes() != source.read_bytes():
@@ -548,10 +551,8 @@ def run_curation(
         raise fault from None
     if curate.output is not None:
         sent = publish_curation(layout, curate.output, curate.storage_options)
-        print(
-            f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}",
-            flush=True,
-        )
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
+        print(f"{curate.output}: {done}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
 
 

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="folder (local path or fsspec URL such as s3://bucket/corpus) with books/, papers/, code/ "
         "subfolders (overrides curate.input)",
     )
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local run folder (overrides output); --publish uploads to a URL")
     parser.add_argument(
         "--publish",
         metavar="URL",
@@ -45,15 +45,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.layout import RunLayout
     from longctx.pipeline.stats import format_summary
 
+    output = local_path(
+        args.output,
+        "--output",
+        "the run folder is local; add --publish URL (curate.output) to upload the finished curation there",
+    )
     cfg = load_config(
         args.config,
         {
             "curate.input": args.input,
-            "output": str(args.output) if args.output else None,
+            "output": str(output) if output else None,
             "curate.output": args.publish,
             "curate.executor.tasks": args.tasks,
             "curate.executor.workers": args.workers,

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--config", type=Path, required=True, help="YAML config with a pack section (see configs/)"
     )
     parser.add_argument(
-        "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+        "--output", help="local run folder holding documents/ and tokenizer.json (overrides output)"
     )
     parser.add_argument(
         "--input",
@@ -53,15 +53,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.layout import RunLayout
     from longctx.packer.mix import format_fractions
     from longctx.packer.report import format_manifest
 
+    output = local_path(
+        args.output,
+        "--output",
+        "the run folder is local; add --publish URL (pack.output) to upload the shards there, and "
+        "--input URL (pack.input) packs a curation published there",
+    )
     cfg = load_config(
         args.config,
         {
-            "output": str(args.output) if args.output else None,
+            "output": str(output) if output else None,
             "pack.output": args.publish,
             "pack.input": args.input,
             "pack.executor.tasks": args.tasks,

@@ -82,11 +82,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--mfu", type=float, default=0.4, help="model FLOPs utilization for the wall-clock (default 0.4)"
     )
-    parser.add_argument("--csv", type=Path, help="also write the table here, one row per length")
+    parser.add_argument("--csv", help="also write the table to this local file, one row per length")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.core.errors import ConfigError
     from longctx.trainer.mesh import MeshShape
     from longctx.trainer.plan import (
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from longctx.trainer.plan_report import format_report, write_csv
 
+    csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
     if model_spec is None:
@@ -133,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))
-    if args.csv is not None:
-        write_csv(args.csv, model, settings, plans)
-        print(f"\nwrote {args.csv}")
+    if csv is not None:
+        write_csv(csv, model, settings, plans)
+        print(f"\nwrote {csv}")
     return 0
 
 

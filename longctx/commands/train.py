@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local run folder (overrides output)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     parser.add_argument(
         "--shards",
@@ -45,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
@@ -53,10 +54,16 @@ def run(args: argparse.Namespace) -> int:
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
+        output = local_path(
+            args.output,
+            "--output",
+            "the run folder is local; train.export.output uploads the trained model to a URL, and "
+            "--shards URL reads shards from one",
+        )
         cfg = load_config(
             args.config,
             {
-                "output": str(args.output) if args.output else None,
+                "output": str(output) if output else None,
                 "train.steps": args.steps,
                 "train.shards": args.shards,
             },

@@ -113,7 +113,7 @@ def test_local_stages_chain_in_order_and_resume(tmp_path: Path, capsys) -> None:
     with pytest.raises(RuntimeError, match="stage b broke"):
         run_stages(local, stages(fail=True), tmp_path / "work", "job")
     out = capsys.readouterr()
-    assert "[job 1/3] a: 2 task(s)" in out.out and "[job 2/3] b: 2 task(s)" in out.out
+    assert "[job 1/3] a: 2 tasks" in out.out and "[job 2/3] b: 2 tasks" in out.out
     assert "[job 3/3] c" not in out.out  # never started after its dependency failed
     assert "job stage 'b' failed; last lines of" in out.err and "stage b broke" in out.err
     lines = log.read_text().splitlines()
@@ -123,7 +123,7 @@ def test_local_stages_chain_in_order_and_resume(tmp_path: Path, capsys) -> None:
     log.unlink()
     assert run_stages(local, stages(fail=False), tmp_path / "work", "job") is True
     out = capsys.readouterr().out
-    assert "[job 1/3] a: 2 task(s), 2 done in an earlier run" in out
+    assert "[job 1/3] a: 2 tasks, 2 done in an earlier run" in out
     assert "a" not in {line.split()[0] for line in log.read_text().splitlines()}  # not redone
     assert log.read_text().splitlines()[-2:] == ["c 0 start", "c 0 end"]
 
@@ -232,7 +232,7 @@ def test_driver_stages_run_here_and_pooled_tasks_log_to_the_console_log(
     started: list[bool] = []
     monkeypatch.setattr(executors, "start_forkserver", lambda: started.append(True))
     assert run_stages(cfg, stages, tmp_path / "w", "job", in_driver={"small", "tail"})
-    assert "[job 1/3] small: 2 task(s), 2 done in an earlier run" in capfd.readouterr().out
+    assert "[job 1/3] small: 2 tasks, 2 done in an earlier run" in capfd.readouterr().out
     assert started == []
 
 
