@@ -48,7 +48,7 @@ from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import load_config as load_hf_config
 from longctx.trainer.hf_io import load_weights, stored_dtype
-from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.metrics import peak_flops
 from longctx.trainer.model import ModelConfig, Transformer
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
@@ -146,26 +146,21 @@ def memory_name(device: torch.device) -> str:
 
 def check_memory(
     tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
-) -> None:
-    """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
-    device_bytes = device_memory(state.device)
-    if device_bytes is None:
-        return
-    estimate = rank_memory(
+) -> str:
+    """The activation checkpointing mode to build with (``memory.checkpointing_that_fits``: ``auto``
+    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
+    return checkpointing_that_fits(
+        tcfg.activation_checkpointing,
         config.shape,
         seq_len,
         state.cp_size,
+        device_memory(state.device),
         state_shards=state.shape.shard_size,
-        activation_checkpointing=tcfg.activation_checkpointing,
         compute_bytes=2 if bf16 else 4,
         residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
-    )
-    check_fits(
-        estimate,
-        device_bytes,
         where=memory_name(state.device),
-        settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
-        f"{tcfg.activation_checkpointing}",
+        settings=f"{state.shape.describe()}, {seq_len}-token windows",
+        report=(lambda line: print(line, flush=True)) if state.is_main else None,
     )
 
 
@@ -291,14 +286,21 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     check_vocabulary(config, manifest.header.tokenizer.vocab_size, folder)
     config.check_context_length(seq_len)
     bf16 = use_bf16(tcfg, state.device)
-    check_memory(tcfg, config, seq_len, state, bf16)
+    checkpointing = check_memory(tcfg, config, seq_len, state, bf16)
     meta = _settings(tcfg, config, rows, manifest.header.config_sha256)
     resume_from = find_resume_checkpoint(
         layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
     )
     if resume_from is not None:
         check_settings(resume_from.folder, read_trainer_state(resume_from.folder)["meta"], meta)
-    built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
+    built = build_model(
+        config,
+        state,
+        activation_checkpointing=checkpointing,
+        bf16=bf16,
+        kernels=tcfg.kernels,
+        compile_cache=layout.compile_cache,
+    )
     if resume_from is None:
         if tcfg.model.hf_path is not None:
             load_weights(built.model, tcfg.model.hf_path)

@@ -69,9 +69,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--activation-checkpointing",
         nargs="?",
         const="full",
-        choices=["none", "full", "selective"],
-        help="activations kept per rank (train.activation_checkpointing): none, full (the flag alone) or "
-        "selective (default none)",
+        choices=["auto", "none", "selective", "full"],
+        help="activations kept per rank (train.activation_checkpointing): none, selective, full (the flag "
+        "alone) or auto, the first of them that fits --gpu-memory (default none)",
     )
     parser.add_argument(
         "--gpu-memory",
@@ -237,6 +237,7 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
             lambda p: human_bytes(p.memory.model_states),
         ),
         ("rank: gathered parameters (FSDP)", lambda p: human_bytes(p.memory.gathered_params)),
+        ("activation checkpointing", lambda p: p.activation_checkpointing),
         (
             f"rank: activations (checkpointing {settings.activation_checkpointing})",
             lambda p: human_bytes(p.memory.activations),
@@ -363,6 +364,7 @@ def csv_rows(
                 "ring_bwd_comm_s": p.ring.backward_comm_s,
                 "ring_min_block_tokens": p.ring.min_block_tokens,
                 "ring_comm_hidden": int(p.ring.hidden),
+                "activation_checkpointing": p.activation_checkpointing,
                 "rank_model_state_bytes": p.memory.model_states,
                 "rank_gathered_param_bytes": p.memory.gathered_params,
                 "rank_activation_bytes": p.memory.activations,
