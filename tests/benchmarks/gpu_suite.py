@@ -53,7 +53,10 @@ The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up: i
 to 470 s, and sections end early once the budget is spent); then copy
 ``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is
 too slow there for every layout, rerun only that section with a smaller window:
-``--sections exactness --exact-tokens 1024``.
+``--sections exactness --exact-tokens 1024``. The device lends 15 minutes in all, starts included, so a
+rerun is a subset: the sections that errored or were cut by the budget (``--sections training
+--budget-s 240`` measures the training cases alone; cases that would pass the cap are skipped, the most
+telling first).
 """
 
 from __future__ import annotations

@@ -79,6 +79,27 @@ def test_checkpointing_gives_the_gradients_of_none_in_float64(config: ModelConfi
     assert runs == [layers, layers, 2 * layers]
 
 
+def test_recomputation_under_bf16_autocast_gives_the_same_gradients() -> None:
+    """The GPU trainer's precision (bf16 autocast over float32 weights): recomputed casts and matmuls give
+    the bits of the forward, so every mode's gradients are none's."""
+    config = tiny("llama")
+    inputs = row(config.vocab_size, seed=4)
+    labels = torch.roll(inputs["input_ids"], -1, dims=1)
+    results = {}
+    for mode in ("none", "selective", "full"):
+        model = Transformer(config, activation_checkpointing=mode)
+        model.init_weights(std=0.1, generator=torch.Generator().manual_seed(0))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**inputs, labels=labels).sum()
+        loss.backward()
+        results[mode] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    loss, grads = results["none"]
+    for mode in ("selective", "full"):
+        assert torch.equal(results[mode][0], loss), mode
+        for name, grad in grads.items():
+            assert torch.equal(results[mode][1][name], grad), (mode, name)
+
+
 class LiveStorages(TorchDispatchMode):
     """Every storage an operator returns while active (parameters and their casts excepted); ``alive()``
     sums the bytes of those still referenced."""
