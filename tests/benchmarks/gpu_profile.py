@@ -11,7 +11,9 @@ Every kernel of the step (device time; on a CPU, every operator's own CPU time) 
 * ``optimizer``: AdamW's step, gradient clipping, the gradients' scaling and zeroing;
 * ``communication``: NCCL/gloo kernels (none at world size 1); the host's wait on the ring's transfers
   (``WAIT_CLOCK``) is reported beside, in seconds of wall time;
-* ``other``: everything else: RoPE, SwiGLU's gating, residual additions, casts, copies.
+* ``other``: everything else: RoPE, SwiGLU's gating, residual additions, casts, copies;
+* ``unattributed``: device time of kernels the profiler linked to no CPU operator (on a GPU: all device
+  events' time less the attributed kernels'), so that the shares add up to the device's busy time.
 
 Kernels are attributed by their name where it says what they are, else by the operator that launched them
 and that operator's Python stack (``with_stack``), and backward kernels by the forward operator that
@@ -28,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-CATEGORIES = ("attention", "matmuls", "norms", "loss", "optimizer", "communication", "other")
+CATEGORIES = ("attention", "matmuls", "norms", "loss", "optimizer", "communication", "other", "unattributed")
 
 _KERNEL_NAMES = (
     ("communication", re.compile(r"nccl|gloo", re.I)),
@@ -91,6 +93,11 @@ def breakdown(prof: torch.profiler.profile, device: torch.device) -> dict[str, f
             if category is not None:
                 forward_of.setdefault(event.sequence_nr, category)
     seconds: dict[str, float] = defaultdict(float)
+    if device.type == "cuda":
+        busy = sum(
+            e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+        )
+        seconds["unattributed"] = busy / 1e6
     for event in events:
         if device.type == "cuda":
             for kernel in event.kernels:
@@ -98,9 +105,11 @@ def breakdown(prof: torch.profiler.profile, device: torch.device) -> dict[str, f
                 if category is None:
                     category = "matmuls" if _GEMM.search(kernel.name) else "other"
                 seconds[category] += kernel.duration / 1e6
+                seconds["unattributed"] -= kernel.duration / 1e6
         elif event.self_cpu_time_total > 0 and _OPERATOR_NAME.match(event.name):
             category = _operator_category(event, forward_of) or "other"
             seconds[category] += event.self_cpu_time_total / 1e6
+    seconds["unattributed"] = max(0.0, seconds["unattributed"])  # rounding of microsecond durations
     return {category: seconds.get(category, 0.0) for category in CATEGORIES}
 
 
