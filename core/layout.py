@@ -161,6 +161,11 @@ class RunLayout:
         return self.wandb / "run_id"
 
     @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches (``train.kernels.compile``), reused when the run resumes."""
+        return self.train / "compile_cache"
+
+    @property
     def final_model(self) -> Path:
         """The trained model, as a Hugging Face checkpoint folder."""
         return self.train / "final"

@@ -154,6 +154,38 @@ class LogConfig(StrictModel):
     )
 
 
+class KernelsConfig(StrictModel):
+    """Which implementations compute the model (``longctx.trainer.kernel_choice``). Each choice that is
+    not installed or fails its start-up probe on the device falls back, with one line saying why.
+    Optional packages: ``pip install 'longctx[gpu]'`` (liger-kernel, flash-attn-4)."""
+
+    attention: Literal[
+        "auto",
+        "flash_attn4_varlen",
+        "flash_attn_varlen",
+        "torch_flash_varlen",
+        "torch_cudnn",
+        "torch_efficient",
+        "math",
+        "cpu_flash",
+    ] = Field(
+        default="auto",
+        description="the ring's block kernel. auto: on a GPU the first usable of FlashAttention-4, "
+        "FlashAttention-2 and PyTorch's flash varlen kernels, then PyTorch's memory-efficient kernel; on the "
+        "CPU PyTorch's flash kernel for CPU. Or one kernel pinned (torch_cudnn: cuDNN through SDPA)",
+    )
+    fused: Literal["auto", "liger", "none"] = Field(
+        default="auto",
+        description="RMSNorm, SwiGLU, RoPE and the loss (fused linear cross-entropy, no full logits) from "
+        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU)",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile each decoder block around its attention (not with selective "
+        "activation checkpointing); caches under <output>/train/compile_cache",
+    )
+
+
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
@@ -201,11 +233,14 @@ class TrainConfig(StrictModel):
         default="auto",
         description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU",
     )
-    activation_checkpointing: Literal["none", "full", "selective"] = Field(
-        default="none",
-        description="none: keep all activations; full: recompute each block in backward; selective: "
-        "recompute each block except its attention (true/false are accepted for full/none)",
+    activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
+        default="auto",
+        description="what each block keeps for backward. none: everything; selective: the outputs of its "
+        "matmuls and attention (norms, RoPE and SwiGLU's pointwise work are recomputed); full: its input "
+        "(the whole block is recomputed); auto: the first of none, selective, full whose memory estimate "
+        "(longctx plan's) fits the device (true/false are accepted for full/none)",
     )
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     seed: int = Field(default=0, description="data order, held-out rows and the tiny model's initialization")
     comm_timeout_s: int = Field(
         default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"

@@ -63,9 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--activation-checkpointing",
         nargs="?",
         const="full",
-        choices=["none", "full", "selective"],
-        help="activations kept per rank (train.activation_checkpointing): none, full (the flag alone) or "
-        "selective (default none)",
+        choices=["auto", "none", "selective", "full"],
+        help="activations kept per rank (train.activation_checkpointing): none, selective, full (the flag "
+        "alone) or auto, the first of them that fits --gpu-memory (default none)",
     )
     parser.add_argument(
         "--gpu-memory",
