@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shlex
 import sys
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -24,9 +25,11 @@ from datatrove.executor import LocalPipelineExecutor, RayPipelineExecutor, Slurm
 from datatrove.executor.base import PipelineExecutor
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils._import_utils import check_required_dependencies
+from datatrove.utils.logging import logger
 
 from longctx.core.config import ExecutorConfig
 from longctx.core.errors import LongctxError
+from longctx.core.jobstate import SlurmJob, cancel, job_state, record_slurm_jobs, record_stages, stage_folder
 from longctx.core.lifetime import (
     children_die_with_this_process,
     die_with_parent,
@@ -113,16 +116,12 @@ class StageReport:
 
 
 class _Reported:
-    """Mixin for executors that run here: the stage it depends on runs first (as datatrove's
-    ``depends`` would), then this stage runs inside its :class:`StageReport`."""
+    """Mixin for executors whose stages :func:`run_stages` runs one after another from here: each
+    runs inside its :class:`StageReport`."""
 
     report: StageReport | None = None
-    depends: PipelineExecutor | None
-    _launched: bool
 
     def run(self) -> Any:
-        if self.depends is not None and not self.depends._launched:
-            self.depends.run()  # so that its console lines come before this stage's
         if self.report is None:
             return super().run()  # type: ignore[misc]
         with self.report.running():
@@ -157,8 +156,89 @@ class ReportedLocalExecutor(_Reported, LocalPipelineExecutor):
             return super()._launch_run_for_rank(rank, ranks_q, completed, completed_lock)
 
 
-class ReportedRayExecutor(_Reported, RayPipelineExecutor):
-    """datatrove's Ray executor with a console report."""
+def run_ray_task(executor: PipelineExecutor, rank: int) -> None:
+    """One task of a stage, as a Ray task: datatrove's own task runner (logs, stats, completion mark,
+    all in the stage's logging folder), quiet on the worker's console (``local_rank`` 1)."""
+    PipelineExecutor._run_for_rank(executor, rank, local_rank=1)
+
+
+class RayTaskExecutor(RayPipelineExecutor):
+    """datatrove's Ray executor, its tasks run as Ray *tasks* rather than one new actor each.
+
+    datatrove starts an actor (a fresh Python process that imports the job's modules: 1-3 s of CPU
+    here) inside a placement group for every task, and runs the task in a process pool inside it.
+    A Ray task runs in one of the cluster's worker processes, which Ray keeps and reuses for the job's
+    next tasks (of this stage and the following ones), as the local executor's pool workers are
+    reused. Tasks write their logs straight into the stage's logging folder (datatrove's Ray executor
+    writes them to each node's temporary folder first, and leaves them there). A task whose worker or
+    node dies is run again by Ray, up to ``retries`` times; a task that fails stops the stage once the
+    tasks already running have ended, with one line naming the task and its log (the task's own
+    :class:`~longctx.core.errors.LongctxError` as it is).
+    """
+
+    def __init__(self, *args: Any, job_name: str, retries: int = 3, **kwargs: Any) -> None:
+        with quiet_datatrove("datatrove.executor.ray"):
+            super().__init__(*args, **kwargs)
+        self.job_name, self.retries = job_name, retries
+
+    def run(self) -> None:
+        import ray
+
+        todo = self.get_incomplete_ranks()
+        self._launched = True
+        if not todo:
+            return
+        self.save_executor_as_json()
+        options: dict[str, Any] = {
+            "name": self.job_name,  # the worker's process title while it runs the task: ray::<name>
+            "num_cpus": self.cpus_per_task,
+            "max_retries": self.retries,
+            "retry_exceptions": False,
+        }
+        if self.mem_per_cpu_gb:
+            options["memory"] = int(self.mem_per_cpu_gb * self.cpus_per_task * (1 << 30))
+        task = ray.remote(run_ray_task).options(**options)
+        executor = ray.put(self)
+        running: dict[Any, int] = {}
+        failure: tuple[int, BaseException] | None = None
+        while running or (todo and failure is None):
+            while todo and failure is None and len(running) < self.workers:
+                rank = todo.pop(0)
+                running[task.remote(executor, rank)] = rank
+            finished, _ = ray.wait(list(running), num_returns=1)
+            for ref in finished:
+                rank = running.pop(ref)
+                try:
+                    ray.get(ref)
+                except Exception as err:  # the first failure is reported; the others are in their logs
+                    failure = failure or (rank, err)
+        if failure is not None:
+            raise self._task_failure(*failure)
+
+    def _task_failure(self, rank: int, err: BaseException) -> BaseException:
+        from ray.exceptions import RayTaskError
+
+        cause = err.cause if isinstance(err, RayTaskError) else err
+        if isinstance(cause, LongctxError):
+            return cause
+        log = self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
+        if isinstance(err, RayTaskError):
+            what = (
+                f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+            )
+        else:  # the worker or its node died (after the retries), or Ray lost the task
+            what = f"{type(err).__name__} (its worker process or node died, {self.retries} retries)"
+        return StageFailed(
+            f"{self.job_name}: task {rank} failed on Ray: {what}; its log: {log}; run again to resume"
+        )
+
+
+class StageFailed(LongctxError):
+    """A task of a stage failed on a cluster; the message names the task and its log."""
+
+
+class ReportedRayExecutor(_Reported, RayTaskExecutor):
+    """:class:`RayTaskExecutor` with a console report."""
 
 
 def concurrent_tasks(cfg: ExecutorConfig, tasks: int) -> int:
@@ -200,6 +280,7 @@ def make_executor(
             mem_per_cpu_gb=cfg.slurm.mem_per_cpu_gb,
             qos=cfg.slurm.qos,
             sbatch_args=cfg.slurm.sbatch_args or None,
+            env_command=cfg.slurm.env_command or slurm_env_command(),
             **common,
         )
     executor: ReportedLocalExecutor | ReportedRayExecutor
@@ -208,9 +289,22 @@ def make_executor(
             workers=concurrent_tasks(cfg, tasks), start_method=start_method, **common
         )
     else:
-        executor = ReportedRayExecutor(workers=tasks if cfg.workers == -1 else cfg.workers, **common)
+        executor = ReportedRayExecutor(
+            workers=tasks if cfg.workers == -1 else cfg.workers,
+            cpus_per_task=cfg.ray.cpus_per_task,
+            mem_per_cpu_gb=cfg.ray.mem_per_cpu_gb or 0,
+            job_name=job_name,
+            retries=cfg.ray.retries,
+            **common,
+        )
     executor.report = report
     return executor
+
+
+def slurm_env_command() -> str:
+    """The shell line a Slurm job runs first: the folder of the Python that submits it on the PATH, so
+    that the job runs datatrove's ``launch_pickled_pipeline`` (and longctx) of the same environment."""
+    return f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
 
 
 def run_stages(
@@ -242,36 +336,102 @@ def run_stages(
     workers cost to start. Locally, a job with a pooled stage after such stages starts its
     forkserver at once, so that it imports the job's modules while this process runs them.
     """
+    record_stages(work, [(name, tasks) for name, _, tasks in stages])
+    if cfg.kind == "slurm":
+        return submit_stages(cfg, stages, work, job)
     console_log = work / "logs" / "console.log"
-    last: PipelineExecutor | None = None
+    executors: list[PipelineExecutor] = []
     pooled = False
     for number, (name, pipeline, tasks) in enumerate(stages, start=1):
-        logging_dir = work / "logs" / f"{number}_{name}"
+        logging_dir = stage_folder(work, number, name)
         report = StageReport(job, name, number, len(stages), tasks, logging_dir, console_log, verbose)
-        here = cfg.kind == "local" and name in in_driver
+        here = name in in_driver and (cfg.kind == "local" or RAY_IN_DRIVER)
         completions = logging_dir / "completions"
         done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
-        pooled = pooled or (not here and concurrent_tasks(cfg, tasks) > 1 and done < tasks)
-        last = make_executor(
-            cfg.model_copy(update={"workers": 1}) if here else cfg,
+        pooled = pooled or (
+            cfg.kind == "local" and not here and concurrent_tasks(cfg, tasks) > 1 and done < tasks
+        )
+        executors.append(
+            make_executor(
+                cfg.model_copy(update={"kind": "local", "workers": 1}) if here else cfg,
+                pipeline,
+                tasks=tasks,
+                logging_dir=logging_dir,
+                job_name=f"{job}_{name}",
+                report=report,
+                start_method=start_method,
+            )
+        )
+    with job_processes([pipeline for _, pipeline, _ in stages], work):
+        if pooled and start_method == "forkserver":
+            # it imports the job's modules (~2 s of CPU) on another core while this process runs
+            # the stages before the first pool; its workers' stderr is the console log
+            with contextlib.nullcontext() if verbose else stderr_to_file(console_log):
+                start_forkserver()
+        for executor in executors:
+            executor.run()
+    return True
+
+
+RAY_IN_DRIVER = bool(os.environ.get("LCX_RAY_IN_DRIVER"))
+
+
+def submit_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str) -> bool:
+    """Submit a job's stages to Slurm, each a job array depending on the one before (datatrove's
+    ``depends``), for the tasks not done yet; True when there is nothing left to do. Prints the job ids
+    and how to follow them, and records them in the work folder (:mod:`longctx.core.jobstate`). While
+    Slurm still holds jobs of an earlier submission, submits nothing and prints where they stand."""
+    state = job_state(work)
+    if state.complete:
+        return True
+    if state.queued and state.stuck != state.queued:
+        print(f"{job}: Slurm still holds job(s) {', '.join(state.queued)} of this run; nothing submitted")
+        print("\n".join(state.lines()), flush=True)
+        return False
+    if state.stuck:  # what is left of a submission with a failed stage: resubmitted below
+        cancel(state.stuck)
+        print(f"{job}: cancelled Slurm job(s) {', '.join(state.stuck)}, which waited for a failed one")
+    executors: list[SlurmPipelineExecutor] = []
+    for number, (name, pipeline, tasks) in enumerate(stages, start=1):
+        executor = make_executor(
+            cfg,
             pipeline,
             tasks=tasks,
-            logging_dir=logging_dir,
+            logging_dir=stage_folder(work, number, name),
             job_name=f"{job}_{name}",
-            depends=last,
-            report=report,
-            start_method=start_method,
+            depends=executors[-1] if executors else None,
         )
-    if last is not None:
-        pipelines = [pipeline for _, pipeline, _ in stages]
-        if cfg.kind != "local":
-            last.run()
-            return cfg.kind != "slurm"
-        with job_processes(pipelines, work):
-            if pooled and start_method == "forkserver":
-                # it imports the job's modules (~2 s of CPU) on another core while this process runs
-                # the stages before the first pool; its workers' stderr is the console log
-                with contextlib.nullcontext() if verbose else stderr_to_file(console_log):
-                    start_forkserver()
-            last.run()
-    return cfg.kind != "slurm"
+        assert isinstance(executor, SlurmPipelineExecutor)
+        executors.append(executor)
+    with quiet_datatrove("datatrove.executor.slurm"):
+        executors[-1].run()
+    submitted = [
+        SlurmJob(number, name, tasks, str(ex.job_id), str(ex.slurm_logs_folder))
+        for number, ((name, _, tasks), ex) in enumerate(zip(stages, executors), start=1)
+        if ex.job_id not in (None, -1)
+    ]
+    record_slurm_jobs(work, submitted)
+    if not submitted:
+        return job_state(work, ask_slurm=False).complete
+    print(f"{job}: submitted to Slurm, {len(submitted)} stage(s) as job arrays, each after the one before:")
+    width = max(len(j.name) for j in submitted)
+    for j in submitted:
+        print(f"  {j.number}/{len(stages)} {j.name:<{width}}  job {j.job_id} ({j.tasks} task(s))")
+    print(
+        f"follow them with: squeue -j {','.join(j.job_id for j in submitted)}\n"
+        f"their logs: {work / 'logs'}/<n>_<stage>/slurm_logs/<job>_<task>.out (Slurm's) and "
+        f"{work / 'logs'}/<n>_<stage>/logs/task_<task>.log (datatrove's)",
+        flush=True,
+    )
+    return False
+
+
+@contextlib.contextmanager
+def quiet_datatrove(module: str) -> Iterator[None]:
+    """datatrove's log lines of ``module`` (an executor's, repeated for every stage: that the logging
+    folder must be shared by the nodes, which docs/clusters.md says once) are not shown meanwhile."""
+    logger.disable(module)
+    try:
+        yield
+    finally:
+        logger.enable(module)
