@@ -1,12 +1,13 @@
 """datatrove executors from an ``executor`` config section (local here, Slurm or Ray on a cluster),
 and the runner that chains a job's stages on them.
 
-A job is a list of stages, each a datatrove pipeline with its number of tasks. The stages' executors
-are chained with datatrove's own ``depends=``: running the last one runs (or, on Slurm, submits) the
-others first, in order, and a stage starts only once every task of the one before has completed.
-Completed tasks are recorded under ``work/logs/<n>_<stage>/completions`` and skipped when the job runs
-again, which is what makes a killed job resumable. No process outlives the job: locally, every process
-the executor starts dies with the command, even when it is killed (:mod:`longctx.core.lifetime`).
+A job is a list of stages, each a datatrove pipeline with its number of tasks. Locally and on Ray, the
+stages run one after another from this process, a stage once every task of the one before has
+completed; on Slurm they are submitted at once, chained with datatrove's own ``depends=`` (each job
+array waits for the one before). Completed tasks are recorded under
+``work/logs/<n>_<stage>/completions`` and skipped when the job runs again, which is what makes a
+killed job resumable. No process outlives the job: locally, every process the executor starts dies
+with the command, even when it is killed (:mod:`longctx.core.lifetime`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from datatrove.utils.logging import logger
 
 from longctx.core.config import ExecutorConfig
 from longctx.core.errors import LongctxError
-from longctx.core.jobstate import SlurmJob, cancel, job_state, record_slurm_jobs, record_stages, stage_folder
+from longctx.core.jobstate import (
+    SlurmJob,
+    cancel,
+    completed_tasks,
+    job_state,
+    record_slurm_jobs,
+    record_stages,
+    stage_folder,
+)
 from longctx.core.lifetime import (
     children_die_with_this_process,
     die_with_parent,
@@ -89,7 +98,7 @@ class StageReport:
     def running(self) -> Iterator[None]:
         label = f"[{self.job} {self.number}/{self.total}] {self.name}"
         completions = self.logging_dir / "completions"
-        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
+        done = completed_tasks(self.logging_dir)
         print(
             f"{label}: {self.tasks} task(s)" + (f", {done} done in an earlier run" if done else ""),
             flush=True,
@@ -185,7 +194,6 @@ class RayTaskExecutor(RayPipelineExecutor):
         import ray
 
         todo = self.get_incomplete_ranks()
-        self._launched = True
         if not todo:
             return
         self.save_executor_as_json()
@@ -316,20 +324,23 @@ def run_stages(
     start_method: str = "forkserver",
     in_driver: Collection[str] = (),
 ) -> bool:
-    """Run a job's stages in order; True when they ran here, False when submitted to Slurm.
+    """Run a job's stages in order; True once they have all run, False when they were submitted to
+    Slurm (or are still in its queue from an earlier submission: :func:`submit_stages`).
 
-    The stages' executors are chained with ``depends=`` and the last one is run. Locally (and on
-    Ray) each stage prints a line when it starts and one per finished task, and datatrove's logs go
-    to ``work/logs/console.log`` (to the console instead with ``verbose``); a failure names the stage
-    and shows the end of that log, except for user errors (:class:`LongctxError`, a full or read-only
-    disk among them), which say what is wrong themselves. On Slurm the chain is submitted at once as
-    dependent job arrays. Locally, the worker processes keep their temporary files in ``work/tmp``
-    and import the job's modules once (:mod:`longctx.core.workers`). ``start_method`` is how pools
-    start them: ``"forkserver"`` (datatrove's default: workers forked from a server that preloads
-    the job's modules, ~2 s of CPU and of wall time before the first task) or ``"fork"`` (forked from
-    this process, which has them imported already: nothing to start). ``"fork"`` is only for a
-    driver that has not run a library's thread pool its workers will use, such as the tokenizer's
-    (whose workers would find it unusable after the fork, and run single-threaded).
+    Locally and on Ray the stages run one after another from this process, each printing a line when
+    it starts and one per finished task; locally, datatrove's logs go to ``work/logs/console.log`` (to
+    the console instead with ``verbose``), on Ray to each task's log in its stage's folder. A failure
+    names the stage and shows the end of that log, except for user errors (:class:`LongctxError`, a
+    full or read-only disk among them), which say what is wrong themselves. On Slurm the stages are
+    submitted at once as dependent job arrays. The stages and their task counts are recorded in the
+    work folder for ``--status`` (:mod:`longctx.core.jobstate`). Locally, the worker processes keep
+    their temporary files in ``work/tmp`` and import the job's modules once
+    (:mod:`longctx.core.workers`). ``start_method`` is how pools start them: ``"forkserver"``
+    (datatrove's default: workers forked from a server that preloads the job's modules, ~2 s of CPU
+    and of wall time before the first task) or ``"fork"`` (forked from this process, which has them
+    imported already: nothing to start). ``"fork"`` is only for a driver that has not run a library's
+    thread pool its workers will use, such as the tokenizer's (whose workers would find it unusable
+    after the fork, and run single-threaded).
 
     The stages named in ``in_driver`` run their tasks one after another in this process when run
     locally (as datatrove runs a one-worker stage): stages whose work is smaller than what a pool's
@@ -345,15 +356,14 @@ def run_stages(
     for number, (name, pipeline, tasks) in enumerate(stages, start=1):
         logging_dir = stage_folder(work, number, name)
         report = StageReport(job, name, number, len(stages), tasks, logging_dir, console_log, verbose)
-        here = name in in_driver and (cfg.kind == "local" or RAY_IN_DRIVER)
-        completions = logging_dir / "completions"
-        done = sum(1 for _ in completions.iterdir()) if completions.is_dir() else 0
+        here = cfg.kind == "local" and name in in_driver
+        done = completed_tasks(logging_dir)
         pooled = pooled or (
             cfg.kind == "local" and not here and concurrent_tasks(cfg, tasks) > 1 and done < tasks
         )
         executors.append(
             make_executor(
-                cfg.model_copy(update={"kind": "local", "workers": 1}) if here else cfg,
+                cfg.model_copy(update={"workers": 1}) if here else cfg,
                 pipeline,
                 tasks=tasks,
                 logging_dir=logging_dir,
@@ -371,9 +381,6 @@ def run_stages(
         for executor in executors:
             executor.run()
     return True
-
-
-RAY_IN_DRIVER = bool(os.environ.get("LCX_RAY_IN_DRIVER"))
 
 
 def submit_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str) -> bool:

@@ -102,6 +102,16 @@ def cluster_input(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def prose_input(tmp_path_factory) -> Path:
+    """The books and papers of curation's test input (no code: no file-level dedup stages, so that a
+    Slurm job has five stages to go through rather than eight)."""
+    root = tmp_path_factory.mktemp("prose_input")
+    build_input(root)
+    shutil.rmtree(root / "code")
+    return root
+
+
 def run_config(
     output: Path, input_dir: Path, tokenizer: Path, executor: dict, path: Path | None = None
 ) -> Path:
@@ -132,17 +142,26 @@ def output_bytes(root: Path) -> dict[str, bytes]:
     return found
 
 
-@pytest.fixture(scope="session")
-def local_reference(tmp_path_factory, cluster_input: Path, cluster_tokenizer: Path) -> dict[str, bytes]:
-    """The local executor's output of ``cluster_input`` (curate, then pack), 2 tasks."""
+def local_output(root: Path, input_dir: Path, tokenizer: Path) -> dict[str, bytes]:
+    """The local executor's output of ``input_dir`` (curate, then pack), 2 tasks."""
     from longctx import jobs
     from longctx.config import load_config
 
-    root = tmp_path_factory.mktemp("local_reference")
-    config = run_config(root / "run", cluster_input, cluster_tokenizer, {"kind": "local", "tasks": 2})
-    cfg = load_config(config)
+    cfg = load_config(run_config(root / "run", input_dir, tokenizer, {"kind": "local", "tasks": 2}))
     jobs.curate(cfg)
     jobs.pack(cfg)
     found = output_bytes(root / "run")
     assert any(name.endswith("manifest.json") for name in found) and "ledger.parquet" in found
     return found
+
+
+@pytest.fixture(scope="session")
+def local_reference(tmp_path_factory, cluster_input: Path, cluster_tokenizer: Path) -> dict[str, bytes]:
+    """The local executor's output of ``cluster_input``."""
+    return local_output(tmp_path_factory.mktemp("local_reference"), cluster_input, cluster_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def prose_reference(tmp_path_factory, prose_input: Path, cluster_tokenizer: Path) -> dict[str, bytes]:
+    """The local executor's output of ``prose_input``."""
+    return local_output(tmp_path_factory.mktemp("prose_reference"), prose_input, cluster_tokenizer)
