@@ -224,18 +224,18 @@ class RayTaskExecutor(RayPipelineExecutor):
             raise self._task_failure(*failure)
 
     def _task_failure(self, rank: int, err: BaseException) -> BaseException:
+        """What the driver raises for task ``rank``'s failure ``err``."""
         from ray.exceptions import RayTaskError
 
         cause = err.cause if isinstance(err, RayTaskError) else err
         if isinstance(cause, LongctxError):
             return cause
-        log = self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
         if isinstance(err, RayTaskError):
-            what = (
-                f"{type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
-            )
+            message = str(cause).strip()
+            what = f"{type(cause).__name__}: {message.splitlines()[0] if message else ''}"
         else:  # the worker or its node died (after the retries), or Ray lost the task
             what = f"{type(err).__name__} (its worker process or node died, {self.retries} retries)"
+        log = self.logging_dir.resolve_paths(f"logs/task_{rank:05d}.log")
         return StageFailed(
             f"{self.job_name}: task {rank} failed on Ray: {what}; its log: {log}; run again to resume"
         )
