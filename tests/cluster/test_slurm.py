@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.conftest import output_bytes, run_config
+from tests.core.processes import marked_env, survivors_after
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -72,9 +73,14 @@ def test_curate_and_pack_on_slurm_write_the_local_executors_bytes(
     prose_reference,
     tmp_path: Path,
 ) -> None:
+    """The jobs' processes carry a marker in their environment (sbatch exports the submitter's):
+    none is left once the jobs have finished."""
     config = run_config(tmp_path / "run", prose_input, cluster_tokenizer, SLURM)
-    _, summary = submit_and_finish(slurm_cluster, "curate", config)
+    env, mark = marked_env()
+    env |= slurm_cluster
+    _, summary = submit_and_finish(env, "curate", config)
     assert "curated documents:" in summary
-    _, packed = submit_and_finish(slurm_cluster, "pack", config)
+    _, packed = submit_and_finish(env, "pack", config)
     assert "seq512" in packed
     assert output_bytes(tmp_path / "run") == prose_reference
+    assert survivors_after(mark, 10) == []

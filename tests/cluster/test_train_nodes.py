@@ -19,7 +19,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.cluster.raycluster import free_port
-from tests.core.processes import describe, kill_survivors, marked_env, survivors_after
+from tests.core.processes import MARKER_KEY, describe, kill_survivors, marked_env, survivors_after
 from tests.trainer.test_train import shards_root, train_config  # noqa: F401 - shards_root is a fixture
 
 pytestmark = pytest.mark.slow
@@ -150,7 +150,8 @@ def test_the_sbatch_template_trains_two_launchers_as_one_agent_of_four(
     each), meeting at the allocation's first node as it reads it from Slurm."""
     config = write_config(shards_root, tmp_path / "run")
     log = tmp_path / "train.out"
-    env = {k: v for k, v in slurm_cluster.items() if k not in TORCHRUN_ENV}
+    env, mark = clean_env()
+    env |= {k: v for k, v in slurm_cluster.items() if k not in TORCHRUN_ENV and k != MARKER_KEY}
     env |= {
         "CONFIG": str(config),
         "NPROC_PER_NODE": "2",
@@ -179,3 +180,4 @@ def test_the_sbatch_template_trains_two_launchers_as_one_agent_of_four(
     assert state.group(1) == "COMPLETED", log.read_text()[-3000:]
     assert "trained 3 steps" in log.read_text()
     assert_same_training(tmp_path / "run", one_agent)
+    assert survivors_after(mark, 10) == []  # the launchers and their ranks, started by Slurm
