@@ -11,20 +11,19 @@ export SLURM_CONF=$DIR/slurm.conf
 if [ -f "$SLURM_CONF" ] && command -v scancel >/dev/null; then
     timeout 10 scancel --full --quiet --user "$(id -un)" 2>/dev/null || true
 fi
-stop() { # pid file: SIGTERM, then SIGKILL after 10 s
-    [ -f "$1" ] || return 0
-    local pid
-    pid=$(cat "$1")
-    kill "$pid" 2>/dev/null || return 0
-    for _ in $(seq 1 100); do
-        kill -0 "$pid" 2>/dev/null || return 0
-        sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-}
-stop "$DIR/slurmd.pid"
-stop "$DIR/slurmctld.pid"
-stop "$DIR/munge/munged.pid"
+# the daemons, by the pids they recorded: SIGTERM to all three, SIGKILL to those alive 10 s later
+pids=()
+for file in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+    pid=$(cat "$file" 2>/dev/null) || continue
+    kill "$pid" 2>/dev/null && pids+=("$pid")
+done
+for _ in $(seq 1 100); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ $alive = 0 ] && break
+    sleep 0.1
+done
+for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
 # slurmstepd processes of jobs still running (their slurmd is gone): found by the spool folder they use
 for proc in /proc/[0-9]*; do
     if tr '\0' ' ' <"$proc/cmdline" 2>/dev/null | grep -q "^slurmstepd"; then

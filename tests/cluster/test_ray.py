@@ -61,7 +61,7 @@ def test_a_killed_ray_worker_resumes_to_the_same_output(
     deadline = time.monotonic() + 240
     killed = []
     while not killed and proc.poll() is None and time.monotonic() < deadline:
-        for pid in ray_cluster.task_workers("curate_read"):
+        for pid in ray_cluster.task_workers("curate_read")[:1]:  # one of the two tasks
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         time.sleep(0.01)

@@ -101,13 +101,14 @@ def test_two_agents_of_two_ranks_train_as_one_agent_of_four(
 
 
 def test_killing_one_agent_ends_the_other_with_one_line(shards_root: Path, tmp_path: Path) -> None:
-    """The first agent (which hosts the rendezvous: it binds the port first) is killed with SIGKILL
-    while both train; its ranks die with it, the other agent stops its own and prints one line."""
+    """Two agents of one rank each (a 2-rank ring); the first (which hosts the rendezvous: it binds
+    the port first) is killed with SIGKILL while both train; its rank dies with it, the other agent
+    stops its own and prints one line."""
     config = write_config(
         shards_root, tmp_path / "run", steps=100_000, checkpoint={"every": 100_000, "keep": 1}
     )
     env, mark = clean_env()
-    flags = ("--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    flags = ("--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     first = launcher(config, *flags, env=env)
     time.sleep(1)
     second = launcher(config, *flags, env=env)
