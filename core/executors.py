@@ -32,7 +32,6 @@ from longctx.core.config import ExecutorConfig
 from longctx.core.errors import LongctxError
 from longctx.core.jobstate import (
     SlurmJob,
-    cancel,
     completed_tasks,
     job_state,
     record_slurm_jobs,
@@ -287,7 +286,9 @@ def make_executor(
             cpus_per_task=cfg.slurm.cpus_per_task,
             mem_per_cpu_gb=cfg.slurm.mem_per_cpu_gb,
             qos=cfg.slurm.qos,
-            sbatch_args=cfg.slurm.sbatch_args or None,
+            # a job whose dependency failed is removed from the queue rather than kept waiting for ever
+            # (with those after it): running the command again then submits what is unfinished
+            sbatch_args={"kill-on-invalid-dep": "yes", **cfg.slurm.sbatch_args},
             env_command=cfg.slurm.env_command or slurm_env_command(),
             **common,
         )
@@ -391,13 +392,10 @@ def submit_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str
     state = job_state(work)
     if state.complete:
         return True
-    if state.queued and state.stuck != state.queued:
+    if state.queued:
         print(f"{job}: Slurm still holds job(s) {', '.join(state.queued)} of this run; nothing submitted")
         print("\n".join(state.lines()), flush=True)
         return False
-    if state.stuck:  # what is left of a submission with a failed stage: resubmitted below
-        cancel(state.stuck)
-        print(f"{job}: cancelled Slurm job(s) {', '.join(state.stuck)}, which waited for a failed one")
     executors: list[SlurmPipelineExecutor] = []
     for number, (name, pipeline, tasks) in enumerate(stages, start=1):
         executor = make_executor(

@@ -19,8 +19,6 @@ from pathlib import Path
 from longctx.core.atomic import write_json
 from longctx.core.errors import EngineError
 
-NEVER_SATISFIED = "DependencyNeverSatisfied"
-"""Slurm's reason for a pending job whose dependency failed: it stays in the queue, never to run."""
 STAGES_FILE = "stages.json"
 SLURM_FILE = "slurm.json"
 
@@ -60,13 +58,6 @@ def slurm_jobs(work: Path) -> list[SlurmJob]:
     """The jobs last submitted for this work folder (none when it never went to Slurm)."""
     path = work / SLURM_FILE
     return [SlurmJob(**job) for job in json.loads(path.read_text())] if path.is_file() else []
-
-
-def cancel(job_ids: list[str]) -> None:
-    """Remove jobs from Slurm's queue (``scancel``)."""
-    done = subprocess.run(["scancel", *job_ids], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise EngineError(f"scancel {' '.join(job_ids)} failed: {done.stderr.strip() or done.returncode}")
 
 
 def queued(job_ids: list[str]) -> dict[str, str]:
@@ -114,15 +105,6 @@ class JobState:
     def queued(self) -> list[str]:
         """Ids of the job's Slurm jobs still in the queue."""
         return [s.job.job_id for s in self.stages if s.job is not None and s.queue is not None]
-
-    @property
-    def stuck(self) -> list[str]:
-        """Ids of queued jobs that can never start: a job they depend on failed or was cancelled."""
-        return [
-            s.job.job_id
-            for s in self.stages
-            if s.job is not None and s.queue is not None and NEVER_SATISFIED in s.queue
-        ]
 
     def lines(self) -> list[str]:
         """One line per stage: tasks done, and its Slurm job with its state."""

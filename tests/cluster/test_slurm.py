@@ -1,6 +1,7 @@
 """`curate` and `pack` with ``kind: slurm`` on a real one-node Slurm cluster (tests/cluster/slurm_up.sh):
 the commands submit and say how to follow the jobs, ``--status`` and a second run say where they stand
-without submitting again, and the finished run holds the local executor's bytes."""
+without submitting again, a failed stage's job takes the later ones out of the queue and the command
+run again submits them again, and the finished run holds the local executor's bytes."""
 
 from __future__ import annotations
 
@@ -45,25 +46,34 @@ def wait_for_jobs(env: dict[str, str], job_ids: list[str], timeout_s: float = 24
         time.sleep(0.5)
 
 
-def submit_and_finish(env: dict[str, str], job: str, config: Path) -> tuple[str, str]:
-    """Run ``longctx <job>`` (it submits), check what it says, wait for its jobs, run it again; returns
-    what the submission and the final run printed."""
-    submitted = longctx(env, job, "--config", str(config)).stdout
-    ids = re.findall(r"^ +\d+/\d+ \S+ +job (\d+) \(\d+ task\(s\)\)$", submitted, re.MULTILINE)
-    assert ids, submitted
-    assert f"follow them with: squeue -j {','.join(ids)}" in submitted
-    assert (
-        "slurm_logs/<job>_<task>.out" in submitted
-        and f"longctx {job} --config {config} --status" in submitted
-    )
-    again = longctx(env, job, "--config", str(config)).stdout  # while queued: nothing submitted twice
+def submitted_jobs(env: dict[str, str], job: str, config: Path) -> list[str]:
+    """Run ``longctx <job>``, which submits; check what it says; return the job ids it printed."""
+    out = longctx(env, job, "--config", str(config)).stdout
+    ids = re.findall(r"^ +\d+/\d+ \S+ +job (\d+) \(\d+ task\(s\)\)$", out, re.MULTILINE)
+    assert ids, out
+    assert f"follow them with: squeue -j {','.join(ids)}" in out
+    assert "slurm_logs/<job>_<task>.out" in out and f"longctx {job} --config {config} --status" in out
+    return ids
+
+
+def submit_and_finish(env: dict[str, str], job: str, config: Path, *, fail_first: bool = False) -> str:
+    """Run ``longctx <job>`` (it submits), run it again while its jobs are queued (nothing is submitted
+    twice), wait for them, check ``--status``, and run it once more; returns what that last run printed.
+    With ``fail_first``, the first stage's job is cancelled at once: the jobs after it leave the queue
+    (they can never start), and running the command again submits everything again."""
+    ids = submitted_jobs(env, job, config)
+    if fail_first:
+        subprocess.run(["scancel", ids[0]], env=env, check=True, timeout=60)
+        wait_for_jobs(env, ids, timeout_s=60)
+        ids = submitted_jobs(env, job, config)
+    again = longctx(env, job, "--config", str(config)).stdout
     assert "of this run; nothing submitted" in again and "submitted to Slurm" not in again, again
     wait_for_jobs(env, ids)
     status = longctx(env, job, "--config", str(config), "--status").stdout
     assert "every task is done" in status and "no longer queued" in status, status
     unfinished = [(a, b) for a, b in re.findall(r"(\d+)/(\d+) tasks done", status) if a != b]
     assert not unfinished, status
-    return submitted, longctx(env, job, "--config", str(config)).stdout
+    return longctx(env, job, "--config", str(config)).stdout
 
 
 def test_curate_and_pack_on_slurm_write_the_local_executors_bytes(
@@ -78,9 +88,9 @@ def test_curate_and_pack_on_slurm_write_the_local_executors_bytes(
     config = run_config(tmp_path / "run", prose_input, cluster_tokenizer, SLURM)
     env, mark = marked_env()
     env |= slurm_cluster
-    _, summary = submit_and_finish(env, "curate", config)
+    summary = submit_and_finish(env, "curate", config, fail_first=True)
     assert "curated documents:" in summary
-    _, packed = submit_and_finish(env, "pack", config)
+    packed = submit_and_finish(env, "pack", config)
     assert "seq512" in packed
     assert output_bytes(tmp_path / "run") == prose_reference
     assert survivors_after(mark, 10) == []
