@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
+    from longctx.trainer.launch import Rendezvous
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def job_rendezvous(args: argparse.Namespace, output: Path):
+def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:
     """Where this machine's launcher meets the others' (``--nnodes``, ``--rdzv-endpoint``,
     ``--rdzv-id``); a :class:`~longctx.core.errors.ConfigError` when the flags do not make a job."""
     import hashlib
