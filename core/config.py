@@ -200,7 +200,8 @@ class TokenizerConfig(StrictModel):
 
 
 class SlurmConfig(StrictModel):
-    """Passed to datatrove's ``SlurmPipelineExecutor``."""
+    """Passed to datatrove's ``SlurmPipelineExecutor``: each stage is one job array (one array task
+    per datatrove task), submitted with a dependency on the stage before."""
 
     partition: str = Field(description="the Slurm partition the tasks are submitted to")
     time: str = Field(default="24:00:00", description="time limit of each job (sbatch --time)")
@@ -210,6 +211,26 @@ class SlurmConfig(StrictModel):
     sbatch_args: dict[str, str] = Field(
         default_factory=dict, description="further sbatch options, e.g. {account: my_account}"
     )
+    env_command: str | None = Field(
+        default=None,
+        description="shell line each job runs first to find longctx (default: put the folder of the "
+        "Python that submits on the PATH, which the nodes must see at the same path)",
+    )
+
+
+class RayConfig(StrictModel):
+    """The Ray cluster stages run on (``kind: ray``) and what each task reserves there."""
+
+    address: str | None = Field(
+        default=None,
+        description="the cluster: its head's host:port (what `ray start --head` prints), 'auto' (the "
+        "cluster started on this machine) or ray://host:port (Ray Client); default: RAY_ADDRESS",
+    )
+    cpus_per_task: float = Field(default=1, gt=0, description="CPUs each task reserves")
+    mem_per_cpu_gb: float | None = Field(
+        default=None, gt=0, description="memory each task reserves per CPU; default: none reserved"
+    )
+    retries: int = Field(default=3, ge=0, description="times a task whose worker or node died is run again")
 
 
 class ExecutorConfig(StrictModel):
@@ -220,8 +241,9 @@ class ExecutorConfig(StrictModel):
         description="local processes, Slurm jobs (needs slurm) or a Ray cluster (the ray extra)",
     )
     tasks: int = Field(default=2, gt=0, description="shards of the input, one task each")
-    workers: int = Field(default=-1, description="tasks run at once on the local executor; -1 = all")
+    workers: int = Field(default=-1, description="tasks run at once; -1 = all")
     slurm: SlurmConfig | None = Field(default=None, description="the Slurm settings, needed by kind: slurm")
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @field_validator("workers")
     @classmethod

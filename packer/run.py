@@ -28,6 +28,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout, shard_folder
@@ -240,6 +241,7 @@ def run_pack(
     Returns the manifest of each requested window length once the stages have run (local and Ray
     executors), or None when they were submitted to Slurm.
     """
+    check_engine(pack.executor, "pack.executor", verbose=verbose)
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
     source = curated_source(pack, layout)

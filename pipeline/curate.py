@@ -45,6 +45,7 @@ from datatrove.pipeline.dedup.minhash import MinhashConfig
 from longctx.core import remote
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
@@ -350,12 +351,9 @@ def run_fingerprint(
 
 
 def bucket_tasks(curate: CurateConfig, num_buckets: int) -> int:
-    """Tasks of a MinHash bucket stage: locally the job's task count (each task searches several
-    buckets; a bucket costs less to search than a task to start); on Slurm and Ray, where tasks run
-    on machines of their own, one per bucket as datatrove does."""
-    if curate.executor.kind == "local":
-        return min(num_buckets, curate.executor.tasks)
-    return num_buckets
+    """Tasks of a MinHash bucket stage: the job's task count, at most one per bucket (each task
+    searches several buckets: a bucket costs less to search than a task to start, on a cluster too)."""
+    return min(num_buckets, curate.executor.tasks)
 
 
 def file_dedup_stages(
@@ -508,6 +506,7 @@ def run_curation(
     before any work. Returns the summary written to ``stats.json`` once the stages have run (local
     and Ray executors); None when they were submitted to Slurm.
     """
+    check_engine(curate.executor, "curate.executor", verbose=verbose)
     output = Path(output)
     layout = RunLayout(output, "curate")
     check_output_folder(output)

@@ -48,6 +48,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)"
     )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="run nothing: show which tasks of the run are done (and on Slurm, which of its jobs are queued)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -75,11 +80,21 @@ def run(args: argparse.Namespace) -> int:
             "pack.executor.workers": args.workers,
         },
     )
+    if args.status:
+        from longctx.commands.curate import show_status
+
+        work = RunLayout(cfg.output, "pack").work
+        passes = sorted(p for p in work.glob("*") if p.is_dir()) if work.is_dir() else []
+        return show_status(*(passes or [work]), what="packing")
     start = time.monotonic()
     manifests = jobs.pack(cfg, verbose=args.verbose)
     layout = RunLayout(cfg.output)
     if manifests is None:
-        print(f"packing submitted; shards will be in {layout.shards}")
+        print(
+            f"shards will be in {layout.shards}; once the jobs have finished, run the same command again to "
+            f"print the manifests{' and publish' if cfg.pack and cfg.pack.output else ''} (or resubmit what "
+            f"failed); `longctx pack --config {args.config} --status` shows which tasks are done"
+        )
         return 0
     for seq_len, manifest in manifests.items():
         print()
