@@ -4,6 +4,7 @@
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
+      chat_template.jinja      its chat template, when it has one in this file (kept for the export)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       curation.json            the curated files and their checksums, when curation publishes them
@@ -87,6 +88,16 @@ class RunLayout:
         return self.root / "tokenizer_config.json"
 
     @property
+    def chat_template(self) -> Path:
+        """The tokenizer's chat template, when it keeps it in a file of its own (transformers >= 4.47)."""
+        return self.root / "chat_template.jinja"
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, Path, Path]:
+        """Every file of the run's tokenizer: ``tokenizer.json``, then the side files that may be absent."""
+        return (self.tokenizer, self.tokenizer_config, self.chat_template)
+
+    @property
     def documents(self) -> Path:
         return self.root / "documents"
 
@@ -148,6 +159,11 @@ class RunLayout:
     def wandb_run_id(self) -> Path:
         """The W&B run id of this training run, kept so that a resumed run logs to the same run."""
         return self.wandb / "run_id"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches (``train.kernels.compile``), reused when the run resumes."""
+        return self.train / "compile_cache"
 
     @property
     def final_model(self) -> Path:

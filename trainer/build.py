@@ -16,15 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
-from longctx.trainer.config import TrainConfig
+from longctx.trainer.config import KernelsConfig, TrainConfig
 from longctx.trainer.hf_io import config_json, load_weights, local_region, materialize
 from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model
+from longctx.trainer.kernel_choice import KernelChoice, apply_kernels
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.sharding import shard_model
@@ -38,6 +40,9 @@ class BuiltModel:
     model: TrainedModel
     loss_multiplier: float
     """What each rank's loss is multiplied by so that gradients are exact sums (``sharding``)."""
+    kernels: KernelChoice | None = None
+    """The attention kernel, fused ops and compiled blocks chosen by ``train.kernels`` (None: the plain
+    model, PyTorch's ops and the automatic attention chain, as evaluation and export use)."""
 
 
 @torch.no_grad()
@@ -53,11 +58,21 @@ def fill_random(model: TrainedModel, seed: int, std: float = 0.02) -> None:
 
 
 def build_model(
-    config: AnyModelConfig, state: ParallelState, *, activation_checkpointing: str, bf16: bool
+    config: AnyModelConfig,
+    state: ParallelState,
+    *,
+    activation_checkpointing: str,
+    bf16: bool,
+    kernels: KernelsConfig | None = None,
+    compile_cache: Path | None = None,
 ) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
     uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint.
-    Buffers (a transformers model's RoPE frequencies) keep the values they were built with."""
+    Buffers (a transformers model's RoPE frequencies) keep the values they were built with.
+
+    ``kernels`` (``train.kernels``) picks the attention kernel, fused ops and compiled blocks
+    (``kernel_choice.apply_kernels``, compile caches in ``compile_cache``; a transformers model takes the
+    attention kernel only); rank 0 prints a line for each choice that falls back."""
     attention = RingAttention(group=state.cp_group)
     if isinstance(config, HFModelConfig):
         model: TrainedModel = HFCausalLM(
@@ -70,7 +85,21 @@ def build_model(
             )
     multiplier = shard_model(model, state, bf16=bf16) if state.sharded else 1.0
     materialize(model, state.device)
-    return BuiltModel(model, multiplier)
+    choice = None
+    if kernels is not None:
+        choice = apply_kernels(
+            model,
+            attention=kernels.attention,
+            fused=kernels.fused,
+            compile_blocks=kernels.compile,
+            device=state.device,
+            dtype=torch.bfloat16 if bf16 else torch.float32,
+            compile_cache=compile_cache,
+        )
+        if state.is_main:
+            for note in choice.notes:
+                print(note, flush=True)
+    return BuiltModel(model, multiplier, choice)
 
 
 def choose_implementation(setting: str, hf_config: Mapping[str, Any] | None) -> str:

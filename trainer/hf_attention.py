@@ -10,24 +10,23 @@ for an implementation it has no mask function for, and forwards the keyword argu
 row's ring plan, built once per forward and shared by all layers), which carry the document masks
 (same segment id, causal in the window's token order).
 
-:func:`checkpoint_layers` makes each decoder layer keep less for backward (``full``: its input only;
-``selective``: its input and its attention's output, see ``attention.RingCache``), the same modes as
-the own model's (``model.checkpointing_mode``).
+:func:`checkpoint_layers` makes each decoder layer keep less for backward, by the same modes and
+mechanism as the own model's blocks (``longctx.trainer.checkpointing.run_block``): ``full`` keeps the
+layer's input only; ``selective`` keeps the outputs of its matrix multiplications and of the ring
+attention operator, and recomputes the rest (norms, RoPE, activations), so the ring does not run again.
 """
 
 from __future__ import annotations
 
-import contextvars
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from longctx.trainer.attention import RingCache
+from longctx.trainer.checkpointing import run_block
 from longctx.trainer.model import RowAttention
 
 ATTENTION_NAME = "longctx_ring"
@@ -38,32 +37,12 @@ ROWS_KWARG = "longctx_rows"
 @dataclass(frozen=True)
 class PackedRows:
     """What the attention of every layer needs about the batch: one bound attention per row, called
-    ``(q, k, v, softmax_scale=...)`` (and ``cache=`` under selective checkpointing): the ring's
-    (``RingAttention.bind``) or, in evaluation, a key/value cache's (``generate.KVCache``); and the
-    window length, the largest span a document can have (a sliding window at least this long never
-    cuts a document)."""
+    ``(q, k, v, softmax_scale=...)``: the ring's (``RingAttention.bind``) or, in evaluation, a key/value
+    cache's (``generate.KVCache``); and the window length, the largest span a document can have (a
+    sliding window at least this long never cuts a document)."""
 
     rows: Sequence[RowAttention]
     window: int
-
-
-@dataclass
-class _LayerCaches:
-    """The :class:`RingCache` of each attention call of one checkpointed layer call, in call order."""
-
-    caches: list[RingCache] = field(default_factory=list)
-    calls: int = 0
-
-    def next_cache(self) -> RingCache:
-        if self.calls == len(self.caches):
-            self.caches.append(RingCache())
-        self.calls += 1
-        return self.caches[self.calls - 1]
-
-
-_CACHES: contextvars.ContextVar[_LayerCaches | None] = contextvars.ContextVar(
-    "longctx_ring_caches", default=None
-)
 
 
 def ring_attention_forward(
@@ -103,11 +82,7 @@ def ring_attention_forward(
     if len(packed.rows) != query.shape[0]:
         raise ValueError(f"{len(packed.rows)} row attentions for a batch of {query.shape[0]} rows")
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    caches = _CACHES.get()
-    out = [
-        attend(q[b], k[b], v[b], softmax_scale=scaling, **({"cache": caches.next_cache()} if caches else {}))
-        for b, attend in enumerate(packed.rows)
-    ]
+    out = [attend(q[b], k[b], v[b], softmax_scale=scaling) for b, attend in enumerate(packed.rows)]
     return torch.stack(out), None
 
 
@@ -118,32 +93,12 @@ def register() -> None:
     AttentionInterface.register(ATTENTION_NAME, ring_attention_forward)
 
 
-@contextmanager
-def _replaying(caches: _LayerCaches) -> Iterator[None]:
-    caches.calls = 0
-    token = _CACHES.set(caches)
-    try:
-        yield
-    finally:
-        _CACHES.reset(token)
-
-
-def _checkpointed(forward: Callable[..., Any], selective: bool) -> Callable[..., Any]:
-    """``forward`` recomputed in backward (non-reentrant ``torch.utils.checkpoint``); with
-    ``selective``, its ring attention calls keep their outputs and are not run again."""
+def _checkpointed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:
+    """``forward`` keeping for backward what ``mode`` says (``run_block``; keyword arguments, the
+    rotary tables and the packed rows among them, are bound before the checkpoint)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():
-            return forward(*args, **kwargs)
-        caches = _LayerCaches() if selective else None
-
-        def body(*inner_args: Any, **inner_kwargs: Any) -> Any:
-            if caches is None:
-                return forward(*inner_args, **inner_kwargs)
-            with _replaying(caches):
-                return forward(*inner_args, **inner_kwargs)
-
-        return checkpoint(body, *args, use_reentrant=False, **kwargs)
+        return run_block(partial(forward, **kwargs), mode, *args)
 
     return run
 
@@ -157,4 +112,4 @@ def checkpoint_layers(layers: Sequence[nn.Module], mode: str) -> None:
     if mode == "none":
         return
     for layer in layers:
-        layer.forward = _checkpointed(layer.forward, selective=mode == "selective")
+        layer.forward = _checkpointed(layer.forward, mode)

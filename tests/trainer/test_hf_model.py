@@ -222,8 +222,9 @@ def test_rope_overrides_reach_the_transformers_rotary_module() -> None:
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_keeps_gradients(mode: str, tmp_path: Path, monkeypatch) -> None:
-    """full recomputes each decoder layer, its ring attention included; selective recomputes the
-    layer but reuses the attention's output (the ring's forward runs once per layer)."""
+    """full recomputes each decoder layer, its ring attention included; selective (``checkpointing.run_block``'s
+    per-op policy on a transformers decoder layer) keeps the ring operator's output, so the ring's forward
+    runs once per layer; both give the gradients of none."""
     from longctx.trainer.attention import ring
 
     folder = save_random(tmp_path / "qwen3", "qwen3")

@@ -15,6 +15,6 @@ block attention), ``select`` (which kernels run on a device), ``ring`` (the auto
 
 from longctx.trainer.attention.comm import RingCommError
 from longctx.trainer.attention.plan import RingPlan, RingStats, build_ring_plan
-from longctx.trainer.attention.ring import RingCache, ring_attention
+from longctx.trainer.attention.ring import ring_attention
 
-__all__ = ["RingCache", "RingCommError", "RingPlan", "RingStats", "build_ring_plan", "ring_attention"]
+__all__ = ["RingCommError", "RingPlan", "RingStats", "build_ring_plan", "ring_attention"]
