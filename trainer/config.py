@@ -187,12 +187,13 @@ class KernelsConfig(StrictModel):
     fused: Literal["auto", "liger", "none"] = Field(
         default="auto",
         description="RMSNorm, SwiGLU, RoPE and the loss (fused linear cross-entropy, no full logits) from "
-        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU)",
+        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU); the own "
+        "decoder only (train.model.implementation transformers uses PyTorch's ops)",
     )
     compile: bool = Field(
         default=False,
         description="torch.compile each decoder block around its attention (not with selective "
-        "activation checkpointing); caches under <output>/train/compile_cache",
+        "activation checkpointing; the own decoder only); caches under <output>/train/compile_cache",
     )
 
 

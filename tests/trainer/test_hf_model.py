@@ -21,8 +21,11 @@ import torch.nn.functional as F
 
 from longctx.core.errors import ConfigError
 from longctx.trainer.build import build_model, fill_random, saved_model_config
+from longctx.trainer.config import KernelsConfig
 from longctx.trainer.generate import greedy_generate
+from longctx.trainer.hf_io import materialize
 from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model, load_hf_model
+from longctx.trainer.kernel_choice import KernelChoice
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.rope import RopeConfig, inverse_frequencies
@@ -222,9 +225,9 @@ def test_rope_overrides_reach_the_transformers_rotary_module() -> None:
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_keeps_gradients(mode: str, tmp_path: Path, monkeypatch) -> None:
-    """full recomputes each decoder layer, its ring attention included; selective (``checkpointing.run_block``'s
-    per-op policy on a transformers decoder layer) keeps the ring operator's output, so the ring's forward
-    runs once per layer; both give the gradients of none."""
+    """full recomputes each decoder layer, its ring attention included; selective (the per-op policy of
+    ``checkpointing.run_block`` on a transformers decoder layer) keeps the ring operator's output, so the
+    ring's forward runs once per layer; both give the gradients of none."""
     from longctx.trainer.attention import ring
 
     folder = save_random(tmp_path / "qwen3", "qwen3")
@@ -248,6 +251,73 @@ def test_activation_checkpointing_keeps_gradients(mode: str, tmp_path: Path, mon
     assert results[mode][1] == (2 * layers if mode == "full" else layers)
     for name, grad in results["none"][0].items():
         assert relative_error(results[mode][0][name], grad) < 1e-12, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_memory_model_of_a_transformers_decoder_layer(model_type: str) -> None:
+    """What one transformers decoder layer keeps for backward (float32; measured as in
+    test_checkpointing.py, a 3-layer model's forward minus a 2-layer one's) against the memory model of
+    its dense shape (``HFModelConfig.shape``), which ``activation_checkpointing: auto`` uses: selective
+    and full exactly (the per-op policy keeps the same matmul and ring outputs as in the own decoder);
+    none more, by the q/k norms' and transformers' own intermediate tensors, at most 25% here (the
+    approximation docs/training.md states)."""
+    from longctx.trainer import memory
+    from tests.trainer.test_checkpointing import TOKENS, LiveStorages, row
+
+    def held(mode: str, layers: int) -> tuple[int, Any]:
+        dims = {k: v for k, v in TINY.items() if not k.endswith("token_id")}
+        config = HFModelConfig.from_hf({"model_type": model_type, **dims, "num_hidden_layers": layers})
+        model = HFCausalLM(config, activation_checkpointing=mode)
+        materialize(model, "cpu")
+        fill_random(model, seed=0)
+        inputs = {k: v[0] for k, v in row(TINY["vocab_size"]).items()}
+        with LiveStorages(list(model.parameters())) as live:
+            out = model(**inputs)
+        kept = live.alive()
+        out.sum().backward()  # the kept tensors serve their purpose
+        return kept, config.shape
+
+    for mode in ("none", "selective", "full"):
+        (three, shape), (two, _) = held(mode, 3), held(mode, 2)
+        estimate = TOKENS * memory.held_bytes_per_token(shape, mode, 4, 4)
+        if mode == "none":
+            assert estimate <= three - two <= 1.25 * estimate, (three - two) / estimate
+        else:
+            assert three - two == estimate, mode
+
+
+def test_kernels_on_the_transformers_path_take_the_attention_kernel_only(capsys) -> None:
+    """train.kernels on a transformers model: the attention kernel is pinned as asked; liger's fused ops
+    and compiled blocks, which replace the own decoder's modules, fall back with one printed line each
+    (fused auto silently), and the model computes what it computes without them."""
+    config = HFModelConfig.from_hf(ModelConfig.tiny("llama", vocab_size=96).to_hf())
+    state = ParallelState.single()
+    row = packed(DOCS, 96, seed=2)
+    inputs = {k: v for k, v in row.items() if k != "labels"}
+    losses = {}
+    for name, kernels in {
+        "plain": KernelsConfig(attention="math", fused="none"),
+        "asked": KernelsConfig(attention="math", fused="liger", compile=True),
+        "auto": KernelsConfig(),
+    }.items():
+        built = build_model(config, state, activation_checkpointing="none", bf16=False, kernels=kernels)
+        fill_random(built.model, seed=3)
+        losses[name] = built.model(**inputs, labels=row["labels"])
+        printed = capsys.readouterr().out.splitlines()
+        assert printed == built.kernels.notes, name
+        if name == "asked":
+            assert built.kernels == KernelChoice("math", "none", False, printed)
+            assert built.model.attention.backend == "math"
+            assert printed == [
+                "train.kernels.fused liger: train.model.implementation longctx only; this transformers "
+                "model runs its own modules; using PyTorch's ops",
+                "train.kernels.compile: train.model.implementation longctx only; this transformers model "
+                "runs its own modules; eager blocks",
+            ]
+        if name == "auto":
+            assert built.kernels == KernelChoice("auto", "none", False, [])
+    assert torch.equal(losses["asked"], losses["plain"])
 
 
 REFUSED = [
