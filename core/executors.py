@@ -406,10 +406,12 @@ def submit_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str
     record_slurm_jobs(work, submitted)
     if not submitted:
         return job_state(work, ask_slurm=False).complete
-    print(f"{job}: submitted to Slurm, {len(submitted)} stage(s) as job arrays, each after the one before:")
+    print(
+        f"{job}: submitted to Slurm, {plural(len(submitted), 'stage')} as job arrays, each after the one before:"
+    )
     width = max(len(j.name) for j in submitted)
     for j in submitted:
-        print(f"  {j.number}/{len(stages)} {j.name:<{width}}  job {j.job_id} ({j.tasks} task(s))")
+        print(f"  {j.number}/{len(stages)} {j.name:<{width}}  job {j.job_id} ({plural(j.tasks, 'task')})")
     print(
         f"follow them with: squeue -j {','.join(j.job_id for j in submitted)}\n"
         f"their logs: {work / 'logs'}/<n>_<stage>/slurm_logs/<job>_<task>.out (Slurm's) and "

@@ -15,7 +15,8 @@ So every process started on the driver's behalf asks the kernel to kill it when 
   driver -> forkserver -> worker unwinds completely.
 
 Work a killed task leaves half done (a shard's temporary file) is removed when the job runs again.
-While a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
+Forked children start with SIGTERM's default action (they die), whatever handler the driver has;
+while a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
 raises ``SystemExit``, so that its atomic writers remove their temporary files before it exits.
 """
 
@@ -99,6 +100,10 @@ def _before_fork() -> None:
 def _after_fork_in_child() -> None:
     if _active and _forking_pid is not None:
         die_with_parent(_forking_pid)
+        # A SIGTERM handler the driver inherited from its host (``ray.init()`` installs one that only
+        # works with Ray's threads, which a fork does not copy) would keep an idle pool worker alive
+        # when the pool terminates it, and the driver would wait for it forever.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

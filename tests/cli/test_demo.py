@@ -55,12 +55,15 @@ sys.modules.update(dict.fromkeys({TEST_EXTRA_ONLY!r}))
 
 
 def test_make_demo_installs_the_package_alone(tmp_path: Path) -> None:
+    # run from `make test` (CI), the outer make's variables would make this one print "Entering directory"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", "demo", f"VENV={tmp_path / 'venv'}"],
+        ["make", "-n", "--no-print-directory", "demo", f"VENV={tmp_path / 'venv'}"],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=60,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     installs = [line for line in done.stdout.splitlines() if " install " in line]

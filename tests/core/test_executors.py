@@ -135,6 +135,27 @@ def test_pool_workers_start_as_asked(tmp_path: Path, start_method: str) -> None:
     assert (parents == {os.getpid()}) == (start_method == "fork")
 
 
+@pytest.mark.timeout(120)
+def test_forked_workers_end_whatever_sigterm_handler_the_driver_has(tmp_path: Path) -> None:
+    """The pool terminates its idle workers with SIGTERM when the stage ends. A handler the driver
+    holds (``ray.init()`` installs one) must not be inherited by them: one that returns would keep a
+    worker alive and the driver waiting forever (it held CI until its limit)."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        for attempt in range(3):  # an idle worker at the end is likely, not certain
+            assert run_stages(
+                ExecutorConfig(tasks=2, workers=2),
+                [("s", [_Parent(tmp_path)], 2)],
+                tmp_path / f"w{attempt}",
+                "job",
+                start_method="fork",
+            )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_fork_waits_for_the_progress_line_being_printed() -> None:
     """os.fork() takes the progress printer's lock, so a child never starts with it (and with
     sys.stdout's lock) held by a thread it does not have."""
