@@ -406,9 +406,8 @@ def submit_stages(cfg: ExecutorConfig, stages: list[Stage], work: Path, job: str
     record_slurm_jobs(work, submitted)
     if not submitted:
         return job_state(work, ask_slurm=False).complete
-    print(
-        f"{job}: submitted to Slurm, {plural(len(submitted), 'stage')} as job arrays, each after the one before:"
-    )
+    stages_line = plural(len(submitted), "stage")
+    print(f"{job}: submitted to Slurm, {stages_line} as job arrays, each after the one before:")
     width = max(len(j.name) for j in submitted)
     for j in submitted:
         print(f"  {j.number}/{len(stages)} {j.name:<{width}}  job {j.job_id} ({plural(j.tasks, 'task')})")
