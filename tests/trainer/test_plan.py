@@ -12,7 +12,7 @@ import pytest
 from longctx.cli import main
 from longctx.core.errors import ConfigError
 from longctx.trainer import flops as flop_model
-from longctx.trainer import plan
+from longctx.trainer import plan, plan_report
 
 KiB, GiB = 1024, 1024**3
 
@@ -231,32 +231,117 @@ def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelSh
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("80GB", 80e9), ("80GiB", 80 * GiB), ("141gb", 141e9), ("1024", 1024)]
+    ("text", "value"),
+    [
+        ("80GB", 80e9),
+        ("80GiB", 80 * GiB),
+        ("141gb", 141e9),
+        ("141G", 141e9),
+        ("80", 80e9),  # a bare number is GB, as GPUs are sold
+        ("80 GB", 80e9),
+        ("0.5T", 5e11),
+        ("81559MiB", 81559 * 1024**2),  # as nvidia-smi reports an H100's memory
+        ("8e10B", 8e10),
+        ("1024B", 1024),
+    ],
 )
 def test_parse_bytes(text: str, value: float) -> None:
     assert plan.parse_bytes(text) == value
 
 
-def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFixture) -> None:
-    """The shipped real-run example: sharded over its 8 ranks it fits, as one replica per rank it does not."""
-    config = str(Path(__file__).parents[2] / "configs" / "llama3_8b_64k.yaml")
-    argv = ["plan", "--config", config, "--model", "llama-3-8b", "--gpus", "8", "--gpu-memory", "80GB"]
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("80 bananas", "bad memory size '80 bananas'"),
+        ("-80", "bad memory size '-80'"),
+        ("0", "bad memory size '0'"),
+        ("inf", "bad memory size 'inf'"),
+        ("nan", "bad memory size 'nan'"),
+        ("80G B", "bad memory size '80G B'"),
+        ("80000000000", "more than any GPU holds; a bare number is GB"),  # bytes meant as GB
+        ("2", "leaves nothing for training"),  # 2 GB: less than the reserve
+    ],
+)
+def test_nonsense_gpu_memory_is_refused_in_one_line(text: str, message: str, capsys) -> None:
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "64K", "--cp", "8", "--gpu-memory", text]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_bare_gpu_memory_is_gb_and_what_does_not_fit_says_what_would(capsys) -> None:
+    """The issue's command: 80 is 80 GB; 128K at cp 8 does not fit, and the plan names the smallest
+    change of each kind that does, each checked here against the memory model directly."""
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "64K,128K", "--cp", "8", "--gpu-memory", "80"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "sharded over 8 ranks, activation checkpointing selective" in out
-    assert [line.split()[-1] for line in out.splitlines() if line.startswith("fits ")] == ["yes"]
-    assert main([*argv, "--state-shards", "1"]) == 0
-    assert [
-        line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("fits ")
-    ] == ["NO"]
+    assert "fits a 74.5 GiB GPU when the total stays under 65.1 GiB" in out  # 80e9 bytes, 90% less 2 GiB
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("fits ")] == [["yes", "NO"]]
+    model, usable = plan.load_model_shape("llama-3-8b"), usable_bytes(80e9)
+
+    def total(cp: int, shards: int, mode: str) -> float:
+        return rank_memory(model, 131_072, cp, state_shards=shards, activation_checkpointing=mode).total
+
+    assert total(8, 8, "none") > usable
+    assert total(8, 8, "selective") <= usable  # the smallest checkpointing change
+    # no ring between 8 and 16 splits 128K into 2 x cp equal chunks; cp 16 needs 16 GPUs and fits
+    assert [cp for cp in range(9, 16) if 131_072 % (2 * cp) == 0] == []
+    assert total(16, 16, "none") <= usable
+    # more GPUs at cp 8 only shard the model state: the activations alone are too large
+    assert total(8, 65_536, "none") > usable
+    (line,) = [line for line in out.splitlines() if "does not fit" in line]
+    assert line == (
+        "128K does not fit 74.5 GiB per GPU; it would with activation checkpointing selective "
+        f"({plan_report.human_bytes(total(8, 8, 'selective'))} per rank) or cp 16 on 16 GPUs "
+        f"({plan_report.human_bytes(total(16, 16, 'none'))} per rank)"
+    )
 
 
-def test_wall_clock_for_a_toy_budget(toy: plan.ModelShape) -> None:
-    # 6 x (2 layers x (64 * 192 + 3 * 64 * 176) + 64 * 100) + 3 x 2 layers x 16384 causal attention
-    per_token = 6 * 98_560 + 3 * 2 * 16_384
-    assert per_token == 689_664
-    seconds = plan.train_seconds(toy, 128, tokens=1e12, gpus=8, peak_flops=100e12, mfu=0.5)
-    assert seconds == pytest.approx(689_664 * 1e12 / (8 * 100e12 * 0.5)) == pytest.approx(1724.16)
+def test_the_fewest_more_gpus_match_a_linear_scan() -> None:
+    """More GPUs at the same ring shard the model state further: the binary search finds the GPU
+    count a plain scan over every multiple of cp x replicas finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model = plan.load_model_shape("llama-3-70b")
+    for cp, replicas in ((1, 1), (2, 2)):
+        layout = Layout(cp=cp, gpus=8, dp_replicate=replicas, activation_checkpointing="full")
+        (more,) = [c for c in smallest_changes(model, 8192, layout, 80e9) if c.kinds == ("gpus",)]
+        ring = cp * replicas
+        scan = next(
+            gpus
+            for gpus in range(8 + ring, 4096, ring)
+            if rank_memory(
+                model, 8192, cp, state_shards=gpus // replicas, activation_checkpointing="full"
+            ).total
+            <= usable_bytes(80e9)
+        )
+        assert more.layout.gpus == scan and more.layout.cp == cp, (cp, replicas)
+        assert more.describe() == f"{scan} GPUs at cp {cp}"
+
+
+def test_changes_together_when_none_fits_alone() -> None:
+    """Llama-3-8B on 131,074-token windows and 141 GB GPUs: 65,537 is prime, so no larger ring splits
+    the window; one GPU cannot hold the AdamW state whatever the checkpointing, and more GPUs cannot
+    hold the activations without full checkpointing. The plan pairs full checkpointing with the fewest
+    GPUs a plain scan finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-8b"), 131_074, usable_bytes(141e9)
+
+    def total(shards: int, mode: str) -> float:
+        return rank_memory(model, length, 1, state_shards=shards, activation_checkpointing=mode).total
+
+    assert all(total(1, mode) > usable for mode in ("none", "selective", "full"))
+    assert total(65_536, "none") > usable and total(65_536, "selective") > usable
+    scan = next(gpus for gpus in range(2, 4096) if total(gpus, "full") <= usable)
+    layout = Layout(cp=1, gpus=1, dp_replicate=1, activation_checkpointing="none")
+    (change,) = smallest_changes(model, length, layout, 141e9)
+    assert change.describe() == f"activation checkpointing full and {scan} GPUs at cp 1"
+    assert change.total_bytes == total(scan, "full")
 
 
 @pytest.mark.parametrize(
