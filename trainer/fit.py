@@ -103,9 +103,8 @@ def _more_checkpointing(model: ModelShape, length: int, layout: Layout, device_b
 
 
 def _ring_sizes(length: int, above: int) -> list[int]:
-    """Ring sizes larger than ``above`` whose ``2 x cp`` chunks split a window of ``length`` tokens."""
-    half = length // 2 if length % 2 == 0 else 0
-    return [cp for cp in range(above + 1, min(half, MAX_GPUS) + 1) if half % cp == 0]
+    """Ring sizes larger than ``above`` (up to :data:`MAX_GPUS`) that split windows of ``length``."""
+    return [cp for cp in range(above + 1, min(length, MAX_GPUS) + 1) if MeshShape.window_splits(length, cp)]
 
 
 def _larger_cp(
