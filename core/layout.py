@@ -13,7 +13,8 @@
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
                                and of published curations (pack.input given as a URL)
-      work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
+      work/<job>/              a job's intermediate files, run record and datatrove logs (resume state);
+                               work/train/torchinductor/ is torch's compiler cache for training
 
 Every path of an output folder is built here, and nowhere else.
 """
@@ -52,6 +53,13 @@ class RunLayout:
         if not self.job:
             raise ValueError("RunLayout.work needs the job's name")
         return self.root / "work" / self.job
+
+    @property
+    def compiler_cache(self) -> Path:
+        """torch's compiler cache (``TORCHINDUCTOR_CACHE_DIR``) for this job's processes, which
+        importing ``torch._dynamo`` (optimizers, FSDP2 do) creates; kept here rather than in
+        ``$TMPDIR``, where it outlives the run."""
+        return self.work / "torchinductor"
 
     @property
     def run_record(self) -> Path:

@@ -286,7 +286,9 @@ def load_checkpoint(
     else:
         target = _state_dicts(model, optimizer)
     try:
-        dcp.load(target, storage_reader=dcp.FileSystemReader(str(folder / DCP_FOLDER)))
+        with warnings.catch_warnings():  # one process without a process group is what we mean: no warning
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized, assuming")
+            dcp.load(target, storage_reader=dcp.FileSystemReader(str(folder / DCP_FOLDER)))
     except CheckpointException as err:  # a BaseException subclass: name the folder, keep the cause
         causes = "; ".join(
             f"rank {r}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -16,6 +16,7 @@ from longctx.core.atomic import new_numbered_folder, write_json, write_text
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import check_output_folder
 from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import EvalConfig, NeedleEvalConfig, TrainConfig, check_base_model
@@ -148,6 +149,7 @@ def run_eval(
     ``tokenizer.json``.
     """
     layout = RunLayout(output)
+    check_output_folders(eval, layout, train)
     specs = resolve_models(eval.models, layout, train)
     tokenizer_path = layout.tokenizer_file(tokenizer)
     windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
@@ -159,6 +161,16 @@ def run_eval(
     started = time.monotonic()
     scores = score_models(specs, windows, needles, eval, train, context)
     return _result(write_evaluation(layout, eval, windows, needles, scores, context.original, started))
+
+
+def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> None:
+    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or shard cache, when the windows
+    come from a URL) is a file, read-only or cannot be created: one line naming the path."""
+    check_output_folder(layout.eval, key="output")
+    shards = eval.shards or (train.shards if train else None)
+    if shards is not None and is_remote(shards):
+        cache = train.cache if train and train.cache else None
+        check_output_folder(cache or layout.cache, key="train.cache" if cache else "output")
 
 
 def choose_windows(

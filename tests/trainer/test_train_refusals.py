@@ -83,3 +83,40 @@ def test_yaml_inf_is_refused_as_written(packed: Path, tmp_path: Path, capsys) ->
     err = capsys.readouterr().err
     assert "train.optim.lr: Input should be a finite number" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_read_only_output_is_refused_before_any_rank_starts(packed: Path, tmp_path: Path, capsys) -> None:
+    """train (on 2 ranks), --export and eval on a read-only output folder: one line naming the path,
+    as curate and pack say it, instead of OSError tracebacks; nothing changes on disk."""
+    from longctx import jobs
+    from longctx.config import parse_config
+    from tests.core.disks import read_only, tree
+
+    empty, trained = tmp_path / "empty", tmp_path / "trained"
+    empty.mkdir()
+    cfg = train_config(packed, trained, steps=2, checkpoint={"every": 1, "keep": 2})
+    cfg["eval"] = {"models": ["trained"], "rows": 2, "needle": None}
+    jobs.train(parse_config(cfg), progress=False)
+    configs = {}
+    for name, output in (("empty", empty), ("trained", trained)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**cfg, "output": str(output)}))
+        configs[name] = path
+    commands = [
+        (["train", "--config", str(configs["empty"]), "--nproc", "2"], empty / "train"),
+        (["train", "--config", str(configs["trained"]), "--export", "1"], trained / "train"),
+        (["eval", "--config", str(configs["trained"])], trained / "eval"),
+    ]
+    for output in (empty, trained):
+        before = tree(output)
+        with read_only(output):
+            for argv, folder in commands:
+                if Path(argv[2]).stem != output.name:
+                    continue
+                assert main(argv) == 2, argv
+                inside = "" if folder.exists() else f" (it would be created inside {output})"
+                assert capsys.readouterr().err.splitlines() == [
+                    f"longctx {argv[0]}: output: cannot write to {folder}{inside}: read-only file system"
+                ], argv
+        assert tree(output) == before
