@@ -56,8 +56,9 @@ class ModelSpec:
 
 
 def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
-    """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist and
-    ``base`` needs the run's train section."""
+    """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist,
+    ``base`` needs the run's train section, and every checkpoint folder must be readable whole
+    (``hf_io.check_model_folder``)."""
     check_base_model(models, train)
     specs = []
     for model in models:
@@ -76,6 +77,12 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
             specs.append(ModelSpec("trained", str(layout.final_model), layout.final_model))
         else:
             specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
+    from longctx.trainer.hf_io import check_model_folder
+
+    for folder in [s.path for s in specs if s.path is not None] + (
+        [train.model.hf_path] if "base" in models and train and train.model.hf_path else []
+    ):
+        check_model_folder(folder)  # a truncated or damaged folder, in one line naming the file
     names = [s.label for s in specs]
     return [ModelSpec(s.source, s.source, s.path) if names.count(s.label) > 1 else s for s in specs]
 

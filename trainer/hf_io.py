@@ -18,10 +18,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from longctx.core.atomic import atomic_path
+from longctx.core.errors import LongctxError
 from longctx.trainer.model import Attention, ModelConfig, Transformer
 
 CONFIG_NAME = "config.json"
@@ -29,6 +30,49 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+class ModelFolderError(LongctxError):
+    """A Hugging Face checkpoint folder that cannot be read: a missing, unreadable or truncated file."""
+
+
+def check_model_folder(directory: str | os.PathLike[str]) -> None:
+    """Refuse, in one line naming the file, a checkpoint folder whose ``config.json`` is missing or
+    unreadable, whose index names missing shards, or whose safetensors files do not hold what their
+    headers describe (a truncated copy): safetensors checks that when it opens a file, which reads
+    only the header. Run before any weight is read, so a damaged folder is not met halfway."""
+    root = Path(directory)
+    config = root / CONFIG_NAME
+    try:
+        load_config(root)
+    except FileNotFoundError:
+        raise ModelFolderError(
+            f"{config} is missing: {root} is not a Hugging Face checkpoint folder"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{config} cannot be read ({err})") from None
+    except ValueError as err:
+        raise ModelFolderError(f"{config}: {err}") from None
+    try:
+        files = weight_files(root)
+    except json.JSONDecodeError as err:
+        raise ModelFolderError(f"{root / INDEX_NAME} cannot be read ({err})") from None
+    except (OSError, ValueError) as err:
+        raise ModelFolderError(str(err)) from None
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError as err:
+            reason = str(err).removeprefix("Error while deserializing header: ")
+            raise ModelFolderError(
+                f"{file}: not a complete safetensors file ({reason}); the folder is damaged: export or copy "
+                "it again"
+            ) from None
+    try:
+        _stored_names(files)
+    except ValueError as err:
+        raise ModelFolderError(f"{root}: {err}") from None
 
 
 def load_config(directory: str | os.PathLike[str]) -> ModelConfig:

@@ -20,12 +20,17 @@ from longctx.trainer.mesh import MeshShape
 def check_before_start(train: TrainConfig, context: ContextConfig, output: Path, world_size: int) -> None:
     """Refuse (``ConfigError``, or ``ShardError`` without a readable manifest) a ``train.cp x
     train.dp_replicate`` that does not divide ``world_size``, shards whose ``seq_len`` (read from
-    the manifest header, a small JSON file) the ``2 x cp`` zigzag chunks do not divide, and
-    (``OutputError``) folders the run could not write (:func:`check_output_folders`)."""
+    the manifest header, a small JSON file) the ``2 x cp`` zigzag chunks do not divide, a base
+    checkpoint folder that is damaged (``ModelFolderError``: truncated weights, an unreadable config),
+    and (``OutputError``) folders the run could not write (:func:`check_output_folders`)."""
     MeshShape.for_world(world_size, train.cp, train.dp_replicate)
     shards = RunLayout(output).training_shards(train.shards, context.target)
     seq_len = load_manifest(shards, train.storage_options).header.seq_len
     MeshShape.check_window(seq_len, train.cp, length_key=f"the shards' seq_len ({shards})", cp_key="train.cp")
+    if train.model.hf_path is not None:
+        from longctx.trainer.hf_io import check_model_folder  # imports torch: only when there is a base
+
+        check_model_folder(train.model.hf_path)
     check_output_folders(train, output)
 
 

@@ -198,3 +198,38 @@ def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: 
     assert s3.endpoint not in (Path(by_url["folder"]) / "summary.json").read_text()
     with pytest.raises(Exception, match=r"eval\.shards.*path does not exist"):
         parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}})
+
+
+def test_a_damaged_model_folder_is_refused_in_one_line_naming_the_file(
+    trained_run, tmp_path: Path, capsys
+) -> None:
+    """A truncated final/model.safetensors (eval --model trained) and a truncated Hugging Face folder
+    given with --model: one line naming the file before any model is scored, instead of a
+    SafetensorError traceback; no evaluation folder is written."""
+    import shutil
+
+    root, config, base = trained_run
+    output = tmp_path / "run"
+    shutil.copytree(root / "train" / "final", output / "train" / "final")
+    shutil.copytree(base, tmp_path / "base-copy")
+    for weights in (
+        output / "train" / "final" / "model.safetensors",
+        tmp_path / "base-copy" / "model.safetensors",
+    ):
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    for argv, damaged in (
+        (["--output", str(output), "--model", "trained"], output / "train" / "final" / "model.safetensors"),
+        (["--model", str(tmp_path / "base-copy")], tmp_path / "base-copy" / "model.safetensors"),
+    ):
+        before = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+        assert main(["eval", "--config", str(config), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"longctx eval: {damaged}: not a complete safetensors file (incomplete metadata, file not fully "
+            "covered); the folder is damaged: export or copy it again"
+        ]
+        assert not (output / "eval").exists()
+        assert (
+            sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+        ) == before

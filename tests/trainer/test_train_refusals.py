@@ -120,3 +120,19 @@ def test_a_read_only_output_is_refused_before_any_rank_starts(packed: Path, tmp_
                     f"longctx {argv[0]}: output: cannot write to {folder}{inside}: read-only file system"
                 ], argv
         assert tree(output) == before
+
+
+def test_a_truncated_base_checkpoint_is_refused_before_any_rank_starts(
+    packed: Path, base_llama: Path, tmp_path: Path, capsys
+) -> None:
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(base_llama, base)
+    weights = base / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    err = refused(packed, tmp_path, capsys, model={"hf_path": str(base)})
+    assert err.splitlines() == [
+        f"longctx train: {weights}: not a complete safetensors file (incomplete metadata, file not fully "
+        "covered); the folder is damaged: export or copy it again"
+    ]
