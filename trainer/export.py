@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from longctx.core.atomic import atomic_path
+from longctx.core.errors import OutputError
 from longctx.core.tokenizer import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN
 from longctx.trainer.hf_io import write_checkpoint
 from longctx.trainer.model import Transformer
-from longctx.trainer.parallel import ParallelState, barrier
+from longctx.trainer.parallel import ParallelState, first_problem
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -94,6 +96,12 @@ def write_tokenizer(folder: Path, tokenizer: Path, base: Path | None, max_length
     return _special_token_ids(config, tokenizer)
 
 
+def export_bytes(model: Transformer, dtype: torch.dtype, tokenizer: Path | None) -> int:
+    """About what :func:`export_model` writes: every parameter in ``dtype``, and the tokenizer."""
+    weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    return weights + (tokenizer.stat().st_size if tokenizer is not None else 0)
+
+
 def export_model(
     model: Transformer,
     folder: Path,
@@ -107,10 +115,34 @@ def export_model(
     """Write ``model`` as a Hugging Face folder at ``folder`` (replacing an earlier export there).
 
     Collective. ``base`` is the Hugging Face checkpoint training started from (its tokenizer config
-    is reused), ``tokenizer`` the run's ``tokenizer.json``.
+    is reused), ``tokenizer`` the run's ``tokenizer.json``. A disk that cannot take the folder is an
+    :class:`OutputError` on every rank naming it and the space it takes: before the weights are
+    gathered when too little is free, or when rank 0's write fails (nothing of the folder is kept);
+    the ranks agree on it through a collective, so none waits on another.
     """
+    from longctx.core.preflight import check_free_space, space_fault
+
+    needed, what = export_bytes(model, dtype, tokenizer), "the exported model"
+
+    def on_main(work: Callable[[], None]) -> None:
+        """``work()`` on rank 0; a disk fault it meets is raised on every rank."""
+        problem = None
+        if state.is_main:
+            try:
+                work()
+            except OSError as err:
+                fault = space_fault(err, folder, needed, what)
+                if fault is None:
+                    raise
+                problem = str(fault)
+        problem = first_problem(problem, state)
+        if problem is not None:
+            raise OutputError(problem)
+
+    on_main(lambda: check_free_space(folder.parent, needed, what))
     tensors = full_state_dict(model, state, dtype)
-    if state.is_main:
+
+    def write() -> None:
         with atomic_path(folder) as staging:
             staging.mkdir()
             write_checkpoint(model.config, tensors, staging, dtype=dtype, max_shard_size=max_shard_size)
@@ -120,5 +152,6 @@ def export_model(
                 config = json.loads(config_path.read_text())
                 config.update({key: value for key, value in ids.items() if config.get(key) is None})
                 config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    barrier(state)
+
+    on_main(write)
     return folder
