@@ -425,6 +425,12 @@ class EvalConfig(StrictModel):
         description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
     seed: int = Field(default=0, description="which windows are scored when none are held out")
+    allow_training_windows: bool = Field(
+        default=False,
+        description="score windows training read when the training shards hold fewer than eval.rows "
+        "held-out ones (labelled as training windows in the results); refused otherwise when a model "
+        "this run trained is scored",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="as train.precision")
     needle: NeedleEvalConfig | None = Field(
         default_factory=NeedleEvalConfig, description="the needle grid; null: loss by position only"

@@ -5,10 +5,12 @@ per model) into a new folder ``<output>/eval/<NNN>``: an evaluation never replac
 from __future__ import annotations
 
 import json
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -24,6 +26,8 @@ from longctx.trainer.model import Transformer
 
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
+
+T = TypeVar("T")
 
 
 def _haystack(documents: Path, limit_chars: int) -> list[str]:
@@ -113,8 +117,19 @@ class Windows:
     shards: str | Path
     indices: list[int]
     held_out: int
-    """How many of :attr:`indices` training never saw (``train.holdout_rows``)."""
+    """How many of :attr:`indices` are windows training set aside (``train.holdout_rows``)."""
     rows: list[dict[str, torch.Tensor]]
+    training: int = 0
+    """How many of :attr:`indices` are windows training read (``eval.allow_training_windows``)."""
+
+    def caption(self) -> str:
+        """A line saying the scored windows include training windows ('' when none do)."""
+        if not self.training:
+            return ""
+        return (
+            f"{self.training} of these {len(self.indices)} windows are training windows "
+            "(eval.allow_training_windows): the trained model's loss on them is a training loss\n"
+        )
 
 
 @dataclass(frozen=True)
@@ -183,32 +198,83 @@ def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig
 def choose_windows(
     eval: EvalConfig, layout: RunLayout, target: int, train: TrainConfig | None, tokenizer: Path | None
 ) -> Windows:
-    """``eval.rows`` windows of ``eval.shards`` (default: the training shards): the windows
-    training held out first (when these are its shards), then the first ones of epoch 0's order."""
+    """``eval.rows`` windows of ``eval.shards`` (default: the training shards): when these are the
+    training windows (the same folder, or shards with the same files and checksums elsewhere), the
+    ones training held out; other shards' windows in epoch 0's order of ``eval.seed``.
+
+    Too few held-out windows are refused (``ConfigError``) when a model this run trained is scored,
+    since its loss on windows it trained on is not a held-out loss, unless
+    ``eval.allow_training_windows`` lets training windows fill the rest, counted in
+    :attr:`Windows.training` and labelled as such in the results."""
     from longctx.packer.dataset import PackedDataset
 
-    trained_on = _location(layout.training_shards(train.shards if train else None, target))
-    shards = _location(eval.shards) if eval.shards else trained_on
-    holdout = train.holdout_rows if train and shards == trained_on else 0
+    trained_on = layout.training_shards(train.shards if train else None, target)
+    shards = eval.shards or trained_on
+    storage = eval.storage_options or (train.storage_options if train else None)
+    training_windows = _same_windows(shards, trained_on, storage, train.storage_options if train else None)
+    holdout = train.holdout_rows if train and training_windows else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
-    seed = train.seed if train and holdout else eval.seed
+    seed = train.seed if train and training_windows else eval.seed
     dataset = PackedDataset(
-        shards,
+        _location(shards),
         tokenizer=tokenizer,
         seed=seed,
         holdout_rows=holdout,
         cache=(train.cache if train else None) or layout.cache,
-        storage_options=eval.storage_options or (train.storage_options if train else None),
+        storage_options=storage,
     )
     held_out = dataset.heldout_rows()[: eval.rows]
-    if len(held_out) < eval.rows:
-        print(
-            f"warning: only {len(held_out)} held-out windows (train.holdout_rows); scoring "
-            f"{eval.rows - len(held_out)} training windows too",
-            flush=True,
+    missing = eval.rows - len(held_out) if training_windows else 0
+    if missing and not eval.allow_training_windows and _scores_a_model_trained_here(eval.models, layout):
+        options = [f"lower eval.rows to {len(held_out)}"] if held_out else []
+        options += [
+            "set train.holdout_rows (before training)",
+            "point eval.shards at windows training did not see",
+            "set eval.allow_training_windows: true to score training windows, labelled as such",
+        ]
+        raise ConfigError(
+            f"eval.rows = {eval.rows}, but {shards} are the training windows and hold {len(held_out)} that "
+            f"training did not see (train.holdout_rows = {holdout}): the trained model would be scored on "
+            f"windows it trained on; {', '.join(options[:-1])} or {options[-1]}"
         )
     indices = held_out + [int(i) for i in dataset.order(0)[: eval.rows - len(held_out)]]
-    return Windows(dataset, shards, indices, len(held_out), [dataset[i] for i in indices])
+    windows = Windows(
+        dataset, shards, indices, len(held_out), [dataset[i] for i in indices], training=missing
+    )
+    if missing:
+        print(windows.caption(), end="", flush=True)
+    return windows
+
+
+def _same_windows(shards: str | Path, trained_on: str | Path, storage: Any, train_storage: Any) -> bool:
+    """Whether ``shards`` hold the training windows: the same folder or URL (however spelled), or a
+    copy of it (a manifest listing the same files with the same checksums)."""
+    from longctx.core.errors import LongctxError
+    from longctx.packer.manifest import load_manifest
+
+    if _comparable(shards) == _comparable(trained_on):
+        return True
+    try:
+        theirs = load_manifest(trained_on, train_storage)
+        ours = load_manifest(shards, storage)
+    except (LongctxError, OSError):
+        return False  # the training shards are gone (or unreadable): nothing to compare with
+    return ours.shards == theirs.shards
+
+
+def _comparable(shards: str | Path) -> str | Path:
+    """A URL without its trailing slash, a local folder resolved (relative or through a link)."""
+    return str(shards).rstrip("/") if is_remote(shards) else Path(shards).resolve()
+
+
+def _scores_a_model_trained_here(models: list[str], layout: RunLayout) -> bool:
+    """Whether ``eval.models`` names a model this run trained: ``trained``, or a folder under
+    ``<output>/train`` (an export of a checkpoint)."""
+    train = layout.train.resolve()
+    return any(
+        model == "trained" or (model != "base" and Path(model).resolve().is_relative_to(train))
+        for model in models
+    )
 
 
 def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: Path) -> Needles:
@@ -247,18 +313,62 @@ def score_models(
     vocab_size = windows.dataset.shards.manifest.header.tokenizer.vocab_size
     losses: dict[str, list[dict[str, Any]]] = {}
     answers: dict[str, list[Any]] = {}
+    progress = EvalProgress(len(specs), len(windows.rows), len(needles.examples) if needles else 0)
     for spec in specs:
-        print(f"evaluating {spec.label} ({spec.source})", flush=True)
+        progress.write(f"evaluating {spec.label} ({spec.source})")
         model = _load(spec, train, context, vocab_size, device)
         losses[spec.label] = loss_by_position(
-            model, windows.rows, context.original, windows.dataset.seq_len, device, bf16
+            model,
+            progress.track(windows.rows, spec.label, "windows"),
+            context.original,
+            windows.dataset.seq_len,
+            device,
+            bf16,
         )
         if needles is not None:
             answers[spec.label] = score_needles(
-                model, needles.tokenizer, needles.examples, device, needles.config.max_new_tokens, needles.eos
+                model,
+                needles.tokenizer,
+                progress.track(needles.examples, spec.label, "needles"),
+                device,
+                needles.config.max_new_tokens,
+                needles.eos,
             )
         del model
+    progress.close()
     return Scores({s.label: s.source for s in specs}, losses, answers)
+
+
+class EvalProgress:
+    """A progress bar over every model's windows and needles (``models x (windows + needles)``, the
+    needles being lengths x depths x kinds x samples), on stderr as training's is, and quiet where
+    stderr is not a terminal."""
+
+    def __init__(
+        self, models: int, windows: int, needles: int, *, file: Any = None, enabled: bool | None = None
+    ):
+        from tqdm import tqdm
+
+        self.total = models * (windows + needles)
+        disable = None if enabled is None else not enabled  # None: off unless stderr is a terminal
+        self.bar = tqdm(
+            total=self.total, desc="eval", unit="item", dynamic_ncols=True, file=file, disable=disable
+        )
+
+    def track(self, items: Iterable[T], model: str, part: str) -> Iterator[T]:
+        """``items``, one step of the bar each, labelled with the model and the part it scores."""
+        self.bar.set_postfix_str(f"{model}: {part}", refresh=False)
+        for item in items:
+            yield item
+            self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        """Print ``line`` on stdout above the bar."""
+        self.bar.write(line, file=sys.stdout)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def write_evaluation(
@@ -288,13 +398,17 @@ def write_evaluation(
                 "shards": str(windows.shards),
                 "rows": windows.indices,
                 "held_out_rows": windows.held_out,
+                "training_rows": windows.training,
                 "models": [
                     {"label": label, "model": sources[label], "buckets": table}
                     for label, table in scores.losses.items()
                 ],
             },
         )
-        write_text(tmp / "loss_by_position.txt", format_loss_table(scores.losses, original) + "\n")
+        write_text(
+            tmp / "loss_by_position.txt",
+            windows.caption() + format_loss_table(scores.losses, original) + "\n",
+        )
         plot_loss_by_position(scores.losses, original, tmp / "loss_by_position.png")
         if needles is not None:
             write_json(
