@@ -4,17 +4,18 @@
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
+      chat_template.jinja      its chat template, when it has one in this file (kept for the export)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       curation.json            the curated files and their checksums, when curation publishes them
       shards/seq<N>/           packed windows of N tokens and their manifest.json
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
+                               compile_cache/ (torch's compiler caches, TORCHINDUCTOR_CACHE_DIR),
                                and tensorboard/ and wandb/ when those trackers are on
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
                                and of published curations (pack.input given as a URL)
-      work/<job>/              a job's intermediate files, run record and datatrove logs (resume state);
-                               work/train/torchinductor/ is torch's compiler cache for training
+      work/<job>/              a job's intermediate files, run record and datatrove logs (resume state)
 
 Every path of an output folder is built here, and nowhere else.
 """
@@ -55,13 +56,6 @@ class RunLayout:
         return self.root / "work" / self.job
 
     @property
-    def compiler_cache(self) -> Path:
-        """torch's compiler cache (``TORCHINDUCTOR_CACHE_DIR``) for this job's processes, which
-        importing ``torch._dynamo`` (optimizers, FSDP2 do) creates; kept here rather than in
-        ``$TMPDIR``, where it outlives the run."""
-        return self.work / "torchinductor"
-
-    @property
     def run_record(self) -> Path:
         """What determined this job's output (``work/<job>/run.json``), written when it first ran."""
         return self.work / "run.json"
@@ -93,6 +87,16 @@ class RunLayout:
     def tokenizer_config(self) -> Path:
         """The ``tokenizer_config.json`` beside the run's tokenizer (its special tokens)."""
         return self.root / "tokenizer_config.json"
+
+    @property
+    def chat_template(self) -> Path:
+        """The tokenizer's chat template, when it keeps it in a file of its own (transformers >= 4.47)."""
+        return self.root / "chat_template.jinja"
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, Path, Path]:
+        """Every file of the run's tokenizer: ``tokenizer.json``, then the side files that may be absent."""
+        return (self.tokenizer, self.tokenizer_config, self.chat_template)
 
     @property
     def documents(self) -> Path:
@@ -156,6 +160,14 @@ class RunLayout:
     def wandb_run_id(self) -> Path:
         """The W&B run id of this training run, kept so that a resumed run logs to the same run."""
         return self.wandb / "run_id"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch's compiler caches (``TORCHINDUCTOR_CACHE_DIR``) for the training processes: what
+        ``train.kernels.compile`` compiles, reused when the run resumes, and the folder importing
+        ``torch._dynamo`` (optimizers and FSDP2 do) creates, kept here rather than in ``$TMPDIR``,
+        where it would outlive the run."""
+        return self.train / "compile_cache"
 
     @property
     def final_model(self) -> Path:

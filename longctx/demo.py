@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from longctx.config import RootConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.text import plural
 
 if TYPE_CHECKING:
     from longctx.packer.manifest import Manifest
@@ -51,7 +52,7 @@ def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
 
     args = ["train", "--config", str(config_path), "--output", str(output)]
     if launch_training(nproc, args, output) != 0:
-        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {nproc} ranks)")
+        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {plural(nproc, 'rank')})")
 
 
 def sparkline(values: list[float]) -> str:
@@ -78,7 +79,9 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
         manifests = jobs.pack(cfg, verbose=verbose)
     with _stage(3, "validate shards", timings, "validate"):
         _validate_shards(layout, manifests)
-    train_title = f"train ({cfg.train.cp} CPU ranks, ring attention, {cfg.train.steps} steps)"
+    train_title = (
+        f"train ({plural(cfg.train.cp, 'CPU rank')}, ring attention, {plural(cfg.train.steps, 'step')})"
+    )
     with _stage(4, train_title, timings, "train"):
         trained_before = _train(cfg, config_path, layout)
     with _stage(5, f"evaluate ({' vs '.join(cfg.eval.models)})", timings, "eval"):
@@ -99,7 +102,7 @@ def _validate_shards(layout: RunLayout, manifests: dict[int, Manifest]) -> None:
         violations = validate_folder(folder, layout.tokenizer)
         if violations:
             raise RuntimeError(f"{folder} failed validation:\n" + "\n".join(str(v) for v in violations[:10]))
-        print(f"  {folder}: {manifest.rows} windows, all invariants hold", flush=True)
+        print(f"  {folder}: {plural(manifest.rows, 'window')}, all invariants hold", flush=True)
 
 
 def _train(cfg: RootConfig, config_path: Path, layout: RunLayout) -> bool:
@@ -176,7 +179,7 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
     for n, p in s["packing"].items():
         per_source = ", ".join(f"{k} {v:,}" for k, v in p["tokens_per_source"].items())
         lines.append(
-            f"windows of {n}: {p['rows']} rows, {p['tokens']:,} tokens ({per_source}); padding "
+            f"windows of {n}: {plural(p['rows'], 'row')}, {p['tokens']:,} tokens ({per_source}); padding "
             f"{p['padding']:,} ({1 - p['efficiency']:.2%}); largest position {p['max_position']}; "
             f"{p['long_fraction']:.1%} of tokens at positions >= {cfg.context.original}"
         )

@@ -28,11 +28,13 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
+from longctx.core.text import plural
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.curated import adopt_tokenizer, curated_source
@@ -239,6 +241,7 @@ def run_pack(
     Returns the manifest of each requested window length once the stages have run (local and Ray
     executors), or None when they were submitted to Slurm.
     """
+    check_engine(pack.executor, "pack.executor", verbose=verbose)
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
     source = curated_source(pack, layout)
@@ -278,5 +281,5 @@ def publish(layout: RunLayout, seq_lens: list[int], output: str, storage_options
         folder = layout.shard_folder(n)
         url = remote.join(output, folder.name)
         sent = publish_shards(folder, url, storage_options)
-        done = f"published {len(sent)} files" if sent else "already published, unchanged"
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
         print(f"{url}: {done}", flush=True)

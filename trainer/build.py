@@ -14,13 +14,15 @@ the config of ``train.model`` with the run's RoPE settings (:func:`model_config`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from longctx.core.config import ContextConfig
-from longctx.trainer.config import TrainConfig
+from longctx.trainer.config import KernelsConfig, TrainConfig
 from longctx.trainer.hf_io import load_config as load_hf_config
 from longctx.trainer.hf_io import load_weights, local_region
+from longctx.trainer.kernel_choice import KernelChoice, apply_kernels
 from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.sharding import shard_model
@@ -31,6 +33,9 @@ class BuiltModel:
     model: Transformer
     loss_multiplier: float
     """What each rank's loss is multiplied by so that gradients are exact sums (``sharding``)."""
+    kernels: KernelChoice | None = None
+    """The attention kernel, fused ops and compiled blocks chosen by ``train.kernels`` (None: the plain
+    model, PyTorch's ops and the automatic attention chain, as evaluation and export use)."""
 
 
 @torch.no_grad()
@@ -46,10 +51,20 @@ def fill_random(model: Transformer, seed: int, std: float = 0.02) -> None:
 
 
 def build_model(
-    config: ModelConfig, state: ParallelState, *, activation_checkpointing: str, bf16: bool
+    config: ModelConfig,
+    state: ParallelState,
+    *,
+    activation_checkpointing: str,
+    bf16: bool,
+    kernels: KernelsConfig | None = None,
+    compile_cache: Path | None = None,
 ) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
-    uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint."""
+    uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint.
+
+    ``kernels`` (``train.kernels``) picks the attention kernel, fused ops and compiled blocks
+    (``kernel_choice.apply_kernels``, compile caches in ``compile_cache``); rank 0 prints a line for each
+    choice that falls back."""
     with torch.device("meta"):
         model = Transformer(
             config,
@@ -60,7 +75,21 @@ def build_model(
     model.to_empty(device=state.device)
     if list(model.buffers()):  # to_empty leaves buffers uninitialized; this model computes RoPE per call
         raise RuntimeError("the model has buffers, which to_empty leaves uninitialized: recompute them here")
-    return BuiltModel(model, multiplier)
+    choice = None
+    if kernels is not None:
+        choice = apply_kernels(
+            model,
+            attention=kernels.attention,
+            fused=kernels.fused,
+            compile_blocks=kernels.compile,
+            device=state.device,
+            dtype=torch.bfloat16 if bf16 else torch.float32,
+            compile_cache=compile_cache,
+        )
+        if state.is_main:
+            for note in choice.notes:
+                print(note, flush=True)
+    return BuiltModel(model, multiplier, choice)
 
 
 def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> ModelConfig:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 from longctx.pipeline.synthetic.checkers import answer_settled as answer_settled  # the exact-answer rule
 from longctx.pipeline.synthetic.checkers import generation_settled, score_generation
 from longctx.pipeline.synthetic.checkers import score_answer as score_answer
@@ -262,7 +263,9 @@ def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Pat
             for j in range(len(lengths)):
                 ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
     samples = max((r.sample for r in every), default=0) + 1
-    fig.suptitle(f"needle retrieval: greedy decoding reproduces the value ({samples} samples per cell)")
+    fig.suptitle(
+        f"needle retrieval: greedy decoding reproduces the value ({plural(samples, 'sample')} per cell)"
+    )
     if image is not None:
         fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     write_figure(path, fig)

@@ -3,14 +3,16 @@
 When a window does not fit (``longctx.trainer.memory.fits``), three changes lower the per-rank
 memory, each at its own price:
 
-* **activation checkpointing** (``none`` -> ``selective`` -> ``full``): recomputation, no hardware;
+* **activation checkpointing** (``none`` -> ``selective`` -> ``full``): recomputation, no hardware
+  (none under ``auto``, which already takes the cheapest mode that fits, ``memory.choose_checkpointing``);
 * **a larger cp**: fewer tokens per rank (the ring's block), on the same GPUs when the new ring size
   divides them, else on the fewest more that it does;
 * **more GPUs** at the same cp: the model state is sharded over more ranks (FSDP2 over
   ``dp_shard x cp``, as ``longctx train`` shards it).
 
 :func:`smallest_changes` tries each alone and returns, per kind, the smallest that fits. When none
-does alone, it tries full checkpointing together with a larger cp or more GPUs. Every figure is
+does alone, it tries full checkpointing together with a larger cp or more GPUs. Under ``auto`` a
+changed layout is judged in the mode ``auto`` would choose there. Every figure is
 :func:`~longctx.trainer.memory.rank_memory`'s, the estimate ``longctx plan`` prints and ``longctx
 train`` checks; the mesh rules (windows split into ``2 x cp`` chunks, ``cp x dp_replicate``
 dividing the GPUs) are :class:`~longctx.trainer.mesh.MeshShape`'s. Nothing here imports torch.
@@ -22,14 +24,17 @@ from dataclasses import dataclass, replace
 
 from longctx.core.errors import ConfigError
 from longctx.trainer.flops import ModelShape
-from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+from longctx.trainer.memory import (
+    ACTIVATION_CHECKPOINTING,
+    CHECKPOINTING_SETTINGS,
+    choose_checkpointing,
+    rank_memory,
+    usable_bytes,
+)
 from longctx.trainer.mesh import MeshShape
 
 MAX_GPUS = 65_536
 """The largest job the search considers."""
-
-CHECKPOINTING_ORDER = ("none", "selective", "full")
-"""Activation-checkpointing modes from the most memory to the least."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Layout:
     gpus: int
     dp_replicate: int
     activation_checkpointing: str
+    """A mode of ``memory.ACTIVATION_CHECKPOINTING`` or ``auto``."""
     shards: int | None = None
     """Ranks the model state is sharded over when given apart (``longctx plan --state-shards``); a
     change of cp or GPUs drops it for the way ``longctx train`` shards (:attr:`state_shards`)."""
@@ -61,9 +67,12 @@ class Change:
     """What changed: ``activation_checkpointing``, ``cp`` and/or ``gpus``."""
     layout: Layout
     total_bytes: float
+    mode: str
+    """The checkpointing mode :attr:`total_bytes` is for: the layout's, or what ``auto`` chooses there."""
 
     def describe(self) -> str:
-        """``activation checkpointing selective``, ``cp 16 on 16 GPUs`` or ``32 GPUs at cp 8``."""
+        """``activation checkpointing selective``, ``cp 16 on 16 GPUs`` or ``32 GPUs at cp 8``; under
+        ``auto``, the mode it would choose: ``cp 16 on 16 GPUs, auto checkpointing selective``."""
         parts = []
         if "activation_checkpointing" in self.kinds:
             parts.append(f"activation checkpointing {self.layout.activation_checkpointing}")
@@ -71,30 +80,41 @@ class Change:
             parts.append(f"cp {self.layout.cp} on {self.layout.gpus} GPUs")
         elif "gpus" in self.kinds:
             parts.append(f"{self.layout.gpus} GPUs at cp {self.layout.cp}")
-        return " and ".join(parts)
+        text = " and ".join(parts)
+        if self.layout.activation_checkpointing == "auto":
+            text += f", auto checkpointing {self.mode}"
+        return text
 
 
-def _total(model: ModelShape, length: int, layout: Layout) -> float:
-    return rank_memory(
-        model,
-        length,
-        layout.cp,
-        state_shards=layout.state_shards,
-        activation_checkpointing=layout.activation_checkpointing,
-    ).total
+def _mode(model: ModelShape, length: int, layout: Layout, device_bytes: float) -> str:
+    """The layout's checkpointing mode; for ``auto``, the one ``longctx train`` would choose."""
+    if layout.activation_checkpointing != "auto":
+        return layout.activation_checkpointing
+    return choose_checkpointing(model, length, layout.cp, device_bytes, state_shards=layout.state_shards)
+
+
+def _stronger_modes(setting: str) -> tuple[str, ...]:
+    """The checkpointing modes that keep less than ``setting``'s (none beyond ``auto``, which tries
+    them all)."""
+    if setting == "auto":
+        return ()
+    return ACTIVATION_CHECKPOINTING[ACTIVATION_CHECKPOINTING.index(setting) + 1 :]
 
 
 def _fitting(
     model: ModelShape, length: int, layout: Layout, device_bytes: float, kinds: tuple[str, ...]
 ) -> Change | None:
     """``layout`` as a :class:`Change` of ``kinds`` when it fits (``longctx.trainer.memory.fits``)."""
-    total = _total(model, length, layout)
-    return Change(kinds, layout, total) if total <= usable_bytes(device_bytes) else None
+    mode = _mode(model, length, layout, device_bytes)
+    total = rank_memory(
+        model, length, layout.cp, state_shards=layout.state_shards, activation_checkpointing=mode
+    ).total
+    return Change(kinds, layout, total, mode) if total <= usable_bytes(device_bytes) else None
 
 
 def _more_checkpointing(model: ModelShape, length: int, layout: Layout, device_bytes: float) -> Change | None:
     """The first checkpointing mode beyond ``layout``'s that fits."""
-    for mode in CHECKPOINTING_ORDER[CHECKPOINTING_ORDER.index(layout.activation_checkpointing) + 1 :]:
+    for mode in _stronger_modes(layout.activation_checkpointing):
         more = replace(layout, activation_checkpointing=mode)
         change = _fitting(model, length, more, device_bytes, ("activation_checkpointing",))
         if change is not None:
@@ -146,8 +166,9 @@ def smallest_changes(model: ModelShape, length: int, layout: Layout, device_byte
     per GPU (checkpointing, then cp, then GPUs; only the kinds that fit alone). When none fits alone,
     the least checkpointing beyond ``layout``'s together with the smallest larger cp, and with the
     fewest more GPUs, that fit. Empty when the setting fits already, or nothing within
-    :data:`MAX_GPUS` GPUs does."""
-    if layout.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+    :data:`MAX_GPUS` GPUs does. Under ``auto`` the setting fits when any mode does, and a change is
+    only ever of cp or GPUs."""
+    if layout.activation_checkpointing not in CHECKPOINTING_SETTINGS:
         raise ConfigError(f"unknown activation checkpointing {layout.activation_checkpointing!r}")
     if _fitting(model, length, layout, device_bytes, ()) is not None:
         return []
@@ -159,7 +180,7 @@ def smallest_changes(model: ModelShape, length: int, layout: Layout, device_byte
     found = [change for change in alone if change is not None]
     if found:
         return found
-    modes = CHECKPOINTING_ORDER[CHECKPOINTING_ORDER.index(layout.activation_checkpointing) + 1 :]
+    modes = _stronger_modes(layout.activation_checkpointing)
     for search, kind in ((_larger_cp, "cp"), (_more_gpus, "gpus")):
         for mode in modes:
             more = replace(layout, activation_checkpointing=mode)

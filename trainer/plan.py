@@ -33,10 +33,12 @@ from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_cou
 from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
     ACTIVATION_BYTES,
     ACTIVATION_CHECKPOINTING,
+    CHECKPOINTING_SETTINGS,
     GRAD_ACCUM_BYTES,
     WEIGHT_AND_MOMENT_BYTES_PER_PARAM,
     RankMemory,
     activation_bytes_per_token,
+    choose_checkpointing,
     fits,
     kv_block_bytes,
     rank_memory,
@@ -308,9 +310,9 @@ class RunSettings:
                 f"GPU memory of {self.gpu_memory_bytes / 1e9:g} GB leaves nothing for training once the "
                 "reserve for the CUDA context and the headroom are set aside (a bare number is GB)"
             )
-        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+        if self.activation_checkpointing not in CHECKPOINTING_SETTINGS:
             raise ConfigError(
-                f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+                f"activation checkpointing must be one of {', '.join(CHECKPOINTING_SETTINGS)}, "
                 f"got {self.activation_checkpointing!r}"
             )
 
@@ -328,6 +330,9 @@ class LengthPlan:
     kv_cache_bytes: dict[str, float]
     """KV cache for one sequence, per :data:`KV_CACHE_FORMATS` format."""
     ring: RingStep
+    activation_checkpointing: str
+    """The mode :attr:`memory` is for: the setting's, or what ``auto`` chose (``memory.choose_checkpointing``:
+    the cheapest that fits ``RunSettings.gpu_memory_bytes``; full without a memory to check against)."""
     memory: RankMemory
     train_flops_per_token: float
     train_seconds: float | None
@@ -352,12 +357,13 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
     """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
     MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
     wall = None
+    mode = settings.activation_checkpointing
+    if mode == "auto":
+        mode = choose_checkpointing(
+            model, length, settings.cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
+        )
     memory = rank_memory(
-        model,
-        length,
-        settings.cp,
-        state_shards=settings.state_shards,
-        activation_checkpointing=settings.activation_checkpointing,
+        model, length, settings.cp, state_shards=settings.state_shards, activation_checkpointing=mode
     )
     if settings.tokens is not None and settings.gpus is not None:
         wall = train_seconds(
@@ -387,6 +393,7 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
             link_bytes_per_s=settings.link_bytes_per_s,
             achieved_flops=settings.achieved_flops,
         ),
+        activation_checkpointing=mode,
         memory=memory,
         train_flops_per_token=train_flops_per_token(model, length),
         train_seconds=wall,

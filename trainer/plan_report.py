@@ -98,6 +98,7 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
             lambda p: human_bytes(p.memory.model_states),
         ),
         ("rank: gathered parameters (FSDP)", lambda p: human_bytes(p.memory.gathered_params)),
+        ("activation checkpointing", lambda p: p.activation_checkpointing),
         (
             f"rank: activations (checkpointing {settings.activation_checkpointing})",
             lambda p: human_bytes(p.memory.activations),
@@ -233,6 +234,7 @@ def csv_rows(
                 "ring_bwd_comm_s": p.ring.backward_comm_s,
                 "ring_min_block_tokens": p.ring.min_block_tokens,
                 "ring_comm_hidden": int(p.ring.hidden),
+                "activation_checkpointing": p.activation_checkpointing,
                 "rank_model_state_bytes": p.memory.model_states,
                 "rank_gathered_param_bytes": p.memory.gathered_params,
                 "rank_activation_bytes": p.memory.activations,

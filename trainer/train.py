@@ -47,7 +47,7 @@ from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import stored_dtype
-from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
 from longctx.trainer.model import ModelConfig, Transformer
@@ -117,26 +117,21 @@ def memory_name(device: torch.device) -> str:
 
 def check_memory(
     tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
-) -> None:
-    """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
-    device_bytes = device_memory(state.device)
-    if device_bytes is None:
-        return
-    estimate = rank_memory(
+) -> str:
+    """The activation checkpointing mode to build with (``memory.checkpointing_that_fits``: ``auto``
+    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
+    return checkpointing_that_fits(
+        tcfg.activation_checkpointing,
         config.shape,
         seq_len,
         state.cp_size,
+        device_memory(state.device),
         state_shards=state.shape.shard_size,
-        activation_checkpointing=tcfg.activation_checkpointing,
         compute_bytes=2 if bf16 else 4,
         residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
-    )
-    check_fits(
-        estimate,
-        device_bytes,
         where=memory_name(state.device),
-        settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
-        f"{tcfg.activation_checkpointing}",
+        settings=f"{state.shape.describe()}, {seq_len}-token windows",
+        report=(lambda line: print(line, flush=True)) if state.is_main else None,
     )
 
 
@@ -235,10 +230,12 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     rows = _open_rows(job, state)
     _check_rows(job, rows, state)
     bf16 = use_bf16(job.train.precision, state.device)
-    config = _checked_model_config(job, rows, state, bf16)
+    config, checkpointing = _checked_model_config(job, rows, state, bf16)
     meta = _settings(job.train, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
-    run = _build_run(job, state, rows, config, meta, bf16, fill=resume_from is None)
+    run = _build_run(
+        job, state, rows, config, meta, bf16, checkpointing=checkpointing, fill=resume_from is None
+    )
     if resume_from is not None:
         _restore(run, resume_from, state)
     return run
@@ -282,15 +279,17 @@ def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
 
 
-def _checked_model_config(job: _Job, rows: StepRows, state: ParallelState, bf16: bool) -> ModelConfig:
+def _checked_model_config(
+    job: _Job, rows: StepRows, state: ParallelState, bf16: bool
+) -> tuple[ModelConfig, str]:
     """The model to train, once its embedding covers the shards' vocabulary, its attention the
-    windows, and the memory estimate the device."""
+    windows, and the memory estimate the device; and the activation checkpointing mode it fits with
+    (``train.activation_checkpointing``, ``auto`` resolved)."""
     header = rows.dataset.shards.manifest.header
     config = model_config(job.train, job.context, header.tokenizer.vocab_size)
     check_vocabulary(config, header.tokenizer.vocab_size, rows.dataset.shards.source)
     config.check_context_length(rows.seq_len)
-    check_memory(job.train, config, rows.seq_len, state, bf16)
-    return config
+    return config, check_memory(job.train, config, rows.seq_len, state, bf16)
 
 
 def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
@@ -312,12 +311,20 @@ def _build_run(
     meta: dict[str, Any],
     bf16: bool,
     *,
+    checkpointing: str,
     fill: bool,
 ) -> _Run:
     """The sharded model (with the base weights when ``fill``), its optimizer, schedule and coverage
     tracker, at step 0."""
     tcfg = job.train
-    built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
+    built = build_model(
+        config,
+        state,
+        activation_checkpointing=checkpointing,
+        bf16=bf16,
+        kernels=tcfg.kernels,
+        compile_cache=job.layout.compile_cache,
+    )
     if fill:
         fill_base_weights(built.model, tcfg)
     optimizer = make_optimizer(built.model, tcfg)

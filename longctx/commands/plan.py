@@ -63,9 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--activation-checkpointing",
         nargs="?",
         const="full",
-        choices=["none", "full", "selective"],
-        help="activations kept per rank (train.activation_checkpointing): none, full (the flag alone) or "
-        "selective (default none)",
+        choices=["auto", "none", "selective", "full"],
+        help="activations kept per rank (train.activation_checkpointing): none, selective, full (the flag "
+        "alone) or auto, the first of them that fits --gpu-memory (default none)",
     )
     parser.add_argument(
         "--gpu-memory",
@@ -85,11 +85,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--mfu", type=float, default=0.4, help="model FLOPs utilization for the wall-clock (default 0.4)"
     )
-    parser.add_argument("--csv", type=Path, help="also write the table here, one row per length")
+    parser.add_argument("--csv", help="also write the table to this local file, one row per length")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.core.errors import ConfigError
     from longctx.trainer.mesh import MeshShape
     from longctx.trainer.plan import (
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from longctx.trainer.plan_report import format_report, write_csv
 
+    csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
     if model_spec is None:
@@ -137,20 +139,21 @@ def run(args: argparse.Namespace) -> int:
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))
-    if args.csv is not None:
-        write_csv(args.csv, model, settings, plans)
-        print(f"\nwrote {args.csv}")
+    if csv is not None:
+        write_csv(csv, model, settings, plans)
+        print(f"\nwrote {csv}")
     return 0
 
 
 def _config_defaults(path: Path) -> dict[str, object]:
     """What a run config says about the plan: model, length, cp, replicas, activation checkpointing."""
-    from longctx.config import load_config
+    from longctx.config import check_world, load_config
     from longctx.core.errors import ConfigError
 
     cfg = load_config(path)
     if cfg.train is None:
         raise ConfigError(f"{path} has no 'train' section")
+    check_world(cfg, ["train.model"])
     defaults: dict[str, object] = {
         "lengths": str(cfg.context.target),
         "cp": cfg.train.cp,

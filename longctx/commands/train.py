@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
     from longctx.config import RootConfig
     from longctx.core.layout import RunLayout
+    from longctx.trainer.launch import Rendezvous
     from longctx.trainer.train import TrainResult
 
 
@@ -21,15 +22,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="train a RoPE-scaled Llama-family model on packed shards with ring attention",
         description=(
             "Continue pretraining on the packer's shards. Run it under torchrun for several processes "
-            "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have "
-            "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
-            "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
-            "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a "
-            "killed run resumes from its newest intact checkpoint when started again, at any world size."
+            "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have it "
+            "start torchrun on this machine. On M machines, run it on each with --nproc N --nnodes M "
+            "--rdzv-endpoint HOST:PORT (HOST one of them, the same on all; docs/clusters.md, and "
+            "configs/slurm/train.sbatch under Slurm). train.cp ranks form one ring (context parallelism); "
+            "the world size divided by train.cp is the data-parallel size. Refuses shards whose positions "
+            "never reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; "
+            "a killed run resumes from its newest intact checkpoint when started again, at any world size."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local run folder (overrides output)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     parser.add_argument(
         "--shards",
@@ -37,6 +40,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(overrides train.shards)",
     )
     parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="with --nproc: machines of the job, each running this command (default 1)",
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="with --nnodes: where the machines' launchers meet (HOST is one of them; the same on all)",
+    )
+    parser.add_argument(
+        "--rdzv-id",
+        help="with --nnodes: the job's name at the endpoint, the same on all machines "
+        "(default: one derived from the output folder, e.g. $SLURM_JOB_ID under Slurm)",
+    )
     parser.add_argument(
         "--restart",
         action="store_true",
@@ -53,51 +72,67 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
-    from longctx.trainer.launch import follow_launcher, rank_errors
+    from longctx.trainer.launch import follow_launcher, quiet_agent_cpp_logs, rank_errors
     from longctx.trainer.resume import describe_finished, finished_run
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
+        output = local_path(
+            args.output,
+            "--output",
+            "the run folder is local; train.export.output uploads the trained model to a URL, and "
+            "--shards URL reads shards from one",
+        )
         cfg = load_config(
             args.config,
             {
-                "output": str(args.output) if args.output else None,
+                "output": str(output) if output else None,
                 "train.steps": args.steps,
                 "train.shards": args.shards,
             },
         )
         if cfg.train is None:
             raise ConfigError(f"{args.config} has no 'train' section")
+        launcher = bool(args.nproc) and "RANK" not in os.environ
+        rendezvous = job_rendezvous(args, cfg.output) if launcher else None
+        rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None  # before torch is imported
         layout = RunLayout(cfg.output)
-        finished = finished_run(layout, cfg.train.steps) if args.export is None else None
-        if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
-            if int(os.environ.get("RANK", "0")) == 0:
-                print(describe_finished(layout, finished, cfg.train.steps))
-            return 0
-        with compiler_cache(RunLayout(cfg.output, "train").compiler_cache):
-            return _run(args, cfg)
+        with compiler_cache(layout.compile_cache):
+            finished = finished_run(layout, cfg.train.steps) if args.export is None else None
+            if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
+                if int(os.environ.get("RANK", "0")) == 0:
+                    print(describe_finished(layout, finished, cfg.train.steps))
+                return 0
+            return _run(args, cfg, launcher, rendezvous, rank_env)
 
 
-def _run(args: argparse.Namespace, cfg: RootConfig) -> int:
-    """Check the run, then start its ranks (``--nproc``), or train or export in this process."""
+def _run(
+    args: argparse.Namespace,
+    cfg: RootConfig,
+    launcher: bool,
+    rendezvous: Rendezvous | None,
+    rank_env: dict[str, str] | None,
+) -> int:
+    """Check the run, then start its ranks (``--nproc``, as one agent of ``rendezvous`` when given), or
+    train or export in this process."""
+    from longctx import jobs
     from longctx.core.layout import RunLayout
     from longctx.trainer.launch import launch_training
     from longctx.trainer.preflight import check_before_export, check_before_start
 
     assert cfg.train is not None  # run checks it
-    launcher = bool(args.nproc) and "RANK" not in os.environ
-    world = args.nproc if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+    jobs.check(cfg, "train")  # before torchrun starts any rank
+    world = args.nproc * args.nnodes if launcher else int(os.environ.get("WORLD_SIZE", "1"))
     if args.export is not None:  # any world size: the checkpoint is resharded onto it
         check_before_export(cfg.train, cfg.output, args.export)
     else:
         check_before_start(cfg.train, cfg.context, cfg.output, world)
     if launcher:
-        return launch_training(args.nproc, torchrun_args(args), cfg.output)
-    from longctx import jobs
-
+        return launch_training(args.nproc, torchrun_args(args), cfg.output, rendezvous, rank_env)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.export is not None:
         folder = jobs.export(cfg, args.export)
@@ -112,9 +147,11 @@ def _run(args: argparse.Namespace, cfg: RootConfig) -> int:
 
 @contextlib.contextmanager
 def compiler_cache(folder: Path) -> Iterator[None]:
-    """``TORCHINDUCTOR_CACHE_DIR`` set to ``folder`` meanwhile (a user's own setting wins), for this
-    process and the ranks it starts. Importing ``torch._dynamo`` (optimizers and FSDP2 do) creates
-    torch's compiler cache folder, by default ``$TMPDIR/torchinductor_<user>``, which outlives the run."""
+    """``TORCHINDUCTOR_CACHE_DIR`` set to ``folder`` (``RunLayout.compile_cache``) meanwhile (a user's
+    own setting wins), for this process and the ranks it starts, before torch is imported: importing
+    ``torch._dynamo`` (optimizers and FSDP2 do) creates torch's compiler cache folder, by default
+    ``$TMPDIR/torchinductor_<user>``, which outlives the run; ``train.kernels.compile`` compiles into
+    the same folder (``kernel_choice.use_compile_cache``)."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return
@@ -139,8 +176,33 @@ def summary(result: TrainResult, layout: RunLayout) -> str:
     return f"{trained}\nmetrics: {layout.metrics}\nmodel: {result.final_model}"
 
 
+def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:
+    """Where this machine's launcher meets the others' (``--nnodes``, ``--rdzv-endpoint``,
+    ``--rdzv-id``); a :class:`~longctx.core.errors.ConfigError` when the flags do not make a job."""
+    import hashlib
+
+    from longctx.core.errors import ConfigError
+    from longctx.trainer.launch import Rendezvous
+
+    if args.nnodes < 1:
+        raise ConfigError(f"--nnodes must be at least 1, got {args.nnodes}")
+    if args.nnodes == 1:
+        if args.rdzv_endpoint or args.rdzv_id:
+            raise ConfigError("--rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)")
+        return None
+    host, _, port = (args.rdzv_endpoint or "").rpartition(":")
+    if not host or not port.isdigit() or port == "0":
+        raise ConfigError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, where the machines' launchers meet "
+            f"(HOST one of them, PORT free there; the same on every machine), got {args.rdzv_endpoint!r}"
+        )
+    run_id = args.rdzv_id or "longctx-" + hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:16]
+    return Rendezvous(args.nnodes, args.rdzv_endpoint, run_id)
+
+
 def torchrun_args(args: argparse.Namespace) -> list[str]:
-    """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``."""
+    """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``
+    and the rendezvous flags."""
     argv = ["train", "--config", str(args.config)]
     for flag, value in (
         ("--output", args.output),

@@ -359,3 +359,30 @@ def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(t
     assert [line for line in done.stderr.splitlines() if "damaged shard" in line] == [
         "longctx train: rank 1 found a damaged shard"
     ]
+
+
+def test_multi_machine_flags_that_make_no_job_are_refused_before_any_rank_starts(
+    shards_root: Path, tmp_path: Path
+) -> None:
+    config = write_config(shards_root, tmp_path / "run", cp=2)
+    for flags, message in [
+        (
+            ["--nnodes", "2"],
+            "longctx train: --nnodes 2 needs --rdzv-endpoint HOST:PORT, where the machines' launchers meet",
+        ),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0"], "needs --rdzv-endpoint HOST:PORT"),
+        (
+            ["--rdzv-endpoint", "node0:29500"],
+            "longctx train: --rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)",
+        ),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2", *flags],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in done.stderr, done.stderr
+        assert not (tmp_path / "run").exists()

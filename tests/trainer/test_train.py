@@ -366,10 +366,10 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(
 @pytest.mark.slow
 def test_a_two_rank_run_leaves_nothing_in_tmpdir(cp2_run: tuple[Path, Path, Path]) -> None:
     """Importing torch._dynamo (the optimizer and FSDP2 do) made torch's compiler cache folder,
-    $TMPDIR/torchinductor_<user>, in every rank; it now lives in the run's work folder."""
+    $TMPDIR/torchinductor_<user>, in every rank; it now lives in the run folder (RunLayout.compile_cache)."""
     output, _, tmpdir = cp2_run
     assert sorted(p.name for p in tmpdir.iterdir()) == []
-    assert (output / "work" / "train" / "torchinductor").is_dir()
+    assert (output / "train" / "compile_cache").is_dir()  # RunLayout.compile_cache
 
 
 @pytest.mark.slow
