@@ -63,14 +63,24 @@ class TinyModelConfig(StrictModel):
 
 class ModelSection(StrictModel):
     """The model to continue pretraining: a Hugging Face checkpoint folder (``config.json`` plus
-    safetensors; Llama, Mistral or Qwen2 layouts) or, when ``hf_path`` is null, a tiny random model.
+    safetensors) or, when ``hf_path`` is null, a tiny random Llama.
 
+    ``implementation`` says which code runs it: ``longctx``, this package's own Llama-family decoder
+    (Llama, Mistral and Qwen2 layouts); ``transformers``, the checkpoint's own transformers modeling
+    code with longctx's ring attention plugged into its attention interface (any RoPE decoder the
+    installed transformers has, e.g. Qwen3, OLMo 2, Phi-3, Granite; the ``transformers`` extra);
+    ``auto``, the own decoder where it reads the checkpoint, transformers otherwise.
     ``rope_scaling`` replaces the checkpoint's RoPE scaling, written the way Hugging Face configs
     declare it, e.g. ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}``.
     """
 
     hf_path: Annotated[Path | None, MUST_EXIST] = Field(
         default=None, description="a Hugging Face checkpoint folder; null: the tiny random model"
+    )
+    implementation: Literal["auto", "longctx", "transformers"] = Field(
+        default="auto",
+        description="longctx: the own Llama/Mistral/Qwen2 decoder; transformers: the model's transformers "
+        "code with ring attention (the transformers extra); auto: longctx where it reads the checkpoint",
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     rope_theta: float | None = Field(default=None, gt=0, description="RoPE base; default: the checkpoint's")
@@ -223,12 +233,13 @@ class KernelsConfig(StrictModel):
     fused: Literal["auto", "liger", "none"] = Field(
         default="auto",
         description="RMSNorm, SwiGLU, RoPE and the loss (fused linear cross-entropy, no full logits) from "
-        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU)",
+        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU); the own "
+        "decoder only (train.model.implementation transformers uses PyTorch's ops)",
     )
     compile: bool = Field(
         default=False,
         description="torch.compile each decoder block around its attention (not with selective "
-        "activation checkpointing); caches under <output>/train/compile_cache",
+        "activation checkpointing; the own decoder only); caches under <output>/train/compile_cache",
     )
 
 

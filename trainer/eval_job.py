@@ -26,6 +26,7 @@ from longctx.trainer.model import Transformer
 
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
+    from longctx.trainer.hf_model import HFCausalLM
 
 T = TypeVar("T")
 
@@ -93,12 +94,16 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
 
 def _load(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
-) -> Transformer:
-    from longctx.trainer.build import build_model, fill_base_weights, model_config
-    from longctx.trainer.hf_io import load_model
+) -> Transformer | HFCausalLM:
+    from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
+    from longctx.trainer.hf_io import config_json, load_model
+    from longctx.trainer.hf_model import HFModelConfig, load_hf_model
     from longctx.trainer.parallel import ParallelState
 
-    if spec.path is not None:
+    if spec.path is not None:  # the implementation train.model chooses (see build.choose_implementation)
+        implementation = train.model.implementation if train is not None else "auto"
+        if isinstance(saved_model_config(config_json(spec.path), implementation), HFModelConfig):
+            return load_hf_model(spec.path, device=device)
         return load_model(spec.path, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
     config = model_config(train, context, vocab_size)

@@ -14,6 +14,10 @@
 Defaults are the exact, measured paths: ``attention: auto``, ``fused: auto`` (liger only where its
 package is installed, on CUDA, and its probe passes), ``compile: false`` until a GPU report shows it
 faster.
+
+A model of the ``transformers`` implementation (``hf_model.HFCausalLM``) takes the attention choice only: its
+norms, MLP and RoPE are its transformers modules, which liger's ops and the compiled halves do not replace, so
+``fused: liger`` and ``compile: true`` fall back there with one line each (``fused: auto`` silently).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from longctx.trainer.attention.select import attention_backend
-from longctx.trainer.fused import fused_ops
+from longctx.trainer.fused import EAGER, fused_ops
 from longctx.trainer.model import Transformer
 
 
@@ -70,7 +75,7 @@ def compile_probe(device: torch.device, backend: str = "inductor") -> str | None
 
 
 def apply_kernels(
-    model: Transformer,
+    model: nn.Module,
     *,
     attention: str,
     fused: str,
@@ -83,15 +88,18 @@ def apply_kernels(
     """Set ``model``'s attention backend, fused ops and compiled blocks as asked (``train.kernels``), each
     falling back when it cannot run here; ``dtype`` is what attention computes in (bf16 under autocast).
     ``compile_backend`` is ``torch.compile``'s (``aot_eager`` traces the same graphs without generating
-    code: the GPU suite's CPU smoke run uses it)."""
+    code: the GPU suite's CPU smoke run uses it). ``model`` is the own decoder (``model.Transformer``) or a
+    transformers model (``hf_model.HFCausalLM``, the attention choice only: see the module docstring)."""
     notes: list[str] = []
-    config = model.config
+    shape = model.config.shape
     backend, note = attention_backend(
-        attention, device, dtype, config.head_dim, config.num_attention_heads, config.num_key_value_heads
+        attention, device, dtype, shape.head_dim, shape.num_heads, shape.num_kv_heads
     )
     notes += [note] if note else []
     if hasattr(model.attention, "backend"):
         model.attention.backend = backend
+    if not isinstance(model, Transformer):
+        return KernelChoice(backend, EAGER.name, False, notes + _own_decoder_only(fused, compile_blocks))
     compiled = False
     if compile_blocks:
         checkpointing = model.model.activation_checkpointing
@@ -116,3 +124,14 @@ def apply_kernels(
     notes += [note] if note else []
     model.use_ops(ops)
     return KernelChoice(backend, ops.name, compiled, notes)
+
+
+def _own_decoder_only(fused: str, compile_blocks: bool) -> list[str]:
+    """The fallback lines of the choices a transformers model does not take (``fused: auto`` needs none)."""
+    where = "train.model.implementation longctx only; this transformers model runs its own modules"
+    notes = []
+    if fused == "liger":
+        notes.append(f"train.kernels.fused liger: {where}; using PyTorch's ops")
+    if compile_blocks:
+        notes.append(f"train.kernels.compile: {where}; eager blocks")
+    return notes

@@ -297,6 +297,20 @@ class Transformer(nn.Module):
                 module.ops = ops
 
     @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder blocks, in order (FSDP2 shards each)."""
+        return list(self.model.layers)
+
+    @property
+    def input_embedding(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output projection is the input embedding."""
+        return self.lm_head is None
+
+    @property
     def output_weight(self) -> Tensor:
         """The ``[vocab, hidden]`` output projection (the embedding when tied)."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -367,40 +381,21 @@ class Transformer(nn.Module):
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
     ) -> Tensor:
         """Next-token cross-entropy of every token (float32, ``labels``' shape, 0 where ``labels`` is
-        ``ignore_index``), differentiable.
-
-        Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
-        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk
-        is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
-        With liger-kernel's ops (:meth:`use_ops`) its fused linear cross-entropy computes it instead.
-        Summing gives the loss of this rank's tokens, which the caller normalizes by the token count
-        of the whole (data- and context-parallel) batch.
-        """
-        flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-        flat_labels = labels.reshape(-1)
-        if flat_labels.numel() != flat_hidden.shape[0]:
-            raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+        ``ignore_index``), differentiable; see :func:`chunked_cross_entropy`. With liger-kernel's ops
+        (:meth:`use_ops`) its fused linear cross-entropy computes it instead."""
+        flat_hidden, flat_labels = _flat_tokens(hidden, labels)
         weight = self.output_weight
         fused = self.ops.linear_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
         if fused is not None:
             return fused if labels.dim() == 1 else fused.view(labels.shape)
-        chunk = chunk_tokens or logits_chunk_tokens(weight.shape[0])
-        if flat_labels.numel() <= chunk:
-            losses = _chunk_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
-            return losses if labels.dim() == 1 else losses.view(labels.shape)
-        parts = [
-            checkpoint(
-                _chunk_cross_entropy,
-                flat_hidden[start : start + chunk],
-                weight,
-                flat_labels[start : start + chunk],
-                ignore_index,
-                use_reentrant=False,
-            )
-            for start in range(0, flat_labels.numel(), chunk)
-        ]
-        losses = torch.cat(parts)
-        return losses if labels.dim() == 1 else losses.view(labels.shape)
+        return chunked_cross_entropy(
+            hidden,
+            labels,
+            partial(F.linear, weight=weight),
+            vocab_size=weight.shape[0],
+            chunk_tokens=chunk_tokens,
+            ignore_index=ignore_index,
+        )
 
     def cross_entropy_sum(
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
@@ -411,6 +406,57 @@ class Transformer(nn.Module):
         ).sum()
 
 
-def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
-    logits = F.linear(hidden, weight).float()
+def chunked_cross_entropy(
+    hidden: Tensor,
+    labels: Tensor,
+    logits_of: Callable[[Tensor], Tensor],
+    *,
+    vocab_size: int,
+    chunk_tokens: int | None = None,
+    ignore_index: int = -100,
+) -> Tensor:
+    """Next-token cross-entropy of every token (float32, or float64 for float64 logits; ``labels``'
+    shape, 0 where ``labels`` is ``ignore_index``), differentiable, for hidden states whose logits
+    ``logits_of`` computes.
+
+    Logits are computed in float32 (float64 stays) at most ``chunk_tokens`` tokens at a time (default
+    ``longctx.trainer.memory.logits_chunk_tokens`` of ``vocab_size``); when the input takes more than one
+    chunk, each chunk is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]``
+    logits is alive. Summing gives the loss of this rank's tokens, which the caller normalizes by the
+    token count of the whole (data- and context-parallel) batch.
+    """
+    flat_hidden, flat_labels = _flat_tokens(hidden, labels)
+    chunk = chunk_tokens or logits_chunk_tokens(vocab_size)
+    if flat_labels.numel() <= chunk:
+        losses = _chunk_cross_entropy(flat_hidden, flat_labels, logits_of, ignore_index)
+        return losses if labels.dim() == 1 else losses.view(labels.shape)
+    parts = [
+        checkpoint(
+            _chunk_cross_entropy,
+            flat_hidden[start : start + chunk],
+            flat_labels[start : start + chunk],
+            logits_of,
+            ignore_index,
+            use_reentrant=False,
+        )
+        for start in range(0, flat_labels.numel(), chunk)
+    ]
+    losses = torch.cat(parts)
+    return losses if labels.dim() == 1 else losses.view(labels.shape)
+
+
+def _flat_tokens(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``[tokens, hidden]`` hidden states and ``[tokens]`` labels (``ValueError`` when the counts differ)."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = labels.reshape(-1)
+    if flat_labels.numel() != flat_hidden.shape[0]:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+    return flat_hidden, flat_labels
+
+
+def _chunk_cross_entropy(
+    hidden: Tensor, labels: Tensor, logits_of: Callable[[Tensor], Tensor], ignore_index: int
+) -> Tensor:
+    logits = logits_of(hidden)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")

@@ -1,8 +1,10 @@
-"""Checks of a training run that need only its config, the shards' manifest and the output folder:
-run by ``longctx train`` before any rank starts (and by each rank under a plain ``torchrun``), so a
-run that cannot work is refused in one line instead of after N processes have started. The rules
-are the mesh's (``longctx.trainer.mesh``); the folders are the run layout's; the output folders are
-checked as curate and pack check theirs (``longctx.core.preflight``)."""
+"""Checks of a training run that need only its config, the shards' manifest, the model's
+``config.json`` and the output folder: run by ``longctx train`` before any rank starts (and by each
+rank under a plain ``torchrun``), so a run that cannot work is refused in one line instead of after N
+processes have started. The rules are the mesh's (``longctx.trainer.mesh``) and the model's
+(``build.check_training_model``: a model the chosen implementation cannot read, sliding windows shorter
+than the windows, a transformers model the ring cannot train); the folders are the run layout's; the
+output folders are checked as curate and pack check theirs (``longctx.core.preflight``)."""
 
 from __future__ import annotations
 
@@ -19,18 +21,24 @@ from longctx.trainer.mesh import MeshShape
 
 def check_before_start(train: TrainConfig, context: ContextConfig, output: Path, world_size: int) -> None:
     """Refuse (``ConfigError``, or ``ShardError`` without a readable manifest) a ``train.cp x
-    train.dp_replicate`` that does not divide ``world_size``, shards whose ``seq_len`` (read from
-    the manifest header, a small JSON file) the ``2 x cp`` zigzag chunks do not divide, a base
-    checkpoint folder that is damaged (``ModelFolderError``: truncated weights, an unreadable config),
-    and (``OutputError``) folders the run could not write (:func:`check_output_folders`)."""
+    train.dp_replicate`` that does not divide ``world_size``, shards whose ``seq_len`` (read from the
+    manifest header, a small JSON file) the ``2 x cp`` zigzag chunks do not divide, a base checkpoint
+    folder that is damaged (``ModelFolderError``: truncated weights, an unreadable config), a model
+    that cannot train on the shards, and (``OutputError``) folders the run could not write
+    (:func:`check_output_folders`)."""
     MeshShape.for_world(world_size, train.cp, train.dp_replicate)
     shards = RunLayout(output).training_shards(train.shards, context.target)
-    seq_len = load_manifest(shards, train.storage_options).header.seq_len
-    MeshShape.check_window(seq_len, train.cp, length_key=f"the shards' seq_len ({shards})", cp_key="train.cp")
-    if train.model.hf_path is not None:
-        from longctx.trainer.hf_io import check_model_folder  # imports torch: only when there is a base
+    header = load_manifest(shards, train.storage_options).header
+    MeshShape.check_window(
+        header.seq_len, train.cp, length_key=f"the shards' seq_len ({shards})", cp_key="train.cp"
+    )
+    # torch: only once the cheap checks pass
+    from longctx.trainer.build import check_training_model
+    from longctx.trainer.hf_io import check_model_folder
 
+    if train.model.hf_path is not None:
         check_model_folder(train.model.hf_path)
+    check_training_model(train, context, header.seq_len, header.tokenizer.vocab_size)
     check_output_folders(train, output)
 
 

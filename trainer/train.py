@@ -30,7 +30,15 @@ from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
-from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
+from longctx.trainer.build import (
+    AnyModelConfig,
+    TrainedModel,
+    build_model,
+    fill_base_weights,
+    model_config,
+    saved_model_config,
+    use_bf16,
+)
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -50,7 +58,6 @@ from longctx.trainer.hf_io import stored_dtype
 from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.model import ModelConfig, Transformer
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.runlock import run_lock
@@ -72,7 +79,7 @@ class TrainResult:
     """This rank's and the whole model's parameter and optimizer-state bytes (see :func:`state_bytes`)."""
 
 
-def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(model: TrainedModel, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole
     (``*_total``)."""
     params = list(model.parameters())
@@ -85,7 +92,7 @@ def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[st
     }
 
 
-def check_vocabulary(config: ModelConfig, vocab_size: int, folder: str | Path) -> None:
+def check_vocabulary(config: AnyModelConfig, vocab_size: int, folder: str | Path) -> None:
     """Refuse shards whose token ids may not fit the model's embedding."""
     if vocab_size > config.vocab_size:
         raise ConfigError(
@@ -116,10 +123,11 @@ def memory_name(device: torch.device) -> str:
 
 
 def check_memory(
-    tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
+    tcfg: TrainConfig, config: AnyModelConfig, seq_len: int, state: ParallelState, bf16: bool
 ) -> str:
     """The activation checkpointing mode to build with (``memory.checkpointing_that_fits``: ``auto``
-    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
+    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory.
+    A transformers model is estimated by its dense shape (``HFModelConfig.shape``), an approximation."""
     return checkpointing_that_fits(
         tcfg.activation_checkpointing,
         config.shape,
@@ -135,7 +143,7 @@ def check_memory(
     )
 
 
-def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: TrainedModel, tcfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms and biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -195,7 +203,7 @@ class _Run:
 
     layout: RunLayout
     rows: StepRows
-    model: Transformer
+    model: TrainedModel
     loss_multiplier: float
     optimizer: torch.optim.AdamW
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -211,7 +219,7 @@ class _Run:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+def _settings(tcfg: TrainConfig, config: AnyModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint: data, order and model (not the mesh)."""
     return {
         "shards_config_sha256": shards_sha,
@@ -281,7 +289,7 @@ def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
 
 def _checked_model_config(
     job: _Job, rows: StepRows, state: ParallelState, bf16: bool
-) -> tuple[ModelConfig, str]:
+) -> tuple[AnyModelConfig, str]:
     """The model to train, once its embedding covers the shards' vocabulary, its attention the
     windows, and the memory estimate the device; and the activation checkpointing mode it fits with
     (``train.activation_checkpointing``, ``auto`` resolved)."""
@@ -307,7 +315,7 @@ def _build_run(
     job: _Job,
     state: ParallelState,
     rows: StepRows,
-    config: ModelConfig,
+    config: AnyModelConfig,
     meta: dict[str, Any],
     bf16: bool,
     *,
@@ -450,7 +458,7 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
     return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
 
 
-def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -> Path:
+def _export(model: TrainedModel, job: _Job, state: ParallelState, folder: Path) -> Path:
     """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
     to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
     written = export_model(
@@ -633,7 +641,7 @@ def export_checkpoint(
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
         saved = read_trainer_state(folder)
-        config = ModelConfig.from_hf(saved["meta"]["model"])
+        config = saved_model_config(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
         return _export(built.model, _Job(train, context, layout, tokenizer), state, layout.export(step))

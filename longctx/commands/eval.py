@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "(loss_by_position.{json,png,txt}, needle.{json,png}, summary.json) and never replaces an "
             "earlier one. Models (eval.models, default: base trained): 'base' is the model training starts "
             "from (train.model), 'trained' is <output>/train/final, anything else a Hugging Face checkpoint "
-            "folder (Llama, Mistral, Qwen2)."
+            "folder (Llama, Mistral and Qwen2 run on longctx's decoder, other RoPE decoders on their "
+            "transformers code: train.model.implementation)."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with an eval section")

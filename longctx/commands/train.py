@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a RoPE-scaled Llama-family model on packed shards with ring attention",
+        help="train a RoPE-scaled decoder on packed shards with ring attention",
         description=(
             "Continue pretraining on the packer's shards. Run it under torchrun for several processes "
             "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have it "
@@ -27,8 +27,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "--rdzv-endpoint HOST:PORT (HOST one of them, the same on all; docs/clusters.md, and "
             "configs/slurm/train.sbatch under Slurm). train.cp ranks form one ring (context parallelism); "
             "the world size divided by train.cp is the data-parallel size. Refuses shards whose positions "
-            "never reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; "
-            "a killed run resumes from its newest intact checkpoint when started again, at any world size."
+            "never reach the required position, and models the ring cannot train. Writes "
+            "<output>/train/{metrics.jsonl,checkpoints/,final/}; a killed run resumes from its newest intact "
+            "checkpoint when started again, at any world size."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
