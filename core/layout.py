@@ -10,6 +10,7 @@
       curation.json            the curated files and their checksums, when curation publishes them
       shards/seq<N>/           packed windows of N tokens and their manifest.json
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
+                               compile_cache/ (torch's compiler caches, TORCHINDUCTOR_CACHE_DIR),
                                and tensorboard/ and wandb/ when those trackers are on
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
@@ -162,7 +163,10 @@ class RunLayout:
 
     @property
     def compile_cache(self) -> Path:
-        """torch.compile's caches (``train.kernels.compile``), reused when the run resumes."""
+        """torch's compiler caches (``TORCHINDUCTOR_CACHE_DIR``) for the training processes: what
+        ``train.kernels.compile`` compiles, reused when the run resumes, and the folder importing
+        ``torch._dynamo`` (optimizers and FSDP2 do) creates, kept here rather than in ``$TMPDIR``,
+        where it would outlive the run."""
         return self.train / "compile_cache"
 
     @property

@@ -46,15 +46,6 @@ def _stage(number: int, name: str, timings: dict[str, float] | None = None, key:
         timings[key] = time.monotonic() - started
 
 
-def _train_done(layout: RunLayout, steps: int) -> bool:
-    from longctx.trainer.checkpoint import latest_checkpoint
-
-    latest = latest_checkpoint(layout.checkpoints)
-    if latest is None or not (layout.final_model / "config.json").is_file():
-        return False
-    return latest.step >= steps
-
-
 def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
     """Train under torchrun with ``nproc`` local CPU processes, as ``longctx train --nproc`` does."""
     from longctx.trainer.launch import launch_training
@@ -116,8 +107,10 @@ def _validate_shards(layout: RunLayout, manifests: dict[int, Manifest]) -> None:
 
 def _train(cfg: RootConfig, config_path: Path, layout: RunLayout) -> bool:
     """Train on ``train.cp`` CPU ranks, unless an earlier run finished; returns whether it had."""
+    from longctx.trainer.resume import finished_run
+
     assert cfg.train is not None  # run_demo checks the sections
-    if _train_done(layout, cfg.train.steps):
+    if finished_run(layout, cfg.train.steps) is not None:
         print("  finished in an earlier run; reusing its checkpoint", flush=True)
         return True
     _launch_training(config_path, cfg.output, cfg.train.cp)

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCheck, missing_extra
 from longctx.core.errors import ConfigError
@@ -17,7 +17,9 @@ from longctx.trainer.rope_keys import check_rope_scaling
 
 class TinyModelConfig(StrictModel):
     """A small random Llama-family model, for the demo and tests (no download needed). The keys mean
-    what they mean in a ``transformers`` ``LlamaConfig``."""
+    what they mean in a ``transformers`` ``LlamaConfig``: each head gets ``hidden_size /
+    num_attention_heads`` dimensions, which must be a whole, even number (RoPE rotates pairs), and
+    ``num_key_value_heads`` must divide ``num_attention_heads``."""
 
     hidden_size: int = Field(default=64, gt=0)
     intermediate_size: int = Field(default=172, gt=0)
@@ -25,6 +27,38 @@ class TinyModelConfig(StrictModel):
     num_attention_heads: int = Field(default=4, gt=0)
     num_key_value_heads: int = Field(default=2, gt=0)
     tie_word_embeddings: bool = True
+
+    @field_validator("num_attention_heads")
+    @classmethod
+    def _even_head_size(cls, value: int, info: ValidationInfo) -> int:
+        """Each head gets ``hidden_size / num_attention_heads`` dimensions, and RoPE rotates them in
+        pairs: the head size must be a whole, even number."""
+        hidden = info.data.get("hidden_size")
+        if hidden is None:
+            return value
+        if hidden % value:
+            raise ValueError(
+                f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({value}): each head gets "
+                "hidden_size / num_attention_heads dimensions"
+            )
+        if (hidden // value) % 2:
+            raise ValueError(
+                f"hidden_size / num_attention_heads = {hidden} / {value} = {hidden // value} is an odd head "
+                "size, and RoPE rotates pairs of dimensions: choose them so that the head size is even"
+            )
+        return value
+
+    @field_validator("num_key_value_heads")
+    @classmethod
+    def _whole_query_groups(cls, value: int, info: ValidationInfo) -> int:
+        """Grouped-query attention: every key/value head serves the same number of query heads."""
+        heads = info.data.get("num_attention_heads")
+        if heads is not None and heads % value:
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({value}): each "
+                "key/value head serves a whole group of query heads"
+            )
+        return value
 
 
 class ModelSection(StrictModel):
@@ -65,15 +99,27 @@ class ModelSection(StrictModel):
 
 
 class OptimConfig(StrictModel):
-    """AdamW with linear warmup then cosine decay; continued-pretraining defaults."""
+    """AdamW with linear warmup then cosine decay; continued-pretraining defaults.
+
+    Every number must be finite (``.inf`` and ``.nan`` are refused at load, not met as a NaN loss
+    a step later); the betas lie in [0, 1), as AdamW's moment averages need."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     lr: float = Field(default=2e-5, gt=0, description="peak learning rate")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final lr as a fraction of lr")
     warmup_steps: int = Field(default=10, ge=0, description="steps of linear warmup to lr")
-    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas, each in [0, 1)")
     eps: float = Field(default=1e-8, gt=0, description="AdamW's epsilon")
     weight_decay: float = Field(default=0.1, ge=0, description="AdamW's decoupled weight decay")
     grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm (clipped above it)")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError("AdamW's betas must each lie in [0, 1)")
+        return value
 
 
 class CoverageConfig(StrictModel):
@@ -416,6 +462,12 @@ class EvalConfig(StrictModel):
         description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
     seed: int = Field(default=0, description="which windows are scored when none are held out")
+    allow_training_windows: bool = Field(
+        default=False,
+        description="score windows training read when the training shards hold fewer than eval.rows "
+        "held-out ones (labelled as training windows in the results); refused otherwise when a model "
+        "this run trained is scored",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="as train.precision")
     needle: NeedleEvalConfig | None = Field(
         default_factory=NeedleEvalConfig, description="the needle grid; null: loss by position only"

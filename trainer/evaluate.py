@@ -147,7 +147,7 @@ def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
 def score_needles(
     model: Transformer,
     tokenizer,
-    examples: Sequence[NeedleExample],
+    examples: Iterable[NeedleExample],
     device: torch.device,
     max_new_tokens: int = 16,
     stop_ids: Sequence[int] = (),

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from longctx.core.atomic import atomic_path
-from longctx.core.errors import ConfigError
+from longctx.core.errors import ConfigError, OutputError
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     CHAT_TEMPLATE_FILE,
@@ -43,7 +44,7 @@ from longctx.core.tokenizer import (
 )
 from longctx.trainer.hf_io import write_checkpoint
 from longctx.trainer.model import Transformer
-from longctx.trainer.parallel import ParallelState, barrier
+from longctx.trainer.parallel import ParallelState, first_problem
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 GENERATION_CONFIG = "generation_config.json"
@@ -158,6 +159,12 @@ def generation_config(ids: dict[str, int], base: Path | None) -> dict[str, Any]:
     return config
 
 
+def export_bytes(model: Transformer, dtype: torch.dtype, tokenizer: Path | None) -> int:
+    """About what :func:`export_model` writes: every parameter in ``dtype``, and the tokenizer."""
+    weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    return weights + (tokenizer.stat().st_size if tokenizer is not None else 0)
+
+
 def export_model(
     model: Transformer,
     folder: Path,
@@ -172,9 +179,34 @@ def export_model(
 
     Collective. ``base`` is the Hugging Face checkpoint training started from (its tokenizer and
     generation configs are reused where the run has none), ``tokenizer`` the run's ``tokenizer.json``.
+    A disk that cannot take the folder is an :class:`OutputError` on every rank naming it and the
+    space it takes: before the weights are gathered when too little is free, or when rank 0's write
+    fails (nothing of the folder is kept); the ranks agree on it through a collective, so none waits
+    on another.
     """
+    from longctx.core.preflight import check_free_space, space_fault
+
+    needed, what = export_bytes(model, dtype, tokenizer), "the exported model"
+
+    def on_main(work: Callable[[], None]) -> None:
+        """``work()`` on rank 0; a disk fault it meets is raised on every rank."""
+        problem = None
+        if state.is_main:
+            try:
+                work()
+            except OSError as err:
+                fault = space_fault(err, folder, needed, what)
+                if fault is None:
+                    raise
+                problem = str(fault)
+        problem = first_problem(problem, state)
+        if problem is not None:
+            raise OutputError(problem)
+
+    on_main(lambda: check_free_space(folder.parent, needed, what))
     tensors = full_state_dict(model, state, dtype)
-    if state.is_main:
+
+    def write() -> None:
         with atomic_path(folder) as staging:
             staging.mkdir()
             write_checkpoint(model.config, tensors, staging, dtype=dtype, max_shard_size=max_shard_size)
@@ -187,5 +219,6 @@ def export_model(
                 generation = generation_config(ids, base)
                 if generation:
                     (staging / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
-    barrier(state)
+
+    on_main(write)
     return folder

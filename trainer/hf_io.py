@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from longctx.core.atomic import atomic_path
+from longctx.core.errors import LongctxError
 from longctx.trainer.model import Attention, ModelConfig, Transformer
 
 CONFIG_NAME = "config.json"
@@ -30,6 +31,50 @@ WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+
+
+class ModelFolderError(LongctxError):
+    """A Hugging Face checkpoint folder that cannot be read: a missing, unreadable or truncated file."""
+
+
+def check_model_folder(directory: str | os.PathLike[str]) -> None:
+    """Refuse, in one line naming the file, a checkpoint folder whose ``config.json`` is missing or
+    unreadable (what it says is for the implementation that reads it: ``build.check_training_model``),
+    whose index names missing shards, or whose safetensors files do not hold what their
+    headers describe (a truncated copy): safetensors checks that when it opens a file, which reads
+    only the header. Run before any weight is read, so a damaged folder is not met halfway."""
+    root = Path(directory)
+    config = root / CONFIG_NAME
+    try:
+        settings = config_json(root)
+    except FileNotFoundError:
+        raise ModelFolderError(
+            f"{config} is missing: {root} is not a Hugging Face checkpoint folder"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{config} cannot be read ({err})") from None
+    if not isinstance(settings, dict):
+        raise ModelFolderError(f"{config}: not a JSON object")
+    try:
+        files = weight_files(root)
+    except json.JSONDecodeError as err:
+        raise ModelFolderError(f"{root / INDEX_NAME} cannot be read ({err})") from None
+    except (OSError, ValueError) as err:
+        raise ModelFolderError(str(err)) from None
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError as err:
+            reason = str(err).removeprefix("Error while deserializing header: ")
+            raise ModelFolderError(
+                f"{file}: not a complete safetensors file ({reason}); the folder is damaged: export or copy "
+                "it again"
+            ) from None
+    try:
+        _stored_names(files)
+    except ValueError as err:
+        raise ModelFolderError(f"{root}: {err}") from None
 
 
 def config_json(directory: str | os.PathLike[str]) -> dict:

@@ -13,9 +13,10 @@ order the agents joined, N consecutive ranks per agent. Running the agent here r
   thread ends it within a second of its parent being gone. SIGTERM/SIGINT to the launcher make the
   agent stop the ranks (SIGTERM, then SIGKILL), as torchrun does.
 - **A user error is one line.** A rank failing with a :class:`~longctx.core.errors.LongctxError`
-  (a damaged shard, a refused config) records its message in the job's error file and exits with
-  status 2; ranks that then fail because that rank is gone (a broken collective) exit quietly; the
-  launcher prints the recorded line and returns 2. Other failures keep their traceback.
+  (a damaged shard, a refused config, a full disk) records its message in the job's error file (its
+  space set aside before the ranks start, so a full disk does not stop it) and exits with status 2;
+  ranks that then fail because that rank is gone (a broken collective) exit quietly; the launcher
+  prints the recorded line and returns 2. Other failures keep their traceback.
 - **Nothing is left behind.** The agent's per-rank logs and the error file live in a job folder the
   caller names (inside the run folder), removed when the job ends and again before the next one.
 - **A lost machine ends the job in one line.** When another agent of a multi-node job dies (its
@@ -124,9 +125,8 @@ def launch(
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     meeting = rendezvous or Rendezvous()
-    shutil.rmtree(job_dir, ignore_errors=True)
-    job_dir.mkdir(parents=True)
     error_file = job_dir / "error.txt"
+    _prepare_job_dir(job_dir, error_file)
     updates = {PARENT_ENV: str(os.getpid()), ERROR_FILE_ENV: str(error_file), **(env or {})}
     if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
         updates["OMP_NUM_THREADS"] = "1"  # as torchrun does: N ranks share the cores
@@ -154,7 +154,7 @@ def launch(
             elastic_launch(config, sys.executable)("-m", module, *args)
         return 0
     except ChildFailedError as err:
-        recorded = error_file.read_text(encoding="utf-8").strip() if error_file.exists() else ""
+        recorded = _recorded(error_file)
         if recorded:
             # ranks stopped by a signal (all but the failed one) may have left their last line unended,
             # such as rank 0's progress bar: then the error line starts a line of its own
@@ -184,6 +184,55 @@ def launch(
             signal.signal(sig, handler)
         elastic_logger.setLevel(level)
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+ERROR_FILE_BYTES = 4096
+"""Space set aside in the error file before the ranks start, so that a rank can record its error
+on a disk that has filled up meanwhile (the very error it may have to report)."""
+
+
+def _prepare_job_dir(job_dir: Path, error_file: Path) -> None:
+    """An empty ``job_dir`` holding the error file, its space set aside (zero bytes: none recorded)."""
+    from longctx.core.errors import OutputError
+    from longctx.core.preflight import disk_fault
+
+    shutil.rmtree(job_dir, ignore_errors=True)
+    try:
+        job_dir.mkdir(parents=True)
+        with open(error_file, "wb") as out:
+            out.write(bytes(ERROR_FILE_BYTES))
+    except OSError as err:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        fault = disk_fault(err, job_dir)
+        if fault is None:
+            raise
+        raise OutputError(f"cannot start the job: {fault}") from None
+
+
+def _recorded(error_file: Path | str) -> str:
+    """The error a rank recorded in ``error_file`` ('' when none, or no file)."""
+    try:
+        data = Path(error_file).read_bytes()
+    except OSError:
+        return ""
+    return data.rstrip(b"\0").decode("utf-8", errors="replace").strip()
+
+
+def _record(error_file: str, message: str) -> None:
+    """Record ``message`` in the error file unless another rank did first; the file's space was set
+    aside by the launcher, so this writes over it in place. Where it cannot, the message goes to
+    stderr, which the launcher shows."""
+    import fcntl
+
+    try:
+        with open(error_file, "r+b") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            if out.read(1) in (b"", b"\0"):
+                out.seek(0)
+                out.write(message.encode("utf-8")[: ERROR_FILE_BYTES - 1])
+                out.flush()
+    except OSError:
+        print(message, file=sys.stderr, flush=True)
 
 
 def _first_line(err: BaseException) -> str:
@@ -274,18 +323,17 @@ def rank_errors(command: str) -> Iterator[None]:
     try:
         yield
     except LongctxError as err:
-        with contextlib.suppress(FileExistsError), open(error_file, "x", encoding="utf-8") as out:
-            out.write(f"longctx {command}: {err}\n")
+        _record(error_file, f"longctx {command}: {err}\n")
         raise SystemExit(2) from None
     except Exception as err:
-        if Path(error_file).exists():
+        if _recorded(error_file):
             raise SystemExit(2) from None
         if _peer_lost(err):
-            with contextlib.suppress(FileExistsError), open(error_file, "x", encoding="utf-8") as out:
-                out.write(
-                    f"longctx {command}: lost contact with the job's other ranks ({_first_line(err)}): a "
-                    "process or machine of the job stopped; run again to resume from the newest checkpoint\n"
-                )
+            _record(
+                error_file,
+                f"longctx {command}: lost contact with the job's other ranks ({_first_line(err)}): a "
+                "process or machine of the job stopped; run again to resume from the newest checkpoint\n",
+            )
             raise SystemExit(2) from None
         raise
 

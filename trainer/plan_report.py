@@ -11,6 +11,7 @@ import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from longctx.trainer.fit import MAX_GPUS
 from longctx.trainer.flops import ModelShape, layer_flops, matmul_param_count, param_count
 from longctx.trainer.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
 from longctx.trainer.plan import (
@@ -178,7 +179,28 @@ def format_report(model: ModelShape, settings: RunSettings, plans: Sequence[Leng
             text.rjust(width) for text, width in zip(row[1:], widths[1:], strict=True)
         ]
         lines.append("  ".join(cells).rstrip())
+    lines += _changes(settings, plans)
     return "\n".join(lines)
+
+
+def _changes(settings: RunSettings, plans: Sequence[LengthPlan]) -> list[str]:
+    """A line per length that does not fit: the smallest change of each kind that would."""
+    if settings.gpu_memory_bytes is None or all(p.fits for p in plans):
+        return []
+    lines = [""]
+    for p in plans:
+        if p.fits:
+            continue
+        where = f"{human_length(p.length)} does not fit {human_bytes(settings.gpu_memory_bytes)} per GPU"
+        if not p.changes:
+            lines.append(
+                f"{where}, and no change of checkpointing, cp or GPUs (up to {MAX_GPUS:,}) makes it fit"
+            )
+            continue
+        options = [f"{c.describe()} ({human_bytes(c.total_bytes)} per rank)" for c in p.changes]
+        joined = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+        lines.append(f"{where}; it would with {joined}")
+    return lines
 
 
 def csv_rows(
@@ -224,7 +246,13 @@ def csv_rows(
             }
         )
         if p.fits is not None:
-            row.update({"gpu_memory_bytes": settings.gpu_memory_bytes, "fits": int(p.fits)})
+            row.update(
+                {
+                    "gpu_memory_bytes": settings.gpu_memory_bytes,
+                    "fits": int(p.fits),
+                    "fits_with": "; ".join(c.describe() for c in p.changes),
+                }
+            )
         if p.train_seconds is not None:
             row.update(
                 {

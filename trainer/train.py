@@ -625,11 +625,13 @@ def export_checkpoint(
     train: TrainConfig, *, context: ContextConfig, output: Path, step: int, tokenizer: Path | None = None
 ) -> Path:
     """``longctx train --export STEP``: write checkpoint ``step`` as a Hugging Face folder under
-    ``<output>/train/export/`` (at any world size: the checkpoint is resharded onto this job's mesh)."""
+    ``<output>/train/export/``, at any world size: the model is sharded over every rank of this job
+    (no ring: exporting runs no attention, so ``train.cp`` and ``train.dp_replicate`` do not apply) and
+    DCP reshards the checkpoint onto it, whatever mesh wrote it."""
     import torch.distributed as dist
 
     owned = not (dist.is_available() and dist.is_initialized())
-    state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
+    state = init_parallel(1, train.comm_timeout_s)
     try:
         layout = RunLayout(output)
         folder = checkpoint_folder(layout.checkpoints, step)

@@ -69,7 +69,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--gpu-memory",
-        help="memory of one GPU, e.g. 80GB (1e9 bytes) or 80GiB: says whether each length fits",
+        help="memory of one GPU: a bare number is GB (80 = 80GB = 80e9 bytes, as GPUs are sold); 80GiB "
+        "(2^30 bytes), 81559MiB (as nvidia-smi says) and 8e10B work too. Says whether each length fits and, "
+        "when it does not, the smallest change that would: activation checkpointing, a larger --cp, or more "
+        "--gpus",
     )
     parser.add_argument("--tokens", help="token budget for the wall-clock estimate, e.g. 20B (needs --gpus)")
     parser.add_argument("--gpus", type=int, help="GPUs of the run, for the wall-clock estimate")
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         peak_flops=args.peak_tflops * 1e12,
         mfu=args.mfu,
         gpu_memory_bytes=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
+        dp_replicate=replicas,
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))

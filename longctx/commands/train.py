@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
+    from longctx.config import RootConfig
+    from longctx.core.layout import RunLayout
     from longctx.trainer.launch import Rendezvous
+    from longctx.trainer.train import TrainResult
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -61,19 +66,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--export",
         type=int,
         metavar="STEP",
-        help="do not train: write checkpoint STEP as a Hugging Face folder under <output>/train/export/",
+        help="do not train: write checkpoint STEP as a Hugging Face folder under <output>/train/export/ "
+        "(one process unless --nproc is given; any number of processes reads a checkpoint of any run)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx import jobs
     from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
-    from longctx.trainer.launch import follow_launcher, launch_training, quiet_agent_cpp_logs, rank_errors
-    from longctx.trainer.preflight import check_before_start
+    from longctx.trainer.launch import follow_launcher, quiet_agent_cpp_logs, rank_errors
+    from longctx.trainer.resume import describe_finished, finished_run
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
@@ -93,32 +98,83 @@ def run(args: argparse.Namespace) -> int:
         )
         if cfg.train is None:
             raise ConfigError(f"{args.config} has no 'train' section")
-        jobs.check(cfg, "train")  # before torchrun starts any rank
         launcher = bool(args.nproc) and "RANK" not in os.environ
         rendezvous = job_rendezvous(args, cfg.output) if launcher else None
-        rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None
-        world = args.nproc * args.nnodes if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+        rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None  # before torch is imported
+        layout = RunLayout(cfg.output)
+        with compiler_cache(layout.compile_cache):
+            finished = finished_run(layout, cfg.train.steps) if args.export is None else None
+            if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
+                if int(os.environ.get("RANK", "0")) == 0:
+                    print(describe_finished(layout, finished, cfg.train.steps))
+                return 0
+            return _run(args, cfg, launcher, rendezvous, rank_env)
+
+
+def _run(
+    args: argparse.Namespace,
+    cfg: RootConfig,
+    launcher: bool,
+    rendezvous: Rendezvous | None,
+    rank_env: dict[str, str] | None,
+) -> int:
+    """Check the run, then start its ranks (``--nproc``, as one agent of ``rendezvous`` when given), or
+    train or export in this process."""
+    from longctx import jobs
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.launch import launch_training
+    from longctx.trainer.preflight import check_before_export, check_before_start
+
+    assert cfg.train is not None  # run checks it
+    jobs.check(cfg, "train")  # before torchrun starts any rank
+    world = args.nproc * args.nnodes if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+    if args.export is not None:  # any world size: the checkpoint is resharded onto it
+        check_before_export(cfg.train, cfg.output, args.export)
+    else:
         check_before_start(cfg.train, cfg.context, cfg.output, world)
-        if launcher:
-            return launch_training(args.nproc, torchrun_args(args), cfg.output, rendezvous, rank_env)
-        if args.export is not None:
-            folder = jobs.export(cfg, args.export)
-            if int(os.environ.get("RANK", "0")) == 0:
-                print(f"exported step {args.export} to {folder}")
-            return 0
-        result = jobs.train(cfg, restart=args.restart)
-    if int(os.environ.get("RANK", "0")) == 0:
-        first, last = (
-            result.losses[0] if result.losses else None,
-            result.losses[-1] if result.losses else None,
-        )
-        print(
-            f"\ntrained {result.steps} steps (resumed at {result.resumed_from}); loss {first} -> {last}; "
-            f"{result.tokens_per_s:,.0f} tokens/s; largest trained position "
-            f"{result.coverage['max_position']}\nmetrics: "
-            f"{RunLayout(cfg.output).metrics}\nmodel: {result.final_model}"
-        )
+    if launcher:
+        return launch_training(args.nproc, torchrun_args(args), cfg.output, rendezvous, rank_env)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    if args.export is not None:
+        folder = jobs.export(cfg, args.export)
+        if main_rank:
+            print(f"exported step {args.export} to {folder}")
+        return 0
+    result = jobs.train(cfg, restart=args.restart)
+    if main_rank:
+        print("\n" + summary(result, RunLayout(cfg.output)))
     return 0
+
+
+@contextlib.contextmanager
+def compiler_cache(folder: Path) -> Iterator[None]:
+    """``TORCHINDUCTOR_CACHE_DIR`` set to ``folder`` (``RunLayout.compile_cache``) meanwhile (a user's
+    own setting wins), for this process and the ranks it starts, before torch is imported: importing
+    ``torch._dynamo`` (optimizers and FSDP2 do) creates torch's compiler cache folder, by default
+    ``$TMPDIR/torchinductor_<user>``, which outlives the run; ``train.kernels.compile`` compiles into
+    the same folder (``kernel_choice.use_compile_cache``)."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+def summary(result: TrainResult, layout: RunLayout) -> str:
+    """The lines ``longctx train`` ends with: what this run trained and where the results are."""
+    if not result.losses:  # resumed from the last step's checkpoint: only the final export was left
+        trained = f"no step left to train (resumed at step {result.resumed_from}); wrote the final model"
+    else:
+        resumed = f" (resumed from step {result.resumed_from})" if result.resumed_from else ""
+        trained = (
+            f"trained steps {result.resumed_from + 1}-{result.steps}{resumed}; loss "
+            f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}; {result.tokens_per_s:,.0f} tokens/s; "
+            f"largest trained position {result.coverage['max_position']}"
+        )
+    return f"{trained}\nmetrics: {layout.metrics}\nmodel: {result.final_model}"
 
 
 def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:

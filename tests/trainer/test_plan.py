@@ -12,7 +12,7 @@ import pytest
 from longctx.cli import main
 from longctx.core.errors import ConfigError
 from longctx.trainer import flops as flop_model
-from longctx.trainer import plan
+from longctx.trainer import plan, plan_report
 
 KiB, GiB = 1024, 1024**3
 
@@ -234,10 +234,170 @@ def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelSh
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("80GB", 80e9), ("80GiB", 80 * GiB), ("141gb", 141e9), ("1024", 1024)]
+    ("text", "value"),
+    [
+        ("80GB", 80e9),
+        ("80GiB", 80 * GiB),
+        ("141gb", 141e9),
+        ("141G", 141e9),
+        ("80", 80e9),  # a bare number is GB, as GPUs are sold
+        ("80 GB", 80e9),
+        ("0.5T", 5e11),
+        ("81559MiB", 81559 * 1024**2),  # as nvidia-smi reports an H100's memory
+        ("8e10B", 8e10),
+        ("1024B", 1024),
+    ],
 )
 def test_parse_bytes(text: str, value: float) -> None:
     assert plan.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("80 bananas", "bad memory size '80 bananas'"),
+        ("-80", "bad memory size '-80'"),
+        ("0", "bad memory size '0'"),
+        ("inf", "bad memory size 'inf'"),
+        ("nan", "bad memory size 'nan'"),
+        ("80G B", "bad memory size '80G B'"),
+        ("80000000000", "more than any GPU holds; a bare number is GB"),  # bytes meant as GB
+        ("2", "leaves nothing for training"),  # 2 GB: less than the reserve
+    ],
+)
+def test_nonsense_gpu_memory_is_refused_in_one_line(text: str, message: str, capsys) -> None:
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "64K", "--cp", "8", "--gpu-memory", text]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_bare_gpu_memory_is_gb_and_what_does_not_fit_says_what_would(capsys) -> None:
+    """The issue's command: 80 is 80 GB; 128K at cp 8 does not fit without checkpointing, and the plan
+    names the smallest change of each kind that does, each checked here against the memory model
+    directly."""
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "32K,128K", "--cp", "8", "--gpu-memory", "80"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fits a 74.5 GiB GPU when the total stays under 65.1 GiB" in out  # 80e9 bytes, 90% less 2 GiB
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("fits ")] == [["yes", "NO"]]
+    model, usable = plan.load_model_shape("llama-3-8b"), usable_bytes(80e9)
+
+    def total(cp: int, shards: int, mode: str) -> float:
+        return rank_memory(model, 131_072, cp, state_shards=shards, activation_checkpointing=mode).total
+
+    assert total(8, 8, "none") > usable and total(8, 8, "selective") > usable
+    assert total(8, 8, "full") <= usable  # the smallest checkpointing change
+    # no ring between 8 and 16 splits 128K into 2 x cp equal chunks; cp 16 needs 16 GPUs and fits
+    assert [cp for cp in range(9, 16) if 131_072 % (2 * cp) == 0] == []
+    assert total(16, 16, "none") <= usable
+    # more GPUs at cp 8 only shard the model state: the activations alone are too large
+    assert total(8, 65_536, "none") > usable
+    (line,) = [line for line in out.splitlines() if "does not fit" in line]
+    assert line == (
+        "128K does not fit 74.5 GiB per GPU; it would with activation checkpointing full "
+        f"({plan_report.human_bytes(total(8, 8, 'full'))} per rank) or cp 16 on 16 GPUs "
+        f"({plan_report.human_bytes(total(16, 16, 'none'))} per rank)"
+    )
+
+
+def test_auto_needs_a_change_only_when_even_full_checkpointing_does_not_fit(capsys) -> None:
+    """With ``auto`` a length that fits in some mode gets no line (128K at cp 8 fits with full
+    checkpointing); one that fits in none (1M) gets a line naming only a larger cp or more GPUs, judged
+    in the mode ``auto`` would choose there, each checked against the memory model directly."""
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "128K,1M", "--cp", "8", "--gpu-memory", "80"]
+    assert main([*argv, "--activation-checkpointing", "auto"]) == 0
+    out = capsys.readouterr().out
+    model, usable = plan.load_model_shape("llama-3-8b"), usable_bytes(80e9)
+
+    def total(length: int, cp: int, shards: int, mode: str) -> float:
+        return rank_memory(model, length, cp, state_shards=shards, activation_checkpointing=mode).total
+
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("fits ")] == [["yes", "NO"]]
+    assert total(131_072, 8, 8, "full") <= usable < total(131_072, 8, 8, "selective")
+    assert all(total(1_048_576, 8, 8, mode) > usable for mode in ACTIVATION_CHECKPOINTING)
+    # more GPUs at cp 8 cannot hold 1M's activations even with full checkpointing; cp 16 is the next ring
+    assert total(1_048_576, 8, 65_536, "full") > usable
+    assert [cp for cp in range(9, 16) if 1_048_576 % (2 * cp) == 0] == []
+    chosen = next(mode for mode in ACTIVATION_CHECKPOINTING if total(1_048_576, 16, 16, mode) <= usable)
+    (line,) = [line for line in out.splitlines() if "does not fit" in line]
+    assert line == (
+        f"1M does not fit 74.5 GiB per GPU; it would with cp 16 on 16 GPUs, auto checkpointing {chosen} "
+        f"({plan_report.human_bytes(total(1_048_576, 16, 16, chosen))} per rank)"
+    )
+
+
+def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
+    """Llama-3-8B on 262,146-token windows (2 x 3 x 43,691) from cp 1 on 8 GPUs of 80 GB with ``auto``:
+    no mode fits at cp 1 however many GPUs shard the state, nor at cp 3, the next ring that splits the
+    window; at cp 43,691 the tokens per rank are so few that no checkpointing is needed, and the
+    change says so, with that mode's total."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-8b"), 262_146, usable_bytes(80e9)
+
+    def total(cp: int, gpus: int, mode: str) -> float:
+        return rank_memory(model, length, cp, state_shards=gpus, activation_checkpointing=mode).total
+
+    assert [cp for cp in range(2, 43_692) if length % (2 * cp) == 0] == [3, 43_691]
+    assert total(1, 65_536, "full") > usable and total(3, 9, "full") > usable
+    chosen = next(mode for mode in ACTIVATION_CHECKPOINTING if total(43_691, 43_691, mode) <= usable)
+    assert chosen == "none"
+    layout = Layout(cp=1, gpus=8, dp_replicate=1, activation_checkpointing="auto")
+    (change,) = smallest_changes(model, length, layout, 80e9)
+    assert change.kinds == ("cp",) and change.mode == chosen
+    assert change.describe() == "cp 43691 on 43691 GPUs, auto checkpointing none"
+    assert change.total_bytes == total(43_691, 43_691, chosen)
+
+
+def test_the_fewest_more_gpus_match_a_linear_scan() -> None:
+    """More GPUs at the same ring shard the model state further: the binary search finds the GPU
+    count a plain scan over every multiple of cp x replicas finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model = plan.load_model_shape("llama-3-70b")
+    for cp, replicas in ((1, 1), (2, 2)):
+        layout = Layout(cp=cp, gpus=8, dp_replicate=replicas, activation_checkpointing="full")
+        (more,) = [c for c in smallest_changes(model, 8192, layout, 80e9) if c.kinds == ("gpus",)]
+        ring = cp * replicas
+        scan = next(
+            gpus
+            for gpus in range(8 + ring, 4096, ring)
+            if rank_memory(
+                model, 8192, cp, state_shards=gpus // replicas, activation_checkpointing="full"
+            ).total
+            <= usable_bytes(80e9)
+        )
+        assert more.layout.gpus == scan and more.layout.cp == cp, (cp, replicas)
+        assert more.describe() == f"{scan} GPUs at cp {cp}"
+
+
+def test_changes_together_when_none_fits_alone() -> None:
+    """Llama-3-8B on 131,074-token windows and 141 GB GPUs: 65,537 is prime, so no larger ring splits
+    the window; one GPU cannot hold the AdamW state whatever the checkpointing, and more GPUs cannot
+    hold the activations without full checkpointing. The plan pairs full checkpointing with the fewest
+    GPUs a plain scan finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-8b"), 131_074, usable_bytes(141e9)
+
+    def total(shards: int, mode: str) -> float:
+        return rank_memory(model, length, 1, state_shards=shards, activation_checkpointing=mode).total
+
+    assert all(total(1, mode) > usable for mode in ("none", "selective", "full"))
+    assert total(65_536, "none") > usable and total(65_536, "selective") > usable
+    scan = next(gpus for gpus in range(2, 4096) if total(gpus, "full") <= usable)
+    layout = Layout(cp=1, gpus=1, dp_replicate=1, activation_checkpointing="none")
+    (change,) = smallest_changes(model, length, layout, 141e9)
+    assert change.describe() == f"activation checkpointing full and {scan} GPUs at cp 1"
+    assert change.total_bytes == total(scan, "full")
 
 
 def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFixture) -> None:
