@@ -62,8 +62,8 @@ def _refuse_duplicate_keys(
             name = str(key.value) if isinstance(key, yaml.ScalarNode) else f"<{key.id}>"
             dotted = f"{where}.{name}" if where else name
             line = key.start_mark.line + 1
-            if isinstance(key, yaml.ScalarNode) and (key.tag, key.value) in lines:
-                first = lines[(key.tag, key.value)]
+            if isinstance(key, yaml.ScalarNode) and (key.tag, str(key.value)) in lines:
+                first = lines[(key.tag, str(key.value))]
                 raise ConfigError(
                     f"{origin}: key '{dotted}' appears twice (lines {first} and {line}); keep one"
                 )
@@ -75,7 +75,8 @@ def _refuse_duplicate_keys(
 
 
 def read_yaml(text: str, origin: str) -> Any:
-    """``yaml.safe_load`` of ``text``, refusing a key repeated in one mapping (:func:`_refuse_duplicate_keys`)."""
+    """``yaml.safe_load`` of ``text``, refusing a key repeated in one mapping
+    (:func:`_refuse_duplicate_keys`)."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
