@@ -22,7 +22,7 @@ With ``curate.output``, the finished curation is then published there (:mod:`lon
 a job submitted to Slurm publishes when ``longctx curate`` is run again after it finished.
 
 Before any of it, and before anything is written, the run is checked: the output folder (not a
-file, writable), every source (it exists, locally or in object storage), the tokenizer (a file, a
+file, writable, outside the input), every source (it exists, locally or in object storage), the tokenizer (a file, a
 folder or a hub id) and the special tokens pack will frame documents with, and the run's identity
 (every setting that changes the output's bytes) against the one recorded in the output folder. A
 refused run changes nothing.
@@ -511,6 +511,7 @@ def run_curation(
     if curate.output is not None:
         check_publish_destination(curate.output, layout, curate.storage_options)
     sources = resolve_sources(curate, layout)
+    check_outside_inputs(curate, sources, layout)
     files = find_tokenizer(tokenizer)
     resolved_specials = check_specials(files, dict(specials or {}))
     fingerprint = run_fingerprint(
@@ -553,6 +554,29 @@ def run_curation(
             flush=True,
         )
     return json.loads(layout.stats.read_text(encoding="utf-8"))
+
+
+def check_outside_inputs(curate: CurateConfig, sources: list[SourceConfig], layout: RunLayout) -> None:
+    """Refuse, before any work, an output folder (or a local ``curate.output``) that is an input
+    folder or lies inside one: the run would read what it writes, and its next run other inputs."""
+    outputs = [("output", layout.root)]
+    if curate.output is not None and not remote.is_remote(curate.output):
+        outputs.append(("curate.output", Path(curate.output.removeprefix("file://"))))
+    inputs = [(f"source {s.name!r}", s.path) for s in sources]
+    if curate.input is not None:
+        inputs.insert(0, ("curate.input", curate.input))
+    for what, location in inputs:
+        if is_url(location):
+            continue
+        folder = Path(location).resolve()
+        for key, path in outputs:
+            target = path.resolve()
+            if target == folder or folder in target.parents:
+                where = "is" if target == folder else "lies inside"
+                raise ConfigError(
+                    f"{key}: {path} {where} the input folder {location} ({what}); "
+                    f"choose another {key} outside the input"
+                )
 
 
 def check_publish_destination(url: str, layout: RunLayout, storage_options: dict[str, Any]) -> None:
