@@ -13,6 +13,7 @@
 4. With ``pack.output``, each finished output is published there (``longctx.packer.remote``); a job
    submitted to Slurm publishes when ``longctx pack`` is run again after it finished.
 
+A second ``pack`` on the same output while one runs is refused (:mod:`longctx.core.runlock`).
 Completed tasks are recorded under ``<output>/work/pack/<lengths>/logs`` (one folder per set of
 lengths packed together) and skipped when the job runs again.
 """
@@ -33,6 +34,7 @@ from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
+from longctx.core.runlock import run_lock
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.curated import adopt_tokenizer, curated_source
@@ -241,6 +243,14 @@ def run_pack(
     """
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
+    with run_lock(layout.work, "pack"):  # one pack run per output folder
+        return _run_pack(pack, context, layout, verbose)
+
+
+def _run_pack(
+    pack: PackConfig, context: ContextConfig, layout: RunLayout, verbose: bool
+) -> dict[int, Manifest] | None:
+    """:func:`run_pack` once the run holds the output folder's lock."""
     source = curated_source(pack, layout)
     plan = make_plan(pack, context, layout, source)
     if pack.output is not None:

@@ -21,11 +21,12 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 With ``curate.output``, the finished curation is then published there (:mod:`longctx.pipeline.publish`);
 a job submitted to Slurm publishes when ``longctx curate`` is run again after it finished.
 
+A second ``curate`` on the same output while one runs is refused (:mod:`longctx.core.runlock`).
 Before any of it, and before anything is written, the run is checked: the output folder (not a
-file, writable, outside the input), every source (it exists, locally or in object storage), the tokenizer (a file, a
-folder or a hub id) and the special tokens pack will frame documents with, and the run's identity
-(every setting that changes the output's bytes) against the one recorded in the output folder. A
-refused run changes nothing.
+file, writable, outside the input), every source (it exists, locally or in object storage), the
+tokenizer (a file, a folder or a hub id) and the special tokens pack will frame documents with, and
+the run's identity (every setting that changes the output's bytes) against the one recorded in the
+output folder. A refused run changes nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.runlock import run_lock
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -506,8 +508,21 @@ def run_curation(
     and Ray executors); None when they were submitted to Slurm.
     """
     output = Path(output)
-    layout = RunLayout(output, "curate")
     check_output_folder(output)
+    with run_lock(RunLayout(output, "curate").work, "curate"):  # one curation per output folder
+        return _run_curation(curate, context, tokenizer, output, specials, verbose)
+
+
+def _run_curation(
+    curate: CurateConfig,
+    context: ContextConfig,
+    tokenizer: TokenizerConfig,
+    output: Path,
+    specials: dict[str, Any] | None,
+    verbose: bool,
+) -> dict[str, Any] | None:
+    """:func:`run_curation` once the run holds the output folder's lock."""
+    layout = RunLayout(output, "curate")
     if curate.output is not None:
         check_publish_destination(curate.output, layout, curate.storage_options)
     sources = resolve_sources(curate, layout)

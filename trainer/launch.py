@@ -138,10 +138,10 @@ def launch(
 def launch_training(nproc: int, argv: Sequence[str], output: Path) -> int:
     """``longctx train`` (``argv``) as ``nproc`` ranks, holding the run's lock for the whole job."""
     from longctx.core.layout import RunLayout
-    from longctx.trainer.runlock import HELD_ENV, run_lock
+    from longctx.core.runlock import HELD_ENV, run_lock
 
     train_dir = RunLayout(output).train
-    with run_lock(train_dir) as lock:
+    with run_lock(train_dir, "train") as lock:
         env = {HELD_ENV: str(lock)} if lock is not None else {}
         return launch(nproc, "longctx.cli", argv, train_dir / ".job", env)
 
