@@ -4,6 +4,9 @@ modules once, and every socket and temporary file of those processes inside the 
 A stage with more than one worker runs its tasks in a ``multiprocess`` pool whose workers are forked
 by a forkserver, beside a ``Manager`` server forked from the driver. Left to its defaults:
 
+* the forkserver outlives a driver killed with SIGKILL by seconds (it tears down what it imported
+  first), and so do its workers; here it dies with the driver, and its workers with it
+  (:func:`longctx.core.lifetime.die_with_driver`);
 * the forkserver imports nothing, so every worker of every stage imports datatrove, pyarrow,
   tokenizers and the job's modules itself (about 1.8 s of CPU each on a 2-core machine: ten times in
   a two-task curation, a third of the CPU the second task was meant to add);
@@ -37,6 +40,8 @@ from pathlib import Path
 import multiprocess.forkserver
 import multiprocess.process
 
+from longctx.core import lifetime
+
 # What every task imports on its first Parquet read or write (pyarrow imports pandas, when installed,
 # to look for pandas metadata): imported once in the forkserver rather than in each worker.
 _TASK_IMPORTS = ("pyarrow.parquet", "pyarrow.dataset", "pandas")
@@ -50,7 +55,9 @@ def preload_modules(pipelines: Iterable[Iterable[object]]) -> list[str]:
     import, and ``__main__`` (which multiprocess preloads by default)."""
     modules = {type(step).__module__ for pipeline in pipelines for step in pipeline} | set(_TASK_IMPORTS)
     modules.add(__name__.rsplit(".", 1)[0] + ".executors")  # the executor itself is pickled too
-    return ["__main__", *sorted(modules - {"__main__", "builtins"})]
+    # first of all, the forkserver arms its death with the driver (its import does it)
+    first = lifetime.__name__
+    return [first, "__main__", *sorted(modules - {"__main__", "builtins", first})]
 
 
 def temporary_folder(work: Path) -> Path:
@@ -130,11 +137,17 @@ def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator
     saved_preload = multiprocess.forkserver._forkserver._preload_modules
     _stop_forkserver()  # one an earlier job of this process started, with its modules and folder
     multiprocess.forkserver.set_forkserver_preload(preload_modules(pipelines))
+    saved_driver = os.environ.get(lifetime.DRIVER_ENV)
+    os.environ[lifetime.DRIVER_ENV] = str(os.getpid())  # the forkserver dies with this process
     config["tempdir"] = tempfile.tempdir = os.environ["TMPDIR"] = str(folder)
     try:
         yield folder
     finally:
         _stop_forkserver()
+        if saved_driver is None:
+            os.environ.pop(lifetime.DRIVER_ENV, None)
+        else:
+            os.environ[lifetime.DRIVER_ENV] = saved_driver
         for key, value in zip(("tempdir", "TMPDIR"), (saved[0], saved[2])):
             store = config if key == "tempdir" else os.environ
             if value is None:
