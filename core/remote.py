@@ -118,10 +118,16 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
 def check_destination(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Refuse, before any work, a destination ``url`` whose bucket (first path component) does not
     exist or cannot be reached with the credentials at hand."""
+    if not is_remote(url):
+        return
     fs, path = filesystem(url, storage_options)
     bucket = path.strip("/").split("/")[0]
+    found = True
     with remote_errors(url, "checking the destination"):
-        found = fs.exists(bucket) if is_remote(url) else True
+        try:
+            fs.info(bucket)  # not exists(), which answers False when access is denied
+        except FileNotFoundError:
+            found = False
     if not found:
         raise RemoteError(f"{url}: no such bucket {bucket!r}; create it first")
 

@@ -91,9 +91,10 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
     sources: list[SourceConfig] = []
     if curate.input is not None:
         folder = open_folder(curate.input, curate.storage_options)
-        if not folder.isdir(""):
-            raise ConfigError(f"curate.input: {curate.input} does not exist or is not a folder")
-        found = [sub for sub in INPUT_SUBFOLDERS if folder.isdir(sub)]
+        with remote.remote_errors(curate.input, "listing curate.input"):  # e.g. access denied
+            if not folder.isdir(""):
+                raise ConfigError(f"curate.input: {curate.input} does not exist or is not a folder")
+            found = [sub for sub in INPUT_SUBFOLDERS if folder.isdir(sub)]
         if not found:
             raise ConfigError(
                 f"curate.input: {curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
@@ -108,8 +109,11 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
             for sub in found
         ]
     for number, source in enumerate(curate.sources):
-        if is_url(source.path) and not open_folder(source.path, source.storage_options).exists(""):
-            raise ConfigError(f"curate.sources.{number}.path: {source.path} does not exist")
+        if not is_url(source.path):
+            continue
+        with remote.remote_errors(source.path, f"listing curate.sources.{number}.path"):
+            if not open_folder(source.path, source.storage_options).exists(""):
+                raise ConfigError(f"curate.sources.{number}.path: {source.path} does not exist")
     sources += curate.sources
     if not sources:
         from longctx.pipeline.default_corpus import default_corpus_sources

@@ -18,13 +18,14 @@ import pytest
 import yaml
 
 from longctx import jobs
+from longctx.cli import main
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.pipeline.bpe import train_bpe
 from tests.core.test_tokenizer_specials import lay_out_hub_cache
-from tests.pipeline.test_curate import build_input, make_config, prose, python_module
+from tests.pipeline.test_curate import build_input, make_config, prose, python_module, tokenizer_file  # noqa: F401
 from tests.readme import code_blocks
-from tests.s3server import S3, s3  # noqa: F401  (the fixture)
+from tests.s3server import S3, AuthS3, s3, s3_auth  # noqa: F401  (the fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,3 +130,33 @@ def test_readme_snippet_curates_from_s3_with_a_hub_tokenizer(curated, s3: S3, tm
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
     assert documents(tmp_path / "out") == documents(curated["local"])
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_wrong_credentials_are_access_denied_naming_the_url(
+    s3_auth: AuthS3, tmp_path: Path, tokenizer_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With authentication enforced (moto's IAM), an input or a publish destination in an existing
+    bucket read with a wrong secret is one line saying access is denied, naming the URL, before any
+    work; the output folder is not created."""
+    build_input(tmp_path / "input")
+    s3fs = pytest.importorskip("s3fs")
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_auth.storage_options())
+    fs.put(str(tmp_path / "input"), f"{s3_auth.bucket}/corpus", recursive=True)
+    wrong = s3_auth.storage_options(secret="not-the-secret")
+    url = f"s3://{s3_auth.bucket}/corpus"
+    cases = {
+        "input": ({"input": url, "storage_options": wrong}, url),
+        "publish": (
+            {"output": f"s3://{s3_auth.bucket}/run", "storage_options": wrong},
+            f"s3://{s3_auth.bucket}/run",
+        ),
+    }
+    for name, (curate, named) in cases.items():
+        cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / f"out-{name}")
+        cfg["curate"] |= curate
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        assert main(["curate", "--config", str(tmp_path / f"{name}.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"longctx curate: {named}: access denied while "), err
+        assert len(err.strip().splitlines()) == 1 and "no such bucket" not in err
+        assert not (tmp_path / f"out-{name}").exists()
