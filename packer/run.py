@@ -20,6 +20,7 @@ lengths packed together) and skipped when the job runs again.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,17 @@ def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
     return layout.work / "+".join(shard_folder(Path(), n).name for n in seq_lens)
 
 
+def forget_passes(layout: RunLayout, seq_lens: list[int]) -> None:
+    """Remove the resume state (task completions) of every earlier pass that packed one of
+    ``seq_lens``: their folders were emptied, so their tasks must run again."""
+    names = {shard_folder(Path(), n).name for n in seq_lens}
+    if not names or not layout.work.is_dir():
+        return
+    for folder in layout.work.iterdir():
+        if folder.is_dir() and names & set(folder.name.split("+")):
+            shutil.rmtree(folder)
+
+
 def worker_start_method(documents: Path, tokenizer_sha256: str) -> str:
     """How local pools start the pack workers: ``"fork"`` (from this process, which has the job's
     modules imported: nothing to start) when every curated file's stored ids are of the run's
@@ -265,7 +277,9 @@ def _run_pack(
     adopt_tokenizer(source, layout)
     write_record(layout, outputs)
     for n in outputs.kept:
-        print(f"{layout.shard_folder(n)}: already packed, kept as it is", flush=True)
+        other = f" with other settings ({outputs.changed[n]})" if n in outputs.changed else ""
+        print(f"{layout.shard_folder(n)}: already packed{other}, kept as it is", flush=True)
+    forget_passes(layout, outputs.fresh)
     if outputs.to_pack:
         if plan.report is not None:
             print(format_mix_report(plan.report), flush=True)
