@@ -55,11 +55,19 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
 
 def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
     """``longctx pack`` (default settings when the config has no ``pack`` section): see
-    :func:`longctx.packer.run.run_pack`."""
+    :func:`longctx.packer.run.run_pack`. A ``tokenizer.path`` other than the run's tokenizer is refused."""
+    from longctx.core.tokenizer import resolve_tokenizer
     from longctx.packer.config import PackConfig
     from longctx.packer.run import run_pack
 
-    return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
+    configured = resolve_tokenizer(cfg.tokenizer.path) if cfg.tokenizer.path is not None else None
+    return run_pack(
+        cfg.pack or PackConfig(),
+        context=cfg.context,
+        output=cfg.output,
+        verbose=verbose,
+        tokenizer=configured,
+    )
 
 
 def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:

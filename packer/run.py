@@ -36,6 +36,7 @@ from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
 from longctx.core.runlock import run_lock
+from longctx.core.tokenizer import TokenizerFiles
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.curated import adopt_tokenizer, curated_source
@@ -44,8 +45,8 @@ from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage
 from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
 from longctx.packer.remote import publish_shards
-from longctx.packer.stage import PackDocuments, WriteManifests
-from longctx.packer.tokens import tokenizer_info
+from longctx.packer.stage import PackDocuments, WriteManifests, retokenized_documents
+from longctx.packer.tokens import check_configured_tokenizer, tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
 from longctx.pipeline.documents import document_files, file_tokenizer, source_of
 
@@ -123,7 +124,19 @@ def make_plan(
     if not source.tokenizer.is_file():
         raise ConfigError(f"no tokenizer at {source.tokenizer}; run `longctx curate` first")
     info: TokenizerInfo = tokenizer_info(source.tokenizer, pack)
-    catalogs = read_catalog(documents)
+    catalogs = read_catalog(documents, info.sha256)
+    if pack.mix:  # the mix needs the counts, which a tokenizer replaced after curation invalidates
+        files = document_files(documents)
+        stale = sorted(
+            {source_of(documents, f) for f in files if file_tokenizer(f) not in (None, info.sha256)}
+            & {name for name, fraction in pack.mix.items() if fraction > 0}
+        )
+        if stale:
+            raise ConfigError(
+                f"pack.mix: the documents of {', '.join(stale)} were curated with another tokenizer than "
+                f"{source.tokenizer}, so their token counts do not hold; curate them again with it, or "
+                "leave pack.mix out"
+            )
     specials = 1 + (info.bos_id is not None)
     mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
@@ -244,26 +257,38 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
 
 
 def run_pack(
-    pack: PackConfig, *, context: ContextConfig, output: Path, verbose: bool = False
+    pack: PackConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    verbose: bool = False,
+    tokenizer: TokenizerFiles | None = None,
 ) -> dict[int, Manifest] | None:
     """Run (or resume, or extend with new window lengths) packing of ``<output>/documents`` (or of
     the published curation ``pack.input``) into ``<output>/shards/seq<N>/``; outputs already
     finished are kept as they are.
 
-    Returns the manifest of each requested window length once the stages have run (local and Ray
-    executors), or None when they were submitted to Slurm.
+    ``tokenizer`` is the configured ``tokenizer.path``'s files, if any: they must be the run's
+    tokenizer (the one its documents were curated with). Returns the manifest of each requested window
+    length once the stages have run (local and Ray executors), or None when they were submitted to
+    Slurm.
     """
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
     with run_lock(layout.work, "pack"):  # one pack run per output folder
-        return _run_pack(pack, context, layout, verbose)
+        return _run_pack(pack, context, layout, verbose, tokenizer)
 
 
 def _run_pack(
-    pack: PackConfig, context: ContextConfig, layout: RunLayout, verbose: bool
+    pack: PackConfig,
+    context: ContextConfig,
+    layout: RunLayout,
+    verbose: bool,
+    tokenizer: TokenizerFiles | None,
 ) -> dict[int, Manifest] | None:
     """:func:`run_pack` once the run holds the output folder's lock."""
     source = curated_source(pack, layout)
+    check_configured_tokenizer(tokenizer, source)
     plan = make_plan(pack, context, layout, source)
     if pack.output is not None:
         local = not remote.is_remote(pack.output)
@@ -289,6 +314,9 @@ def _run_pack(
         here = driver_stages(todo, start)
         if not run_stages(pack.executor, stages, work, "pack", verbose, start_method=start, in_driver=here):
             return None
+        retokenized = retokenized_documents(layout, outputs.to_pack[0], pack.executor.tasks)
+        for reason, count in sorted(retokenized.items()):
+            print(f"re-tokenized {count} documents: {reason}", flush=True)
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:
         publish(layout, seq_lens, pack.output, pack.storage_options)
