@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from datatrove.data import DocumentsPipeline
+from datatrove.io import DataFolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 
@@ -275,7 +276,9 @@ def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int
 
 class FinalizeCuration(PipelineStep):
     """Single task: the merged ledger, checked against the inputs and against the files under every
-    folder source (``folder_sources``: name -> data folder), ``stats.json`` and ``stats.png``."""
+    folder source (``folder_sources``: name -> datatrove data folder, which holds its storage options
+    in its file system, where datatrove's JSON record of the step does not show them: never as a plain
+    mapping, which it would write out, credentials included), ``stats.json`` and ``stats.png``."""
 
     type = "🧾 - LEDGER"
     name = "🏁 Finalize"
@@ -284,7 +287,7 @@ class FinalizeCuration(PipelineStep):
         self,
         layout: RunLayout,
         run_info: dict[str, Any],
-        folder_sources: dict[str, Any],
+        folder_sources: dict[str, DataFolder],
         file_decisions: Path | None = None,
     ) -> None:
         super().__init__()
@@ -295,10 +298,7 @@ class FinalizeCuration(PipelineStep):
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
-        listed = {
-            name: count_files(list_tree(open_folder(*location)))
-            for name, location in self.folder_sources.items()
-        }
+        listed = {name: count_files(list_tree(folder)) for name, folder in self.folder_sources.items()}
         check_file_counts(ledger, listed)
         write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
@@ -484,7 +484,7 @@ def build_stages(
     ]
     stages.append(("write", write, tasks))
     folder_sources = {
-        s.name: (s.path, dict(s.storage_options) or None) for s in sources if s.kind in FOLDER_KINDS
+        s.name: open_folder(s.path, s.storage_options) for s in sources if s.kind in FOLDER_KINDS
     }
     stages.append(("finalize", [FinalizeCuration(layout, run_info, folder_sources, file_decisions)], 1))
     if curate.synthetic is not None:
@@ -531,6 +531,7 @@ def _run_curation(
         check_publish_destination(curate.output, layout, curate.storage_options)
     sources = resolve_sources(curate, layout)
     check_outside_inputs(curate, sources, layout)
+    check_no_credentials_for_slurm(curate)
     files = find_tokenizer(tokenizer)
     resolved_specials = check_specials(files, dict(specials or {}))
     fingerprint = run_fingerprint(
@@ -573,6 +574,25 @@ def _run_curation(
             flush=True,
         )
     return json.loads(layout.stats.read_text(encoding="utf-8"))
+
+
+def check_no_credentials_for_slurm(curate: CurateConfig) -> None:
+    """Refuse credentials in ``storage_options`` for a job submitted to Slurm: datatrove pickles the
+    job's steps, with their file systems and so the credentials, into ``executor.pik`` files in the
+    run folder for the Slurm tasks to load. Locally (and on Ray) they reach the workers in memory."""
+    if curate.executor.kind != "slurm":
+        return
+    given = [("curate.storage_options", curate.storage_options)]
+    given += [
+        (f"curate.sources.{n}.storage_options", s.storage_options) for n, s in enumerate(curate.sources)
+    ]
+    for key, options in given:
+        found = remote.credential_keys(options)
+        if found:
+            raise ConfigError(
+                f"{key}: {', '.join(found)} would be written to disk in the job datatrove submits to Slurm; "
+                "give the Slurm jobs their credentials through the environment (AWS_ACCESS_KEY_ID...) instead"
+            )
 
 
 def check_outside_inputs(curate: CurateConfig, sources: list[SourceConfig], layout: RunLayout) -> None:

@@ -25,7 +25,7 @@ from longctx.pipeline.bpe import train_bpe
 from tests.core.test_tokenizer_specials import lay_out_hub_cache
 from tests.pipeline.test_curate import build_input, make_config, prose, python_module, tokenizer_file  # noqa: F401
 from tests.readme import code_blocks
-from tests.s3server import S3, AuthS3, s3, s3_auth  # noqa: F401  (the fixtures)
+from tests.s3server import S3, AuthS3, remote_files, s3, s3_auth  # noqa: F401  (the fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,3 +160,80 @@ def test_wrong_credentials_are_access_denied_naming_the_url(
         assert err.startswith(f"longctx curate: {named}: access denied while "), err
         assert len(err.strip().splitlines()) == 1 and "no such bucket" not in err
         assert not (tmp_path / f"out-{name}").exists()
+
+
+SECRET = "sEcReT-never-on-disk-7f3a9c"
+KEY_ID = "AKIDNEVERONDISK7F3A9C"
+
+
+@pytest.mark.slow
+def test_credentials_in_storage_options_never_reach_a_file(
+    s3: S3, tmp_path: Path, tokenizer_file: Path
+) -> None:
+    """`curate` from S3 and publishing to it, then `pack` publishing its shards, with the key and
+    secret in storage_options: neither appears in any file the runs write (run folder, logs, run
+    records, datatrove's executor.json records, work/, the temporary folder), on the console, or in
+    anything published. (datatrove's executor.json of the finalize stage held them in plain text.)"""
+    build_input(tmp_path / "input")
+    bucket = s3.bucket("creds")
+    s3.fs().put(str(tmp_path / "input"), f"{bucket}/corpus", recursive=True)
+    options = {"key": KEY_ID, "secret": SECRET, "client_kwargs": {"endpoint_url": s3.endpoint}}
+    cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out")
+    cfg["curate"] |= {
+        "input": f"s3://{bucket}/corpus",
+        "output": f"s3://{bucket}/run",
+        "storage_options": options,
+    }
+    cfg["pack"] = {
+        "seq_lens": [256],
+        "output": f"s3://{bucket}/shards",
+        "storage_options": options,
+        "executor": {"tasks": 2},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    system_tmp = tmp_path / "tmp"
+    system_tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(system_tmp)}
+    console = ""
+    for command in ("curate", "pack"):
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.cli", command, "--config", str(tmp_path / "run.yaml")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        console += done.stdout + done.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and not p.is_relative_to(tmp_path / "input")]
+    written = [p for p in written if p != tmp_path / "run.yaml"]  # the test's own config
+    assert any(p.name == "executor.json" for p in written) and any(p.suffix == ".arrow" for p in written)
+    for secret in (SECRET, KEY_ID):
+        assert secret not in console
+        leaks = [str(p) for p in written if secret.encode() in p.read_bytes()]
+        assert leaks == [], f"{secret} written to {leaks}"
+        published = remote_files(s3, f"s3://{bucket}")
+        assert "run/curation.json" in published and "shards/seq256/manifest.json" in published
+        assert [name for name, data in published.items() if secret.encode() in data] == []
+
+
+def test_credentials_for_a_slurm_job_are_refused(tmp_path: Path, tokenizer_file: Path) -> None:
+    """datatrove pickles a Slurm job's steps, file systems and their credentials included, into the run
+    folder: credentials in storage_options are refused for Slurm, before anything is written."""
+    build_input(tmp_path / "input")
+    cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out")
+    cfg["curate"]["executor"] = {"kind": "slurm", "slurm": {"partition": "any"}}
+    cfg["curate"]["sources"] = [
+        {
+            "name": "more",
+            "kind": "books",
+            "path": str(tmp_path / "input" / "books"),
+            "storage_options": {"client_kwargs": {"aws_secret_access_key": SECRET}},
+        }
+    ]
+    with pytest.raises(ConfigError) as err:
+        jobs.curate(parse_config(cfg))
+    assert str(err.value).startswith(
+        "curate.sources.0.storage_options: client_kwargs.aws_secret_access_key would be written to disk "
+    )
+    assert SECRET not in str(err.value) and not (tmp_path / "out").exists()
