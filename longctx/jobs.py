@@ -24,9 +24,10 @@ if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fa
     from longctx.trainer.train import TrainResult
 
 
-def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`. The special tokens
-    the run's ``pack`` section asks for are checked before curation starts."""
+def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> dict[str, Any] | None:
+    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation` (``update``: curate the
+    run anew over inputs changed since it started). The special tokens the run's ``pack`` section
+    asks for are checked before curation starts."""
     from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
 
@@ -39,6 +40,7 @@ def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
         output=cfg.output,
         specials=specials,
         verbose=verbose,
+        update=update,
     )
 
 

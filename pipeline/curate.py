@@ -52,7 +52,7 @@ from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
-from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.run_record import check_same_run, config_hash, recorded_inputs
 from longctx.core.runlock import run_lock
 from longctx.core.tokenizer import (
     BOS_TOKEN,
@@ -69,6 +69,7 @@ from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolve
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
+from longctx.pipeline.inputs import check_inputs, list_inputs, mark_changes
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.publish import publish_curation
@@ -300,8 +301,11 @@ class FinalizeCuration(PipelineStep):
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
         listed = {name: count_files(list_tree(folder)) for name, folder in self.folder_sources.items()}
         check_file_counts(ledger, listed)
+        ledger, update = mark_changes(self.layout, ledger)
         write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
+        if update is not None:
+            summary["update"] = update
         if self.file_decisions is not None:
             summary["file_dedup"] = summarize_file_decisions(self.file_decisions, ledger)
         write_json(self.layout.stats, summary)
@@ -503,8 +507,12 @@ def run_curation(
     output: Path,
     specials: dict[str, Any] | None = None,
     verbose: bool = False,
+    update: bool = False,
 ) -> dict[str, Any] | None:
     """Run (or resume) curation into the run folder ``output``.
+
+    The run's input files are part of its identity (:mod:`longctx.pipeline.inputs`): when they
+    changed since the run started, it is refused, or with ``update`` curated anew over them.
 
     ``specials`` are the special-token settings the next job (pack) will frame documents with
     (``eos``, ``bos``, ``pad``; None or missing: what the tokenizer declares); they are checked
@@ -513,33 +521,43 @@ def run_curation(
     """
     output = Path(output)
     check_output_folder(output)
-    with run_lock(RunLayout(output, "curate").work, "curate"):  # one curation per output folder
-        return _run_curation(curate, context, tokenizer, output, specials, verbose)
+    layout = RunLayout(output, "curate")
+    sources = resolve_sources(curate, layout)
+    check_outside_inputs(curate, sources, layout)  # before the lock, which would write there
+    check_no_credentials_for_slurm(curate)
+    with run_lock(layout.work, "curate"):  # one curation per output folder
+        return _run_curation(curate, context, tokenizer, layout, sources, specials, verbose, update)
 
 
 def _run_curation(
     curate: CurateConfig,
     context: ContextConfig,
     tokenizer: TokenizerConfig,
-    output: Path,
+    layout: RunLayout,
+    sources: list[SourceConfig],
     specials: dict[str, Any] | None,
     verbose: bool,
+    update: bool,
 ) -> dict[str, Any] | None:
-    """:func:`run_curation` once the run holds the output folder's lock."""
-    layout = RunLayout(output, "curate")
+    """:func:`run_curation` of ``sources`` once the run holds the output folder's lock."""
+    output = layout.root
     if curate.output is not None:
         check_publish_destination(curate.output, layout, curate.storage_options)
-    sources = resolve_sources(curate, layout)
-    check_outside_inputs(curate, sources, layout)
-    check_no_credentials_for_slurm(curate)
     files = find_tokenizer(tokenizer)
     resolved_specials = check_specials(files, dict(specials or {}))
     fingerprint = run_fingerprint(
         curate, context.target, sources, tokenizer_identity(tokenizer, files), resolved_specials
     )
+    embedded = curate.input is None and not curate.sources  # the run's own corpus: not an input
+    inputs = None
+    if not embedded:
+        recorded = recorded_inputs(layout) or []
+        inputs = list_inputs(sources, rehash={entry[0] for entry in recorded if entry[3]})
     try:
-        check_same_run(layout, fingerprint, layout.root, fresh=False)
-        if curate.input is None and not curate.sources:
+        check_same_run(layout, fingerprint, layout.root, fresh=False, inputs=inputs)
+        if inputs is not None:
+            check_inputs(layout, sources, inputs, update=update)
+        if embedded:
             from longctx.pipeline.default_corpus import build_default_corpus
 
             build_default_corpus(layout.default_corpus)

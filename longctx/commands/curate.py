@@ -39,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="curate the run again when its input files changed since it started (added, removed or "
+        "rewritten files; otherwise refused), marking the changes in the ledger's change column",
+    )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
     parser.set_defaults(func=run)
 
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         },
     )
     start = time.monotonic()
-    summary = jobs.curate(cfg, verbose=args.verbose)
+    summary = jobs.curate(cfg, verbose=args.verbose, update=args.update)
     if summary is None:
         print(f"curation submitted; results will be in {cfg.output}")
         return 0

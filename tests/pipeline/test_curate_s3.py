@@ -237,3 +237,32 @@ def test_credentials_for_a_slurm_job_are_refused(tmp_path: Path, tokenizer_file:
         "curate.sources.0.storage_options: client_kwargs.aws_secret_access_key would be written to disk "
     )
     assert SECRET not in str(err.value) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_changed_objects_of_an_s3_input_are_refused_then_updated(
+    s3: S3, tmp_path: Path, tokenizer_file: Path
+) -> None:
+    """Inputs in object storage are recorded by the listing's size, ETag and modification time: an
+    object rewritten with bytes of the same length is seen (its ETag changed), and `--update`
+    curates the change."""
+    build_input(tmp_path / "input")
+    bucket = s3.bucket("inputs")
+    fs = s3.fs()
+    fs.put(str(tmp_path / "input"), f"{bucket}/corpus", recursive=True)
+    cfg = make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out")
+    cfg["curate"] |= {"input": f"s3://{bucket}/corpus", "storage_options": s3.storage_options}
+    jobs.curate(parse_config(cfg))
+    record = json.loads((tmp_path / "out" / "work" / "curate" / "run.json").read_text())
+    entry = next(e for e in record["inputs"] if e[0] == "books/other_novel.txt")
+    assert entry[3] == fs.info(f"{bucket}/corpus/books/other_novel.txt")["ETag"].strip('"')
+    text = fs.cat_file(f"{bucket}/corpus/books/other_novel.txt")
+    fs.pipe_file(f"{bucket}/corpus/books/other_novel.txt", text.replace(b"alpha", b"gamma"))
+    url = f"s3://{bucket}/corpus/books/other_novel.txt"
+    with pytest.raises(
+        ConfigError, match=rf"^{url} was changed since .* \(1 changed\); run `longctx curate --update`"
+    ):
+        jobs.curate(parse_config(cfg))
+    summary = jobs.curate(parse_config(cfg), update=True)
+    assert summary["update"]["units"]["changed"] == ["books/other_novel.txt"]
+    assert ledger(tmp_path / "out")["books/other_novel.txt"]["change"] == "changed"
