@@ -117,7 +117,7 @@ def start_update(layout: RunLayout, changes: InputChanges, sources: list[SourceC
     meanwhile is taken up again by the next ``--update``."""
     state = _update_state(layout)
     if layout.ledger.is_file():
-        columns = ["id", "path", "outcome", "reason", "duplicate_of"]
+        columns = ["id", "path", "outcome", "reason", "duplicate_of", "chars", "tokens"]
         previous: dict[str, Any] = {
             "units": read_parquet(layout.ledger).select(columns).to_pylist(),
             "files": {},
@@ -151,11 +151,12 @@ def mark_changes(layout: RunLayout, ledger: pa.Table) -> tuple[pa.Table, dict[st
     when it had none), and the update's summary for ``stats.json`` (None without one).
 
     A unit is ``added`` when the last curation had no row for it, ``changed`` when one of its input
-    files was added, removed or changed (its ledger id or its location holds the file), and
-    ``outcome_changed`` when its files are the same but what became of it is not (it is now a
-    duplicate of an added document, or no longer one of a removed one)."""
+    files was added, removed or changed (its ledger id or its location holds the file) or its text
+    is not as long as it was (a row of a JSONL or Parquet file), and ``outcome_changed`` when its
+    files are the same but what became of it is not (it is now a duplicate of an added document, or
+    no longer one of a removed one)."""
     state = _update_state(layout)
-    rows = ledger.select(["id", "path", "outcome", "reason", "duplicate_of"]).to_pylist()
+    rows = ledger.select(["id", "path", "outcome", "reason", "duplicate_of", "chars", "tokens"]).to_pylist()
     if not state.is_file():
         return ledger.append_column(CHANGE_COLUMN, pa.array([""] * len(rows), pa.string())), None
     note = json.loads(state.read_text(encoding="utf-8"))
@@ -167,7 +168,11 @@ def mark_changes(layout: RunLayout, ledger: pa.Table) -> tuple[pa.Table, dict[st
         old = before.get(row["id"])
         if old is None:
             marks.append("added")
-        elif _inside(row["id"], paths) or (row["path"] and _inside(row["path"], locations)):
+        elif (
+            _inside(row["id"], paths)
+            or (row["path"] and _inside(row["path"], locations))
+            or any(old.get(k, row[k]) != row[k] for k in ("chars", "tokens"))
+        ):
             marks.append("changed")
         elif any(old[k] != row[k] for k in ("outcome", "reason", "duplicate_of")):
             marks.append("outcome_changed")

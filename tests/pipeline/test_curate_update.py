@@ -202,3 +202,31 @@ def test_the_cli_refuses_in_one_line_and_updates_with_the_flag(
     out = capsys.readouterr().out
     assert "update (1 removed input files): units 1 removed (books/two.txt)" in out
     assert set(ledger(output)) == {"books/one.txt"}
+
+
+def test_rows_of_a_changed_jsonl_file_are_marked_one_by_one(tmp_path: Path, tokenizer: Path) -> None:
+    """A JSONL source is recorded by its files; after an update, the rows whose text changed are
+    ``changed``, new rows ``added``, the others unmarked."""
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    texts = {f"r{i}": prose(60 + i, 300) for i in range(3)}
+
+    def write(texts: dict[str, str]) -> None:
+        (rows / "a.jsonl").write_text(
+            "".join(json.dumps({"id": k, "text": v}) + "\n" for k, v in texts.items())
+        )
+
+    write(texts)
+    cfg = config(tmp_path / "unused", tokenizer, tmp_path / "out")
+    del cfg["curate"]["input"]
+    cfg["curate"]["sources"] = [{"name": "rows", "kind": "jsonl", "path": str(rows), "min_tokens": 10}]
+    jobs.curate(parse_config(cfg))
+    write(texts | {"r1": prose(77, 320), "r9": prose(9, 300)})
+    check_refused(cfg, tmp_path / "out", rows / "a.jsonl", "changed", "1 changed")
+    jobs.curate(parse_config(cfg), update=True)
+    assert {k: r["change"] for k, r in ledger(tmp_path / "out").items()} == {
+        "rows/r0": "",
+        "rows/r1": "changed",
+        "rows/r2": "",
+        "rows/r9": "added",
+    }
