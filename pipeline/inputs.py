@@ -1,7 +1,7 @@
 """A curation's input files are part of the run: recorded when it starts, compared when it runs again.
 
-Every file under the run's sources (folders listed as the readers list them, without following
-links; for JSONL and Parquet sources the files their glob selects) is recorded in the run record
+Every file under the run's sources (every entry but folders, links not followed; for JSONL and
+Parquet sources the files their glob selects) is recorded in the run record
 (:data:`~longctx.core.run_record.INPUTS`) with its size and modification time as the file system
 gives them, and a content tag where one is cheap: S3's ETag (GCS's MD5) from the listing, or, for a
 local file modified within :data:`RACY_SECONDS` of the listing (whose modification time could still
@@ -19,6 +19,7 @@ ones removed, and the files. The record then holds the new inputs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -47,31 +48,56 @@ UNCHANGED_WORK = frozenset({"run.json", ".lock", "update.json"})
 """What an update keeps of the job's work folder (the rest is resume state of the old inputs)."""
 
 
+def _local_files(root: str) -> list[tuple[str, int, int, bool]]:
+    """Every entry but folders under the local folder ``root``, links not followed: relative path,
+    size, modification time (ns) and whether it is a regular file. (``os.scandir``: about 4x as fast
+    as fsspec's walk, 2.5 s for 50,000 files on the 2-core machine; the readers list with fsspec.)"""
+    found, stack = [], [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # unreadable: the readers record it as such
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+                continue
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            rel = os.path.relpath(entry.path, root).replace(os.sep, "/")
+            found.append((rel, stat.st_size, stat.st_mtime_ns, entry.is_file(follow_symlinks=False)))
+    return found
+
+
 def list_inputs(sources: list[SourceConfig], rehash: set[str] = frozenset()) -> list[list[Any]]:
     """Every input file of ``sources`` as a record entry ``[source/path, size, mtime, hash]``, sorted;
     ``rehash``: paths hashed in the record, which are hashed again to be compared."""
-    listed_at = time.time()
+    listed_at_ns = time.time_ns()
     found = []
     for source in sources:
         folder = open_folder(source.path, source.storage_options)
         with remote.remote_errors(source.path, "listing the input"):
-            if not folder.is_local():  # fsspec keeps listings per file system, and file systems per process
-                folder.fs.invalidate_cache()
-            entries = list_tree(folder)
             selected = None
             if source.kind in GLOB_KINDS:
                 glob = source.glob or GLOB_KINDS[source.kind]
                 selected = set(folder.list_files(recursive=True, glob_pattern=glob))
-        for entry in entries:
-            if entry.kind == "dir" or (selected is not None and entry.path not in selected):
+            if folder.is_local():
+                root = folder.resolve_paths("")
+                for rel, size, mtime_ns, regular in _local_files(root):
+                    if selected is not None and rel not in selected:
+                        continue
+                    path = f"{source.name}/{rel}"
+                    recent = mtime_ns >= listed_at_ns - RACY_SECONDS * 1e9
+                    digest = file_xxh3(Path(root) / rel) if regular and (recent or path in rehash) else ""
+                    found.append([path, size, str(mtime_ns), digest])
                 continue
-            path = f"{source.name}/{entry.path}"
-            digest = entry.etag
-            if not digest and folder.is_local() and entry.kind == "file":
-                recent = entry.mtime and float(entry.mtime) >= listed_at - RACY_SECONDS
-                if recent or path in rehash:
-                    digest = file_xxh3(Path(folder.resolve_paths(entry.path)))
-            found.append([path, entry.size, entry.mtime, digest])
+            folder.fs.invalidate_cache()  # fsspec keeps listings per file system, file systems per process
+            for entry in list_tree(folder):
+                if entry.kind != "dir" and (selected is None or entry.path in selected):
+                    found.append([f"{source.name}/{entry.path}", entry.size, entry.mtime, entry.etag])
     return sorted(found)
 
 
