@@ -35,7 +35,7 @@ from longctx.core.lifetime import (
 )
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
-from longctx.core.workers import job_processes, start_forkserver
+from longctx.core.workers import job_processes, start_forkserver, start_resource_tracker
 
 Stage = tuple[str, list[PipelineStep], int]
 """A stage of a job: its name, its pipeline and its number of tasks."""
@@ -268,6 +268,8 @@ def run_stages(
             last.run()
             return cfg.kind != "slurm"
         with job_processes(pipelines, work):
+            if pooled:  # before any pool: a tracker that dies with this process
+                start_resource_tracker()
             if pooled and start_method == "forkserver":
                 # it imports the job's modules (~2 s of CPU) on another core while this process runs
                 # the stages before the first pool; its workers' stderr is the console log

@@ -11,13 +11,13 @@ So every process started on the driver's behalf asks the kernel to kill it when 
   server, and the pool workers of a job run with ``start_method="fork"``) do it in an
   ``os.register_at_fork`` hook;
 * helper processes the driver starts from a fresh interpreter with :data:`DRIVER_ENV` set (the
-  job's forkserver, which imports this module first) arm the same as soon as they import this
-  module (:func:`die_with_driver`), and make every process they fork (the pool workers) die with
-  them, so the chain driver -> forkserver -> worker unwinds at once; multiprocess's resource
-  tracker, whose pipe every one of them holds, then reads its end, unlinks the semaphores they
-  left and exits. (Left to itself, the forkserver would exit when the driver's end of its pipe
-  closes, but only after tearing down every module it imported: 0.2-4 s, while its workers run on.)
-  Pool workers also arm :func:`die_with_parent` when they pick up a task.
+  job's forkserver and multiprocess's resource tracker, which import this module first) arm the
+  same as soon as they import this module (:func:`die_with_driver`), and make every process they
+  fork (the pool workers) die with them, so the chain driver -> forkserver -> worker unwinds at
+  once. (Left to itself, the forkserver would exit when the driver's end of its pipe closes, but
+  only after tearing down every module it imported: 0.2-4 s, while its workers run on, and the
+  tracker waits for all of them.) Pool workers also arm :func:`die_with_parent` when they pick up
+  a task.
 
 Work a killed task leaves half done (a shard's temporary file) is removed when the job runs again.
 While a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
@@ -153,4 +153,4 @@ def process_exists(pid: int) -> bool:
     return True
 
 
-die_with_driver()  # first thing a helper process does (the forkserver imports this module first)
+die_with_driver()  # first thing a helper process does (the forkserver and tracker import this first)

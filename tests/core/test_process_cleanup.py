@@ -114,7 +114,7 @@ def _command_lines(pids: list[int]) -> list[str]:
     found = []
     for pid in pids:
         try:
-            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:100])
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
         except OSError:
             continue
     return found
