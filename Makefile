@@ -7,21 +7,36 @@ BIN := $(VENV)/bin
 # torch into $(VENV) before `make setup`, or set TORCH_SPEC.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup demo test bench gpu-check gpu-wheels clean
+.PHONY: setup demo test lint docs bench gpu-check gpu-wheels clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The package alone: all the demo needs (the test extra, moto, wandb, boto3..., is for `make test`).
+$(VENV)/.installed-base: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-base
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-demo: setup
+demo: $(VENV)/.installed-base
 	$(BIN)/longctx demo
 
-test: setup
+# Lint first: a style finding stops `make test` (CI's command) before the suite runs.
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+# The project's style, configured in pyproject.toml ([tool.ruff], 110 columns): lint and formatting.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# docs/configuration.md from the config models (tests/docs/test_config_reference.py fails when it is stale).
+docs: setup
+	$(BIN)/python -m longctx.config_reference docs/configuration.md
 
 bench: setup
 	for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
@@ -31,7 +46,7 @@ gpu-check: setup
 	$(BIN)/python tests/benchmarks/gpu_suite.py --out runs/gpu_suite.json
 
 # Wheels for a GPU machine that has PyTorch but cannot install packages (pydantic and its needs, and
-# this checkout's own wheel), checked for a complete dependency set; see README's "GPU check".
+# this checkout's own wheel), checked for a complete dependency set; see docs/gpu-check.md.
 gpu-wheels: setup
 	$(BIN)/python tests/benchmarks/gpu_wheels.py download --dest .whl
 

@@ -4,6 +4,7 @@
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
+      chat_template.jinja      its chat template, when it has one in this file (kept for the export)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       curation.json            the curated files and their checksums, when curation publishes them
@@ -67,14 +68,34 @@ class RunLayout:
     def default_corpus(self) -> Path:
         return self.root / "corpus"
 
+    @classmethod
+    def of_shard_folder(cls, folder: Path) -> RunLayout:
+        """The run a ``<output>/shards/seq<N>`` folder belongs to (when it is one)."""
+        return cls(folder.parent.parent)
+
     @property
     def tokenizer(self) -> Path:
         return self.root / "tokenizer.json"
+
+    def tokenizer_file(self, configured: Path | None = None) -> Path | None:
+        """The tokenizer the run's shards were packed with: the run's ``tokenizer.json`` (curation copies
+        or trains it there), else ``configured`` (the config's ``tokenizer.path`` as a local file)."""
+        return self.tokenizer if self.tokenizer.is_file() else configured
 
     @property
     def tokenizer_config(self) -> Path:
         """The ``tokenizer_config.json`` beside the run's tokenizer (its special tokens)."""
         return self.root / "tokenizer_config.json"
+
+    @property
+    def chat_template(self) -> Path:
+        """The tokenizer's chat template, when it keeps it in a file of its own (transformers >= 4.47)."""
+        return self.root / "chat_template.jinja"
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, Path, Path]:
+        """Every file of the run's tokenizer: ``tokenizer.json``, then the side files that may be absent."""
+        return (self.tokenizer, self.tokenizer_config, self.chat_template)
 
     @property
     def documents(self) -> Path:
@@ -106,6 +127,11 @@ class RunLayout:
         """The shard folder of windows of ``seq_len`` tokens."""
         return shard_folder(self.shards, seq_len)
 
+    def training_shards(self, configured: str | None, target: int) -> str | Path:
+        """The shards training reads: ``configured`` (``train.shards``: a folder or an fsspec URL), else
+        the packer's windows of the ``target`` context (``shards/seq<target>``)."""
+        return configured or self.shard_folder(target)
+
     @property
     def train(self) -> Path:
         return self.root / "train"
@@ -133,6 +159,11 @@ class RunLayout:
     def wandb_run_id(self) -> Path:
         """The W&B run id of this training run, kept so that a resumed run logs to the same run."""
         return self.wandb / "run_id"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches (``train.kernels.compile``), reused when the run resumes."""
+        return self.train / "compile_cache"
 
     @property
     def final_model(self) -> Path:

@@ -6,29 +6,46 @@ parts read (``context``, ``tokenizer``) come from ``longctx.core.config``. :clas
 assembles them, and each command hands every job only its own section and what it needs besides.
 
 Every section forbids unknown keys, so a typo (``min_token`` for ``min_tokens``) is an error naming
-the key and a suggestion, never a silently ignored setting. Paths must exist where a section says
-so; relative paths are taken relative to the current working directory.
+the key and a suggestion, never a silently ignored setting: the whole file is checked when it is
+read, and sections that disagree with each other are refused at load, before any job starts
+(:func:`check_sections`). What a section names outside the file (paths that must exist, optional
+extras) is checked by :func:`check_world` for the sections a job uses (``longctx.jobs``), so that a
+missing ``train.model.hf_path`` stops ``longctx train``, not ``longctx curate``. Relative paths are
+taken relative to the current working directory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from longctx.core.config import ContextConfig, StrictModel, TokenizerConfig, validate_section
+from longctx.core.config import (
+    ContextConfig,
+    StrictModel,
+    TokenizerConfig,
+    format_problems,
+    validate_section,
+    world_problems,
+)
 from longctx.core.errors import ConfigError
+from longctx.core.remote import is_remote
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
-from longctx.trainer.config import EvalConfig, TrainConfig
+from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
+from longctx.trainer.mesh import MeshShape
 
 
 class RootConfig(StrictModel):
     """A whole run."""
 
-    output: Path = Path("runs/default")
+    output: Path = Field(
+        default=Path("runs/default"),
+        description="the run folder: documents, tokenizer, shards, checkpoints, model and evaluations",
+    )
     context: ContextConfig
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     curate: CurateConfig = Field(default_factory=CurateConfig)
@@ -36,12 +53,68 @@ class RootConfig(StrictModel):
     train: TrainConfig | None = None
     eval: EvalConfig | None = None
 
+    _origin: str = PrivateAttr(default="the run config")  # named in errors: the file it was read from
+
+
+LOCAL_RUN_FOLDER = (
+    "the run folder holds resume state, locks and temporary files, which object storage cannot hold "
+    "safely, so it is a local path; jobs publish their results to object storage instead: curate.output "
+    "(`longctx curate --publish URL`), pack.output (`longctx pack --publish URL`), train.export.output"
+)
+"""Why ``output`` (``--output``) is never a URL, and what to use instead."""
+
 
 def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
-    """Validate a config mapping; raise :class:`ConfigError` naming every bad key."""
+    """Validate a config mapping; raise :class:`ConfigError` naming every bad key, or the first
+    pair of sections that disagree."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return validate_section(RootConfig, data, origin)
+    if isinstance(data.get("output"), str) and is_remote(data["output"]):
+        raise ConfigError(f"{origin}: output {data['output']} is a URL; {LOCAL_RUN_FOLDER}")
+    cfg = validate_section(RootConfig, data, origin)
+    check_sections(cfg, origin)
+    cfg._origin = origin
+    return cfg
+
+
+def check_sections(cfg: RootConfig, origin: str) -> None:
+    """Refuse sections that disagree with each other, in one line that names both keys, so that a run
+    that would fail in a later job (training after curation and packing) fails before the first.
+
+    The rules are their owners': the window length a ``train.cp`` can split is the mesh's
+    (:meth:`~longctx.trainer.mesh.MeshShape.check_window`), the shard folder training reads is the run
+    layout's, ``base`` needing a train section is evaluation's. A section left out (None) is not
+    checked.
+    """
+    train, pack, context = cfg.train, cfg.pack, cfg.context
+    try:
+        if train is not None and train.shards is None:  # training reads <output>/shards/seq<target>
+            if pack is not None and context.target not in pack.resolved_seq_lens(context.target):
+                raise ConfigError(
+                    f"train.shards is unset, so training reads the windows of context.target = "
+                    f"{context.target} tokens, and pack.seq_lens {pack.seq_lens} does not build them: add "
+                    f"{context.target} to pack.seq_lens, or set train.shards"
+                )
+            MeshShape.check_window(context.target, train.cp, length_key="context.target", cp_key="train.cp")
+        if cfg.eval is not None:
+            check_base_model(cfg.eval.models, train)
+    except ConfigError as err:
+        raise ConfigError(f"{origin}: {err}") from None
+
+
+def check_world(cfg: RootConfig, sections: Iterable[str]) -> None:
+    """Refuse a run whose ``sections`` (dotted keys such as ``curate`` or ``train.model``; absent ones
+    are skipped) name a path that does not exist or an optional extra that is not installed: a
+    :class:`ConfigError` naming every such key. Each job checks the sections it uses before any work."""
+    problems = []
+    for dotted in sections:
+        section: Any = cfg
+        for name in dotted.split("."):
+            section = getattr(section, name) if section is not None else None
+        if section is not None:
+            problems += world_problems(section, dotted)
+    if problems:  # a section inside another one checked too (train and train.model) is named once
+        raise ConfigError(format_problems(cfg._origin, dict.fromkeys(problems)))
 
 
 def _refuse_duplicate_keys(

@@ -14,11 +14,15 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from longctx.config import RootConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.text import plural
+
+if TYPE_CHECKING:
+    from longctx.packer.manifest import Manifest
 
 
 @contextlib.contextmanager
@@ -28,9 +32,18 @@ def packaged_config() -> Iterator[Path]:
         yield path
 
 
-def _stage(number: int, total: int, name: str) -> float:
-    print(f"\n=== [{number}/{total}] {name} ===", flush=True)
-    return time.monotonic()
+STAGES = 6
+"""Stages of the demo, numbered in their titles."""
+
+
+@contextlib.contextmanager
+def _stage(number: int, name: str, timings: dict[str, float] | None = None, key: str = "") -> Iterator[None]:
+    """Print the stage's title; with ``timings``, record its seconds under ``key``."""
+    print(f"\n=== [{number}/{STAGES}] {name} ===", flush=True)
+    started = time.monotonic()
+    yield
+    if timings is not None:
+        timings[key] = time.monotonic() - started
 
 
 def _train_done(layout: RunLayout, steps: int) -> bool:
@@ -48,7 +61,7 @@ def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
 
     args = ["train", "--config", str(config_path), "--output", str(output)]
     if launch_training(nproc, args, output) != 0:
-        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {nproc} ranks)")
+        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {plural(nproc, 'rank')})")
 
 
 def sparkline(values: list[float]) -> str:
@@ -64,51 +77,78 @@ def sparkline(values: list[float]) -> str:
 def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[str, Any]:
     """Run every stage (reusing finished ones) and return the summary it prints."""
     from longctx import jobs
-    from longctx.packer.validate import validate_folder
 
     if cfg.pack is None or cfg.train is None or cfg.eval is None:
         raise ConfigError(f"{config_path}: the demo needs pack, train and eval sections")
     layout = RunLayout(cfg.output)
-    total, started = 6, time.monotonic()
-    timings: dict[str, float] = {}
+    started, timings = time.monotonic(), {}
+    with _stage(1, "curate", timings, "curate"):
+        curated = jobs.curate(cfg, verbose=verbose)
+    with _stage(2, f"pack {cfg.pack.resolved_seq_lens(cfg.context.target)}", timings, "pack"):
+        manifests = jobs.pack(cfg, verbose=verbose)
+    with _stage(3, "validate shards", timings, "validate"):
+        _validate_shards(layout, manifests)
+    train_title = (
+        f"train ({plural(cfg.train.cp, 'CPU rank')}, ring attention, {plural(cfg.train.steps, 'step')})"
+    )
+    with _stage(4, train_title, timings, "train"):
+        trained_before = _train(cfg, config_path, layout)
+    with _stage(5, f"evaluate ({' vs '.join(cfg.eval.models)})", timings, "eval"):
+        evaluation = _evaluate(cfg, reuse=trained_before)
+    with _stage(6, "summary"):
+        timings["total"] = time.monotonic() - started
+        summary = _summary(layout, curated, manifests, evaluation, timings)
+        print(format_demo_summary(cfg, summary), flush=True)
+    return summary
 
-    t = _stage(1, total, "curate")
-    curated = jobs.curate(cfg, verbose=verbose)
-    timings["curate"] = time.monotonic() - t
 
-    t = _stage(2, total, f"pack {cfg.pack.resolved_seq_lens(cfg.context.target)}")
-    manifests = jobs.pack(cfg, verbose=verbose)
-    timings["pack"] = time.monotonic() - t
+def _validate_shards(layout: RunLayout, manifests: dict[int, Manifest]) -> None:
+    """Check every invariant of every packed folder (``longctx inspect --validate``)."""
+    from longctx.packer.validate import validate_folder
 
-    t = _stage(3, total, "validate shards")
     for seq_len, manifest in manifests.items():
         folder = layout.shard_folder(seq_len)
         violations = validate_folder(folder, layout.tokenizer)
         if violations:
             raise RuntimeError(f"{folder} failed validation:\n" + "\n".join(str(v) for v in violations[:10]))
-        print(f"  {folder}: {manifest.rows} windows, all invariants hold", flush=True)
-    timings["validate"] = time.monotonic() - t
+        print(f"  {folder}: {plural(manifest.rows, 'window')}, all invariants hold", flush=True)
 
-    t = _stage(4, total, f"train ({cfg.train.cp} CPU ranks, ring attention, {cfg.train.steps} steps)")
-    trained_before = _train_done(layout, cfg.train.steps)
-    if trained_before:
+
+def _train(cfg: RootConfig, config_path: Path, layout: RunLayout) -> bool:
+    """Train on ``train.cp`` CPU ranks, unless an earlier run finished; returns whether it had."""
+    assert cfg.train is not None  # run_demo checks the sections
+    if _train_done(layout, cfg.train.steps):
         print("  finished in an earlier run; reusing its checkpoint", flush=True)
-    else:
-        _launch_training(config_path, cfg.output, cfg.train.cp)
-    timings["train"] = time.monotonic() - t
+        return True
+    _launch_training(config_path, cfg.output, cfg.train.cp)
+    return False
 
-    t = _stage(5, total, f"evaluate ({' vs '.join(cfg.eval.models)})")
-    evaluation = jobs.latest_evaluation(cfg) if trained_before else None
+
+def _evaluate(cfg: RootConfig, *, reuse: bool) -> dict[str, Any]:
+    """Evaluate base and trained model and print the loss table; with ``reuse`` (training finished in
+    an earlier run) an evaluation made since with the same settings is shown instead."""
+    from longctx import jobs
+
+    evaluation = jobs.latest_evaluation(cfg) if reuse else None
     if evaluation is not None:
         print(f"  finished in an earlier run; reusing {evaluation['folder']}", flush=True)
     else:
         evaluation = jobs.evaluate(cfg)
     print(evaluation["loss_table"], flush=True)
-    timings["eval"] = time.monotonic() - t
+    return evaluation
 
-    _stage(6, total, "summary")
+
+def _summary(
+    layout: RunLayout,
+    curated: dict[str, Any] | None,
+    manifests: dict[int, Manifest],
+    evaluation: dict[str, Any],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """What the demo returns and prints: curation, packing, training and evaluation figures, and
+    where each output is."""
     records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line]
-    summary = {
+    return {
         "curation": curated,
         "packing": {
             n: {
@@ -125,7 +165,7 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
         "losses": [r["loss"] for r in records],
         "trained_max_position": max((r["max_position"] for r in records), default=-1),
         "needle_accuracy": evaluation.get("needle_accuracy"),
-        "timings_s": timings | {"total": time.monotonic() - started},
+        "timings_s": timings,
         "paths": {
             "documents": str(layout.documents),
             "ledger": str(layout.ledger),
@@ -137,8 +177,6 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
             "eval": evaluation["files"],
         },
     }
-    print(format_demo_summary(cfg, summary), flush=True)
-    return summary
 
 
 def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
@@ -148,7 +186,7 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
     for n, p in s["packing"].items():
         per_source = ", ".join(f"{k} {v:,}" for k, v in p["tokens_per_source"].items())
         lines.append(
-            f"windows of {n}: {p['rows']} rows, {p['tokens']:,} tokens ({per_source}); padding "
+            f"windows of {n}: {plural(p['rows'], 'row')}, {p['tokens']:,} tokens ({per_source}); padding "
             f"{p['padding']:,} ({1 - p['efficiency']:.2%}); largest position {p['max_position']}; "
             f"{p['long_fraction']:.1%} of tokens at positions >= {cfg.context.original}"
         )

@@ -1,6 +1,8 @@
 """Each job run from a whole run config: the one place where :class:`~longctx.config.RootConfig` is
 taken apart, so that every job gets only its own section and what it needs besides.
 
+Each job first checks what the sections it uses name outside the file (:data:`SECTIONS`): paths
+that must exist, optional extras. A missing ``train.model.hf_path`` stops ``train``, not ``curate``.
 The ``longctx`` commands and the demo call these; so can Python code that holds a run config::
 
     from longctx import jobs
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from longctx.config import RootConfig
+from longctx.config import RootConfig, check_world
 from longctx.core.errors import ConfigError
 
 if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
@@ -24,10 +26,33 @@ if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fa
     from longctx.trainer.train import TrainResult
 
 
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "curate": ("tokenizer", "curate"),
+    "pack": ("tokenizer", "pack"),
+    "train": ("train",),
+    "eval": ("eval",),
+}
+"""The sections of the run config each job reads that may name something outside the file (the
+``context`` section and pack's special tokens, which curation also reads, name nothing). ``pack``
+reads ``tokenizer.path`` to refuse one other than the run's tokenizer. ``eval`` also uses
+``train.model`` when it evaluates the ``base`` model; ``train`` and ``eval`` fall back to
+``tokenizer.path`` only when the run folder holds no tokenizer, and resolve it then."""
+
+
+def check(cfg: RootConfig, *names: str) -> None:
+    """Refuse, before any work, a config whose sections used by the jobs ``names`` (keys of :data:`SECTIONS`)
+    name a missing path or an extra that is not installed: see :func:`longctx.config.check_world`."""
+    sections = [section for name in names for section in SECTIONS[name]]
+    if "eval" in names and cfg.eval is not None and "base" in cfg.eval.models:
+        sections.append("train.model")
+    check_world(cfg, sections)
+
+
 def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> dict[str, Any] | None:
     """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation` (``update``: curate the
     run anew over inputs changed since it started). The special tokens the run's ``pack`` section
     asks for are checked before curation starts."""
+    check(cfg, "curate")  # before the job's modules are imported
     from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
 
@@ -50,7 +75,7 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
     from longctx.core.layout import RunLayout
     from longctx.core.tokenizer import resolve_tokenizer
 
-    if cfg.tokenizer.path is None or RunLayout(cfg.output).tokenizer.exists():
+    if cfg.tokenizer.path is None or RunLayout(cfg.output).tokenizer_file() is not None:
         return None
     return resolve_tokenizer(cfg.tokenizer.path).tokenizer
 
@@ -58,6 +83,7 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
 def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
     """``longctx pack`` (default settings when the config has no ``pack`` section): see
     :func:`longctx.packer.run.run_pack`. A ``tokenizer.path`` other than the run's tokenizer is refused."""
+    check(cfg, "pack")
     from longctx.core.tokenizer import resolve_tokenizer
     from longctx.packer.config import PackConfig
     from longctx.packer.run import run_pack
@@ -75,10 +101,11 @@ def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | Non
 def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
     :func:`longctx.trainer.train.train`."""
-    from longctx.trainer.train import train as run_training
-
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
+    check(cfg, "train")
+    from longctx.trainer.train import train as run_training
+
     return run_training(
         cfg.train,
         context=cfg.context,
@@ -91,10 +118,11 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
 
 def export(cfg: RootConfig, step: int) -> Path:
     """``longctx train --export STEP``: see :func:`longctx.trainer.train.export_checkpoint`."""
-    from longctx.trainer.train import export_checkpoint
-
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
+    check(cfg, "train")
+    from longctx.trainer.train import export_checkpoint
+
     return export_checkpoint(
         cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=_configured_tokenizer(cfg)
     )
@@ -102,10 +130,11 @@ def export(cfg: RootConfig, step: int) -> Path:
 
 def evaluate(cfg: RootConfig) -> dict[str, Any]:
     """``longctx eval``: see :func:`longctx.trainer.eval_job.run_eval`."""
-    from longctx.trainer.eval_job import run_eval
-
     if cfg.eval is None:
         raise ConfigError("the config has no 'eval' section")
+    check(cfg, "eval")
+    from longctx.trainer.eval_job import run_eval
+
     return run_eval(
         cfg.eval,
         context=cfg.context,

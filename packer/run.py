@@ -30,12 +30,15 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
+from longctx.core.jobstate import completed_tasks
 from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
 from longctx.core.runlock import run_lock
+from longctx.core.text import plural
 from longctx.core.tokenizer import TokenizerFiles
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
@@ -199,13 +202,21 @@ def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
 
 def forget_passes(layout: RunLayout, seq_lens: list[int]) -> None:
     """Remove the resume state (task completions) of every earlier pass that packed one of
-    ``seq_lens``: their folders were emptied, so their tasks must run again."""
+    ``seq_lens`` and has completed tasks: their folders were emptied, so their tasks must run again.
+    A pass with no task done keeps its state: it never started, or its jobs are still queued on Slurm
+    (whose record says so, so that running ``pack`` again does not submit them twice)."""
     names = {shard_folder(Path(), n).name for n in seq_lens}
     if not names or not layout.work.is_dir():
         return
     for folder in layout.work.iterdir():
-        if folder.is_dir() and names & set(folder.name.split("+")):
+        if folder.is_dir() and names & set(folder.name.split("+")) and _tasks_done(folder):
             shutil.rmtree(folder)
+
+
+def _tasks_done(work: Path) -> bool:
+    """Whether any stage of the pass whose work folder is ``work`` recorded a completed task."""
+    logs = work / "logs"
+    return logs.is_dir() and any(completed_tasks(stage) for stage in logs.iterdir() if stage.is_dir())
 
 
 def worker_start_method(documents: Path, tokenizer_sha256: str) -> str:
@@ -273,6 +284,7 @@ def run_pack(
     length once the stages have run (local and Ray executors), or None when they were submitted to
     Slurm.
     """
+    check_engine(pack.executor, "pack.executor", verbose=verbose)
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
     with run_lock(layout.work, "pack"):  # one pack run per output folder
@@ -316,7 +328,7 @@ def _run_pack(
             return None
         retokenized = retokenized_documents(layout, outputs.to_pack[0], pack.executor.tasks)
         for reason, count in sorted(retokenized.items()):
-            print(f"re-tokenized {count} documents: {reason}", flush=True)
+            print(f"re-tokenized {plural(count, 'document')}: {reason}", flush=True)
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:
         publish(layout, seq_lens, pack.output, pack.storage_options)
@@ -330,5 +342,5 @@ def publish(layout: RunLayout, seq_lens: list[int], output: str, storage_options
         folder = layout.shard_folder(n)
         url = remote.join(output, folder.name)
         sent = publish_shards(folder, url, storage_options)
-        done = f"published {len(sent)} files" if sent else "already published, unchanged"
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
         print(f"{url}: {done}", flush=True)

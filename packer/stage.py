@@ -27,6 +27,7 @@ from datatrove.utils.logging import logger
 
 from longctx.core.atomic import write_json
 from longctx.core.layout import RunLayout, shard_folder
+from longctx.core.text import plural
 from longctx.packer.binpack import pack
 from longctx.packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
 from longctx.packer.manifest import (
@@ -178,7 +179,7 @@ class PackDocuments(PipelineStep):
         if len(pool):
             self._pack(pool.build(), series)
         for reason, count in sorted(retokenized.items()):
-            logger.info(f"re-tokenized {count} documents: {reason}")
+            logger.info(f"re-tokenized {plural(count, 'document')}: {reason}")
             self.stat_update("re-tokenized", value=count)
         for s in series:
             s.finish(self.layout, retokenized)

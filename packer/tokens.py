@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from datatrove.data import Document
 
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
@@ -23,6 +23,9 @@ from longctx.packer.config import PackConfig
 from longctx.packer.format import TokenizerInfo
 from longctx.pipeline.documents import FILE_TOKENIZER
 from longctx.pipeline.tokens import TokenEncoder, limit_tokenizer_threads, tokenizer_threads
+
+if TYPE_CHECKING:  # an annotation only: the trainer's evaluation frames documents without datatrove
+    from datatrove.data import Document
 
 
 def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:

@@ -3,9 +3,9 @@ synthetic tasks. Built on the strict base of ``longctx.core.config``; the roof (
 puts it into the run config beside the other parts' sections.
 
 Input locations are local paths or fsspec URLs (``s3://bucket/books``, ``gs://...``, ``hf://...``),
-read through datatrove's data folders; a local path must exist when the config is loaded, a URL is
-checked when the run starts. ``storage_options`` (credentials, endpoints) are passed to fsspec and
-are never part of a run's recorded identity.
+read through datatrove's data folders; a local path must exist when ``longctx curate`` starts, a URL
+is checked when the run starts reading. ``storage_options`` (credentials, endpoints) are passed to
+fsspec and are never shown nor part of a run's recorded identity.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from longctx.core.config import ExecutorConfig, StrictModel
+from longctx.core.config import ExecutorConfig, StorageOptions, StrictModel, WorldCheck
+from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS, TaskKind
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
 DocumentKeepRule = Literal["longest", "not_vendored"]
@@ -33,15 +34,20 @@ def _folder_name(value: str) -> str:
     return value
 
 
-def _location(value: Any) -> Any:
-    """A local path (which must exist) or an fsspec URL, as a string."""
-    if value is None:
+def _location_text(value: Any) -> Any:
+    """A location given as a path object, as a string."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _missing_location(value: str | None) -> str | None:
+    """A local path must exist; an fsspec URL is checked when it is read."""
+    if value is None or "://" in value or Path(value).exists():
         return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if isinstance(value, str) and "://" not in value and not Path(value).exists():
-        raise ValueError(f"path does not exist: {value}")
-    return value
+    return f"path does not exist: {value}"
+
+
+LOCATION = WorldCheck(_missing_location)
+"""A local path (which must exist when a command uses the section) or an fsspec URL."""
 
 
 class SourceConfig(StrictModel):
@@ -55,18 +61,31 @@ class SourceConfig(StrictModel):
     """
 
     name: str = Field(description="names the source's folder of curated documents")
-    kind: SourceKind
-    path: str = Field(description="a local path or an fsspec URL (s3://, gs://, hf://...)")
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for a URL")
-    min_tokens: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, gt=0)
-    text_key: str = "text"
-    id_key: str = "id"
-    glob: str | None = None
-    strip_gutenberg: bool = True
-    limit: int = -1
+    kind: SourceKind = Field(
+        description="the reader: a folder of books, papers or code repositories, or rows"
+    )
+    path: Annotated[str, LOCATION] = Field(
+        description="a local path or an fsspec URL (s3://, gs://, hf://...)"
+    )
+    storage_options: StorageOptions = Field(description="fsspec options for a URL")
+    min_tokens: int | None = Field(
+        default=None, ge=0, description="shortest document kept; default: curate.min_fraction_of_target"
+    )
+    max_tokens: int | None = Field(default=None, gt=0, description="longest document kept; default: no bound")
+    text_key: str = Field(default="text", description="jsonl/parquet/hf_dataset: the column holding the text")
+    id_key: str = Field(
+        default="id", description="jsonl/parquet/hf_dataset: the column holding a row's id, if any"
+    )
+    glob: str | None = Field(
+        default=None, description="jsonl/parquet: files to read; default `**/*.jsonl*` or `**/*.parquet`"
+    )
+    strip_gutenberg: bool = Field(default=True, description="books: remove Project Gutenberg's boilerplate")
+    limit: int = Field(
+        default=-1,
+        description="read only the first N units (rows: N per task), the rest recorded as skipped; -1: all",
+    )
 
-    _location = field_validator("path", mode="before")(_location)
+    _location = field_validator("path", mode="before")(_location_text)
     _name = field_validator("name")(_folder_name)
 
     @model_validator(mode="after")
@@ -80,11 +99,11 @@ class MinHashConfig(StrictModel):
     """datatrove MinHash LSH settings. Pairs whose Jaccard similarity is above about
     ``(1/num_buckets) ** (1/hashes_per_bucket)`` are found with high probability."""
 
-    enabled: bool = True
-    n_grams: int = Field(default=5, gt=0)
-    num_buckets: int = Field(default=14, gt=0)
-    hashes_per_bucket: int = Field(default=8, gt=0)
-    seed: int = 1
+    enabled: bool = Field(default=True, description="find near duplicates (false: exact ones only)")
+    n_grams: int = Field(default=5, gt=0, description="words per shingle")
+    num_buckets: int = Field(default=14, gt=0, description="LSH bands")
+    hashes_per_bucket: int = Field(default=8, gt=0, description="hashes per band")
+    seed: int = Field(default=1, description="seed of the hash functions")
 
     @property
     def threshold(self) -> float:
@@ -114,13 +133,20 @@ class FileDedupConfig(StrictModel):
     listed in its ``duplicate_files``.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="deduplicate code files across repositories")
     keep: list[FileKeepRule] = Field(
         default_factory=lambda: ["upstream", "not_vendored", "longest", "shallowest"],
         description="order of preference among copies of a file; ties end with the repository id and path",
     )
-    jaccard: float = Field(default=0.7, gt=0.0, le=1.0)
-    containment: float = Field(default=0.8, gt=0.0, le=1.0)
+    jaccard: float = Field(
+        default=0.7, gt=0.0, le=1.0, description="near duplicates: at least this Jaccard similarity..."
+    )
+    containment: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        description="...or this share of the smaller file's n-grams in the larger",
+    )
     min_words: int = Field(default=50, ge=1, description="shorter files are only compared exactly")
     minhash: FileMinHashConfig = Field(default_factory=FileMinHashConfig)
 
@@ -134,9 +160,12 @@ class DedupConfig(StrictModel):
     Remaining ties go to the smallest id.
     """
 
-    exact: bool = True
+    exact: bool = Field(default=True, description="remove exact duplicates (normalized text hash)")
     minhash: MinHashConfig = Field(default_factory=MinHashConfig)
-    keep: list[DocumentKeepRule] = Field(default_factory=lambda: ["longest", "not_vendored"])
+    keep: list[DocumentKeepRule] = Field(
+        default_factory=lambda: ["longest", "not_vendored"],
+        description="order of preference among copies of a document; ties go to the smallest id",
+    )
     files: FileDedupConfig = Field(default_factory=FileDedupConfig)
 
     @field_validator("keep")
@@ -148,20 +177,25 @@ class DedupConfig(StrictModel):
 
 
 class SyntheticConfig(StrictModel):
-    """Synthetic long-context tasks (needle retrieval, variable tracking) built from the curated
+    """Synthetic long-context tasks (needle retrieval, variable tracking, and the RULER-style
+    multi-query, document QA and word-aggregation tasks) built from the curated
     documents as haystack and written as one more curated source, which the packer mixes like any
     other (long-context recipes give retrieval tasks about 20% of the mix)."""
 
-    source: str = Field(default="synthetic")
+    source: str = Field(
+        default="synthetic", description="the source name: documents/<source>/, and its name in pack.mix"
+    )
     n_examples: int = Field(default=64, ge=0, description="examples per task kind")
     context_tokens: list[int] = Field(
         default_factory=list, description="prompt lengths in tokens; empty: context.target minus 64"
     )
-    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
-        default_factory=lambda: ["single_needle", "multi_key", "multi_value", "variable_tracking"]
+    kinds: list[TaskKind] = Field(
+        default_factory=lambda: list(DEFAULT_KINDS),
+        description="task kinds (longctx.pipeline.synthetic.kinds): default the four retrieval kinds; "
+        "multi_query, document_qa, common_words and frequent_words may be added",
     )
     depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
-    seed: int = 0
+    seed: int = Field(default=0, description="the same seed and documents give the same tasks")
 
     _name = field_validator("source")(_folder_name)
 
@@ -169,21 +203,25 @@ class SyntheticConfig(StrictModel):
 class CurateConfig(StrictModel):
     """Curation: read sources, filter by token length, remove exact and near duplicates."""
 
-    input: str | None = Field(
+    input: Annotated[str | None, LOCATION] = Field(
         default=None,
         description="a folder (local path or fsspec URL) with books/, papers/ and code/ "
         "subfolders, each read as its source",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options for input and output (credentials, endpoint_url...)"
+    storage_options: StorageOptions = Field(
+        description="fsspec options for input and output (credentials, endpoint_url...)"
     )
     output: str | None = Field(
         default=None,
         description="also publish the finished curation here (documents/, tokenizer, ledger, stats, then "
         "curation.json): an fsspec URL (s3://bucket/run) or a folder, which pack.input reads",
     )
-    sources: list[SourceConfig] = Field(default_factory=list)
-    min_fraction_of_target: float = Field(default=0.5, ge=0.0)
+    sources: list[SourceConfig] = Field(
+        default_factory=list, description="sources listed one by one, besides input's"
+    )
+    min_fraction_of_target: float = Field(
+        default=0.5, ge=0.0, description="keep documents of at least this fraction of context.target tokens"
+    )
     max_file_bytes: int = Field(default=1_000_000, gt=0, description="code files above this are skipped")
     max_book_bytes: int = Field(
         default=64 * 2**20, gt=0, description="book files above this are refused as too_large"
@@ -197,4 +235,4 @@ class CurateConfig(StrictModel):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig | None = None
 
-    _location = field_validator("input", mode="before")(_location)
+    _location = field_validator("input", mode="before")(_location_text)

@@ -47,6 +47,7 @@ from datatrove.pipeline.dedup.minhash import MinhashConfig
 from longctx.core import remote
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
@@ -54,6 +55,7 @@ from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
 from longctx.core.run_record import check_same_run, config_hash, recorded_inputs
 from longctx.core.runlock import run_lock
+from longctx.core.text import plural
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -233,11 +235,13 @@ def prepare_tokenizer(
     layout: RunLayout,
     sources: list[SourceConfig],
 ) -> Path:
-    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
-    beside it, when it has one): a copy of the given files, or a byte-level BPE trained on a sample
-    of every source (kept across reruns). Called only once the run's identity is checked."""
+    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json`` and
+    ``chat_template.jinja`` beside it, when it has them): a copy of the given files, or a byte-level
+    BPE trained on a sample of every source (kept across reruns). Called only once the run's identity
+    is checked."""
     if files is not None:
-        for source, target in ((files.tokenizer, layout.tokenizer), (files.config, layout.tokenizer_config)):
+        given = (files.tokenizer, files.config, files.chat_template)
+        for source, target in zip(given, layout.tokenizer_files, strict=True):
             if source is None:
                 discard(target)
             elif not target.exists() or target.read_bytes() != source.read_bytes():
@@ -338,12 +342,12 @@ def run_fingerprint(
     tokenizer: dict[str, Any],
     specials: dict[str, Any],
 ) -> dict[str, Any]:
-    """What determines the output's bytes: resolved sources (without their storage options, which
-    hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
+    """What determines the output's bytes: resolved sources (their dump leaves out the storage options,
+    which hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
     and file-level deduplication), reader limits, the tokenizer (its bytes, or its training
     settings), the special tokens, and the task count."""
     return {
-        "sources": [json.loads(s.model_dump_json(exclude={"storage_options"})) for s in sources],
+        "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
         "dedup": json.loads(curate.dedup.model_dump_json()),
         "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,
@@ -357,12 +361,9 @@ def run_fingerprint(
 
 
 def bucket_tasks(curate: CurateConfig, num_buckets: int) -> int:
-    """Tasks of a MinHash bucket stage: locally the job's task count (each task searches several
-    buckets; a bucket costs less to search than a task to start); on Slurm and Ray, where tasks run
-    on machines of their own, one per bucket as datatrove does."""
-    if curate.executor.kind == "local":
-        return min(num_buckets, curate.executor.tasks)
-    return num_buckets
+    """Tasks of a MinHash bucket stage: the job's task count, at most one per bucket (each task
+    searches several buckets: a bucket costs less to search than a task to start, on a cluster too)."""
+    return min(num_buckets, curate.executor.tasks)
 
 
 def file_dedup_stages(
@@ -519,6 +520,7 @@ def run_curation(
     before any work. Returns the summary written to ``stats.json`` once the stages have run (local
     and Ray executors); None when they were submitted to Slurm.
     """
+    check_engine(curate.executor, "curate.executor", verbose=verbose)
     output = Path(output)
     check_output_folder(output)
     layout = RunLayout(output, "curate")
@@ -587,10 +589,8 @@ def _run_curation(
         raise fault from None
     if curate.output is not None:
         sent = publish_curation(layout, curate.output, curate.storage_options)
-        print(
-            f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}",
-            flush=True,
-        )
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
+        print(f"{curate.output}: {done}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
 
 

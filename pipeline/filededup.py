@@ -35,17 +35,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-from datatrove.utils.binaryio import read_tuples_from_file
 from datatrove.utils.hashing import HashConfig
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.config import FileDedupConfig
+from longctx.pipeline.dedup_inputs import read_minhash_pairs, read_rank_index
 from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
-from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.provenance import ELSEWHERE, declarations, provenance
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
@@ -313,18 +311,8 @@ class FileDuplicateResolver(PipelineStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if world_size != 1:
             raise ValueError("FileDuplicateResolver runs as a single task")
-        tables = []
-        for path in sorted(self.index_folder.glob("*.parquet")):
-            table = read_parquet(path, FILE_INDEX_SCHEMA)
-            tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
-        empty = FILE_INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
-        index = pa.concat_tables(tables) if tables else empty
-        pairs: list[tuple[int, int, int, int]] = []
-        if self.dups_folder.is_dir():
-            dups = get_datafolder(str(self.dups_folder))
-            for name in dups.list_files(glob_pattern="*.dups"):
-                with dups.open(name, "rb") as f:
-                    pairs.extend(read_tuples_from_file(f, "4I", lines_to_buffer=-1))
+        index = read_rank_index(self.index_folder, FILE_INDEX_SCHEMA)
+        pairs = read_minhash_pairs(self.dups_folder)
         decisions = resolve_file_duplicates(index, pairs, self.cfg)
         self.stat_update("duplicate_files", value=decisions.num_rows)
         write_table(self.output_file, decisions)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from longctx.core.config import StrictModel, must_exist
+from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCheck, missing_extra
+from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
+from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.trainer.rope_keys import check_rope_scaling
 
 
 class TinyModelConfig(StrictModel):
-    """A small random Llama-family model, for the demo and tests (no download needed)."""
+    """A small random Llama-family model, for the demo and tests (no download needed). The keys mean
+    what they mean in a ``transformers`` ``LlamaConfig``."""
 
     hidden_size: int = Field(default=64, gt=0)
     intermediate_size: int = Field(default=172, gt=0)
@@ -27,18 +29,32 @@ class TinyModelConfig(StrictModel):
 
 class ModelSection(StrictModel):
     """The model to continue pretraining: a Hugging Face checkpoint folder (``config.json`` plus
-    safetensors; Llama, Mistral or Qwen2 layouts) or, when ``hf_path`` is null, a tiny random model.
+    safetensors) or, when ``hf_path`` is null, a tiny random Llama.
 
+    ``implementation`` says which code runs it: ``longctx``, this package's own Llama-family decoder
+    (Llama, Mistral and Qwen2 layouts); ``transformers``, the checkpoint's own transformers modeling
+    code with longctx's ring attention plugged into its attention interface (any RoPE decoder the
+    installed transformers has, e.g. Qwen3, OLMo 2, Phi-3, Granite; the ``transformers`` extra);
+    ``auto``, the own decoder where it reads the checkpoint, transformers otherwise.
     ``rope_scaling`` replaces the checkpoint's RoPE scaling, written the way Hugging Face configs
     declare it, e.g. ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}``.
     """
 
-    hf_path: Path | None = None
+    hf_path: Annotated[Path | None, MUST_EXIST] = Field(
+        default=None, description="a Hugging Face checkpoint folder; null: the tiny random model"
+    )
+    implementation: Literal["auto", "longctx", "transformers"] = Field(
+        default="auto",
+        description="longctx: the own Llama/Mistral/Qwen2 decoder; transformers: the model's transformers "
+        "code with ring attention (the transformers extra); auto: longctx where it reads the checkpoint",
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    rope_theta: float | None = Field(default=None, gt=0)
-    rope_scaling: dict[str, Any] | None = None
-
-    _exists = field_validator("hf_path")(must_exist)
+    rope_theta: float | None = Field(default=None, gt=0, description="RoPE base; default: the checkpoint's")
+    rope_scaling: dict[str, Any] | None = Field(
+        default=None,
+        description="rope_type linear, dynamic, ntk, yarn, llama3 or longrope with its keys; null: the "
+        "checkpoint's",
+    )
 
     @field_validator("rope_scaling")
     @classmethod
@@ -51,13 +67,13 @@ class ModelSection(StrictModel):
 class OptimConfig(StrictModel):
     """AdamW with linear warmup then cosine decay; continued-pretraining defaults."""
 
-    lr: float = Field(default=2e-5, gt=0)
+    lr: float = Field(default=2e-5, gt=0, description="peak learning rate")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final lr as a fraction of lr")
-    warmup_steps: int = Field(default=10, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
-    weight_decay: float = Field(default=0.1, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
+    warmup_steps: int = Field(default=10, ge=0, description="steps of linear warmup to lr")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW's epsilon")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's decoupled weight decay")
+    grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm (clipped above it)")
 
 
 class CoverageConfig(StrictModel):
@@ -69,9 +85,13 @@ class CoverageConfig(StrictModel):
     ``context.original``. ``allow_short`` turns both checks into warnings.
     """
 
-    required_position: int | None = Field(default=None, gt=0)
-    max_steps_without_long: int = Field(default=50, gt=0)
-    allow_short: bool = False
+    required_position: int | None = Field(
+        default=None, gt=0, description="position the shards must reach; default context.target - 1"
+    )
+    max_steps_without_long: int = Field(
+        default=50, gt=0, description="steps without a token at or beyond context.original before aborting"
+    )
+    allow_short: bool = Field(default=False, description="warn instead of refusing")
 
 
 class CheckpointConfig(StrictModel):
@@ -93,23 +113,13 @@ class ExportConfig(StrictModel):
     ``train.storage_options``).
     """
 
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="dtype of the exported weights; auto: the base checkpoint's"
+    )
     max_shard_size: str = Field(default="5GB", description="largest safetensors file, e.g. 5GB or 500MB")
     output: str | None = Field(
         default=None, description="also publish the exported folders here (an fsspec URL or a folder)"
     )
-
-
-def _require_extra(module: str, extra: str) -> None:
-    """Refuse a setting whose optional dependency is not installed (checked without importing it)."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ValueError(
-            f"needs the {module} package, which is not installed: pip install 'longctx[{extra}]'"
-        )
 
 
 class WandbConfig(StrictModel):
@@ -117,12 +127,22 @@ class WandbConfig(StrictModel):
     ``<output>/train/wandb`` without any network access (``wandb sync`` uploads it later);
     ``disabled`` turns W&B off without removing the section."""
 
-    project: str = Field(min_length=1)
-    entity: str | None = None
+    project: str = Field(min_length=1, description="the W&B project")
+    entity: str | None = Field(default=None, description="the W&B team or user; default: yours")
     name: str | None = Field(default=None, description="run name; default: the output folder's name")
-    group: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    mode: Literal["online", "offline", "disabled"] = "online"
+    group: str | None = Field(default=None, description="groups related runs in the W&B interface")
+    tags: list[str] = Field(default_factory=list, description="labels of the run")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        default="online", description="online: send as it runs; offline: write locally; disabled: off"
+    )
+
+
+def _tensorboard_missing(on: bool) -> str | None:
+    return missing_extra("tensorboard", "tensorboard") if on else None
+
+
+def _wandb_missing(wandb: WandbConfig | None) -> str | None:
+    return missing_extra("wandb", "wandb") if wandb is not None and wandb.mode != "disabled" else None
 
 
 class LogConfig(StrictModel):
@@ -136,22 +156,45 @@ class LogConfig(StrictModel):
     """
 
     every: int = Field(default=10, gt=0, description="steps between metric records")
-    tensorboard: bool = False
-    wandb: WandbConfig | None = None
+    tensorboard: Annotated[bool, WorldCheck(_tensorboard_missing)] = Field(
+        default=False, description="also write TensorBoard events (the tensorboard extra)"
+    )
+    wandb: Annotated[WandbConfig | None, WorldCheck(_wandb_missing)] = Field(
+        default=None, description="also send to Weights & Biases (the wandb extra)"
+    )
 
-    @field_validator("tensorboard")
-    @classmethod
-    def _tensorboard_installed(cls, value: bool) -> bool:
-        if value:
-            _require_extra("tensorboard", "tensorboard")
-        return value
 
-    @field_validator("wandb")
-    @classmethod
-    def _wandb_installed(cls, value: WandbConfig | None) -> WandbConfig | None:
-        if value is not None and value.mode != "disabled":
-            _require_extra("wandb", "wandb")
-        return value
+class KernelsConfig(StrictModel):
+    """Which implementations compute the model (``longctx.trainer.kernel_choice``). Each choice that is
+    not installed or fails its start-up probe on the device falls back, with one line saying why.
+    Optional packages: ``pip install 'longctx[gpu]'`` (liger-kernel, flash-attn-4)."""
+
+    attention: Literal[
+        "auto",
+        "flash_attn4_varlen",
+        "flash_attn_varlen",
+        "torch_flash_varlen",
+        "torch_cudnn",
+        "torch_efficient",
+        "math",
+        "cpu_flash",
+    ] = Field(
+        default="auto",
+        description="the ring's block kernel. auto: on a GPU the first usable of FlashAttention-4, "
+        "FlashAttention-2 and PyTorch's flash varlen kernels, then PyTorch's memory-efficient kernel; on the "
+        "CPU PyTorch's flash kernel for CPU. Or one kernel pinned (torch_cudnn: cuDNN through SDPA)",
+    )
+    fused: Literal["auto", "liger", "none"] = Field(
+        default="auto",
+        description="RMSNorm, SwiGLU, RoPE and the loss (fused linear cross-entropy, no full logits) from "
+        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU); the own "
+        "decoder only (train.model.implementation transformers uses PyTorch's ops)",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile each decoder block around its attention (not with selective "
+        "activation checkpointing; the own decoder only); caches under <output>/train/compile_cache",
+    )
 
 
 class TrainConfig(StrictModel):
@@ -167,19 +210,16 @@ class TrainConfig(StrictModel):
         description="where shards given by URL are copied and checked before "
         "training; default <output>/cache",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict,
-        exclude=True,  # may hold credentials: never written to checkpoints or trackers
-        repr=False,
-        description="fsspec options (credentials, endpoint_url...) for a "
-        "train.shards or train.export.output URL",
+    storage_options: StorageOptions = Field(
+        description="fsspec options (credentials, endpoint_url...) for a train.shards or "
+        "train.export.output URL",
     )
     model: ModelSection = Field(default_factory=ModelSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     coverage: CoverageConfig = Field(default_factory=CoverageConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
-    steps: int = Field(default=20, gt=0)
+    steps: int = Field(default=20, gt=0, description="optimizer steps in all (a resumed run continues to it)")
     global_batch_rows: int | None = Field(
         default=None,
         gt=0,
@@ -190,7 +230,8 @@ class TrainConfig(StrictModel):
     holdout_rows: int = Field(
         default=0,
         ge=0,
-        description="last windows of the shard folder never trained on; longctx eval scores them",
+        description="windows set aside (drawn at random by seed) and never trained on; longctx eval scores "
+        "them first",
     )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
     dp_replicate: int = Field(
@@ -203,12 +244,15 @@ class TrainConfig(StrictModel):
         default="auto",
         description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU",
     )
-    activation_checkpointing: Literal["none", "full", "selective"] = Field(
-        default="none",
-        description="none: keep all activations; full: recompute each block in backward; selective: "
-        "recompute each block except its attention (true/false are accepted for full/none)",
+    activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
+        default="auto",
+        description="what each block keeps for backward. none: everything; selective: the outputs of its "
+        "matmuls and attention (norms, RoPE and SwiGLU's pointwise work are recomputed); full: its input "
+        "(the whole block is recomputed); auto: the first of none, selective, full whose memory estimate "
+        "(longctx plan's) fits the device (true/false are accepted for full/none)",
     )
-    seed: int = 0
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
+    seed: int = Field(default=0, description="data order, held-out rows and the tiny model's initialization")
     comm_timeout_s: int = Field(
         default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"
     )
@@ -227,7 +271,7 @@ class TrainConfig(StrictModel):
         return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     grad_accum: Any = Field(
-        default=None, exclude=True, repr=False, description="replaced by global_batch_rows"
+        default=None, exclude=True, repr=False, deprecated="replaced by global_batch_rows"
     )
 
     @field_validator("grad_accum")
@@ -244,16 +288,28 @@ class TrainConfig(StrictModel):
 class NeedleEvalConfig(StrictModel):
     """The needle-retrieval grid: context lengths x depths, per task kind."""
 
-    lengths: list[int] = Field(default_factory=lambda: [256, 512, 1024, 2048])
-    depths: list[float] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    kinds: list[Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]] = Field(
-        default_factory=lambda: ["single_needle"]
+    lengths: list[int] = Field(
+        default_factory=lambda: [256, 512, 1024, 2048], description="prompt lengths in tokens"
     )
-    seed: int = 0
+    depths: list[float] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0],
+        description="where the needle sits, as a fraction of the prompt (0: start, 1: end)",
+    )
+    kinds: list[TaskKind] = Field(
+        default_factory=lambda: ["single_needle"],
+        description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
+        "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
+    )
+    seed: int = Field(default=0, description="the same seed and documents give the same needles")
     samples: int = Field(
         default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
     )
-    max_new_tokens: int = Field(default=16, gt=0)
+    max_new_tokens: int = Field(
+        default=16,
+        gt=0,
+        description="tokens generated per answer; the recall-scored kinds get at least their answer's "
+        "tokens plus 8",
+    )
 
     @field_validator("depths")
     @classmethod
@@ -263,7 +319,67 @@ class NeedleEvalConfig(StrictModel):
         return value
 
 
+class EffectiveLengthConfig(StrictModel):
+    """Effective context length (``longctx.trainer.effective``): the largest needle-grid length whose
+    score (the mean over task kinds of each kind's mean over depths and samples) clears a bar.
+
+    ``threshold``: a fixed bar in [0, 1]; null (the default) measures it: the ``eval.baseline``
+    model's score at ``baseline_length`` (default ``context.original``), RULER's short-context
+    baseline made per model; that length is then part of the grid. A score equal to the bar passes;
+    a score of 0 never does.
+    """
+
+    threshold: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="a fixed bar; null: the baseline model's score at baseline_length",
+    )
+    baseline_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="where the baseline model's score is measured; default context.original",
+    )
+
+
+class ShortContextConfig(StrictModel):
+    """The short-context guard (``longctx.trainer.short_context``): each model's mean next-token loss
+    on ``windows`` windows of ``length`` tokens (default ``context.original``) cut from the curated
+    documents of ``source``, and its ratio to the ``eval.baseline`` model's. Windows start at
+    multiples of ``length`` in their document (a shorter document is one window) and are drawn by
+    ``seed``; documents that training windows hold can be left out so the windows are held out."""
+
+    source: str = Field(default="anchor", min_length=1, description="a curated source (documents/<source>)")
+    length: int | None = Field(default=None, gt=1, description="tokens per window; default context.original")
+    windows: int = Field(default=16, gt=0)
+    seed: int = 0
+
+
 MODEL_KEYWORDS = ("base", "trained")
+
+
+def check_base_model(models: list[str], train: TrainConfig | None) -> None:
+    """Refuse ``base`` in ``eval.models`` without a ``train`` section: ``base`` is its model."""
+    if "base" in models and train is None:
+        raise ConfigError("eval.models: 'base' is the model of the train section, and this config has none")
+
+
+def _missing_model(models: list[str]) -> str | None:
+    """A model that is not a keyword must be a Hugging Face checkpoint folder."""
+    for model in models:
+        if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+            return (
+                f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
+                "(a folder with config.json)"
+            )
+    return None
+
+
+def _missing_local_shards(shards: str | None) -> str | None:
+    """A local shard folder must exist; a URL is checked when eval reads it."""
+    if shards is None or is_remote(shards) or Path(shards).exists():
+        return None
+    return f"path does not exist: {shards}"
 
 
 class EvalConfig(StrictModel):
@@ -274,50 +390,55 @@ class EvalConfig(StrictModel):
     settings, random-initialized from ``train.seed`` when it is the tiny model), ``trained``
     (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
     like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
+
+    ``baseline`` names the model the others are measured against: ``effective`` (the effective
+    context length's bar) and ``short_context`` (the short-window loss ratio) use it.
     """
 
-    models: list[str] = Field(default_factory=lambda: list(MODEL_KEYWORDS), min_length=1)
-    shards: str | None = Field(
+    models: Annotated[list[str], WorldCheck(_missing_model)] = Field(
+        default_factory=lambda: list(MODEL_KEYWORDS),
+        min_length=1,
+        description="base, trained or Hugging Face checkpoint folders (--model overrides)",
+    )
+    shards: Annotated[str | None, WorldCheck(_missing_local_shards)] = Field(
         default=None,
         description="windows to score: a shard folder or an fsspec URL of one "
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "
         "first; default the training shards",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict,
-        exclude=True,  # may hold credentials: never written to evaluation results
-        repr=False,
-        description="fsspec options (credentials, endpoint_url...) for an eval.shards "
-        "URL; default train.storage_options",
+    storage_options: StorageOptions = Field(
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default "
+        "train.storage_options",
     )
     rows: int = Field(
         default=8,
         gt=0,
         description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
-    seed: int = 0
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    needle: NeedleEvalConfig | None = Field(default_factory=NeedleEvalConfig)
+    seed: int = Field(default=0, description="which windows are scored when none are held out")
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="as train.precision")
+    needle: NeedleEvalConfig | None = Field(
+        default_factory=NeedleEvalConfig, description="the needle grid; null: loss by position only"
+    )
+    baseline: str = Field(
+        default="base",
+        min_length=1,
+        description="the model the others are measured against (a label of eval.models): its needle "
+        "score is the effective-length bar and its short-window loss the guard's denominator",
+    )
+    effective: EffectiveLengthConfig = Field(default_factory=EffectiveLengthConfig)
+    short_context: ShortContextConfig | None = Field(
+        default=None, description="the short-context guard; null: not measured"
+    )
 
     @field_validator("shards", mode="before")
     @classmethod
-    def _local_shards_exist(cls, value: Any) -> Any:
-        """A local folder must exist when the config is loaded; a URL is checked when eval reads it."""
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if isinstance(value, str) and not is_remote(value):
-            must_exist(Path(value))
-        return value
+    def _path_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("models")
     @classmethod
-    def _models_exist(cls, value: list[str]) -> list[str]:
-        for model in value:
-            if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
-                raise ValueError(
-                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint "
-                    "folder (a folder with config.json)"
-                )
+    def _distinct_models(cls, value: list[str]) -> list[str]:
         if len(set(value)) < len(value):
             raise ValueError(f"a model is listed twice: {value}")
         return value

@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,8 +18,12 @@ from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
-from longctx.trainer.config import EvalConfig, TrainConfig
+from longctx.trainer.config import EvalConfig, NeedleEvalConfig, TrainConfig, check_base_model
 from longctx.trainer.model import Transformer
+
+if TYPE_CHECKING:
+    from longctx.packer.dataset import PackedDataset
+    from longctx.trainer.hf_model import HFCausalLM
 
 
 def _haystack(documents: Path, limit_chars: int) -> list[str]:
@@ -54,13 +58,11 @@ class ModelSpec:
 def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
     """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist and
     ``base`` needs the run's train section."""
+    check_base_model(models, train)
     specs = []
     for model in models:
         if model == "base":
-            if train is None:
-                raise ConfigError(
-                    "eval.models: 'base' is the model of the train section, and this config has none"
-                )
+            assert train is not None  # check_base_model
             path = train.model.hf_path
             specs.append(
                 ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None)
@@ -80,24 +82,55 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
 
 def _load(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
-) -> Transformer:
-    from longctx.trainer.build import build_model, fill_random
-    from longctx.trainer.hf_io import load_model, load_weights
+) -> Transformer | HFCausalLM:
+    from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
+    from longctx.trainer.hf_io import config_json, load_model
+    from longctx.trainer.hf_model import HFModelConfig, load_hf_model
     from longctx.trainer.parallel import ParallelState
-    from longctx.trainer.train import model_config
 
-    if spec.path is not None:
+    if spec.path is not None:  # the implementation train.model chooses (see build.choose_implementation)
+        implementation = train.model.implementation if train is not None else "auto"
+        if isinstance(saved_model_config(config_json(spec.path), implementation), HFModelConfig):
+            return load_hf_model(spec.path, device=device)
         return load_model(spec.path, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
     config = model_config(train, context, vocab_size)
     model = build_model(
         config, ParallelState.single(device), activation_checkpointing="none", bf16=False
     ).model
-    if train.model.hf_path is not None:  # the base model is what training starts from
-        load_weights(model, train.model.hf_path)
-    else:
-        fill_random(model, train.seed)
+    fill_base_weights(model, train)
     return model
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The packed windows scored for loss by position: the held-out ones first."""
+
+    dataset: PackedDataset
+    shards: str | Path
+    indices: list[int]
+    held_out: int
+    """How many of :attr:`indices` training never saw (``train.holdout_rows``)."""
+    rows: list[dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Needles:
+    """The needle examples every model is scored on, and how their answers are tokenized and end."""
+
+    config: NeedleEvalConfig
+    tokenizer: Any
+    examples: list[Any]
+    eos: list[int]
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Each model's results, by label in the order the models were given."""
+
+    sources: dict[str, str]
+    losses: dict[str, list[dict[str, Any]]]
+    needles: dict[str, list[Any]]
 
 
 def run_eval(
@@ -119,32 +152,35 @@ def run_eval(
     ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder holds no
     ``tokenizer.json``.
     """
-    from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
-    from longctx.packer.dataset import PackedDataset
-    from longctx.trainer.evaluate import (
-        format_loss_table,
-        loss_by_position,
-        needle_accuracy,
-        needle_examples,
-        plot_loss_by_position,
-        plot_needle_heatmap,
-        score_needles,
-    )
-    from longctx.trainer.train import shards_folder, tokenizer_file
-
     layout = RunLayout(output)
     specs = resolve_models(eval.models, layout, train)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bf16 = eval.precision == "bf16" or (eval.precision == "auto" and device.type == "cuda")
-    tok_path = tokenizer_file(layout, tokenizer)
-    trained_on = _location(shards_folder(train, layout, context.target)) if train else None
-    shards = _location(eval.shards) if eval.shards else trained_on or layout.shard_folder(context.target)
+    tokenizer_path = layout.tokenizer_file(tokenizer)
+    windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
+    needles = None  # the same needles for every model, built before any model is loaded
+    if eval.needle is not None:
+        needles = build_needles(
+            eval.needle, tokenizer_path, layout.documents if documents is None else documents
+        )
+    started = time.monotonic()
+    scores = score_models(specs, windows, needles, eval, train, context)
+    return _result(write_evaluation(layout, eval, windows, needles, scores, context.original, started))
+
+
+def choose_windows(
+    eval: EvalConfig, layout: RunLayout, target: int, train: TrainConfig | None, tokenizer: Path | None
+) -> Windows:
+    """``eval.rows`` windows of ``eval.shards`` (default: the training shards): the windows
+    training held out first (when these are its shards), then the first ones of epoch 0's order."""
+    from longctx.packer.dataset import PackedDataset
+
+    trained_on = _location(layout.training_shards(train.shards if train else None, target))
+    shards = _location(eval.shards) if eval.shards else trained_on
     holdout = train.holdout_rows if train and shards == trained_on else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
     seed = train.seed if train and holdout else eval.seed
     dataset = PackedDataset(
         shards,
-        tokenizer=tok_path,
+        tokenizer=tokenizer,
         seed=seed,
         holdout_rows=holdout,
         cache=(train.cache if train else None) or layout.cache,
@@ -158,56 +194,99 @@ def run_eval(
             flush=True,
         )
     indices = held_out + [int(i) for i in dataset.order(0)[: eval.rows - len(held_out)]]
-    rows = [dataset[i] for i in indices]
-    needle, examples, tok, eos = eval.needle, [], None, []
-    if needle is not None:  # the same needles for every model, built before any model is loaded
-        tok = load_tokenizer(tok_path)
-        documents = layout.documents if documents is None else documents
-        haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
-        if not haystack:
-            raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
-        try:
-            examples = needle_examples(
-                haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
-            )
-        except ValueError as err:
-            raise ConfigError(f"eval.needle: {err}") from None
-        eos = [i for i in (tok.token_to_id(EOS_TOKEN),) if i is not None]
+    return Windows(dataset, shards, indices, len(held_out), [dataset[i] for i in indices])
 
-    tables: dict[str, list[dict[str, Any]]] = {}
-    needles: dict[str, list] = {}
-    started = time.monotonic()
+
+def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: Path) -> Needles:
+    """The needle grid of ``eval.needle``, hidden in curated ``documents`` (books first)."""
+    from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
+    from longctx.trainer.evaluate import needle_examples
+
+    tok = load_tokenizer(tokenizer)
+    haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
+    if not haystack:
+        raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
+    try:
+        examples = needle_examples(
+            haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
+        )
+    except ValueError as err:
+        raise ConfigError(f"eval.needle: {err}") from None
+    eos = [i for i in (tok.token_to_id(EOS_TOKEN),) if i is not None]
+    return Needles(needle, tok, examples, eos)
+
+
+def score_models(
+    specs: list[ModelSpec],
+    windows: Windows,
+    needles: Needles | None,
+    eval: EvalConfig,
+    train: TrainConfig | None,
+    context: ContextConfig,
+) -> Scores:
+    """Load each model in turn (one at a time in memory) and score it on the windows and needles."""
+    from longctx.trainer.build import use_bf16
+    from longctx.trainer.evaluate import loss_by_position, score_needles
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bf16 = use_bf16(eval.precision, device)
+    vocab_size = windows.dataset.shards.manifest.header.tokenizer.vocab_size
+    losses: dict[str, list[dict[str, Any]]] = {}
+    answers: dict[str, list[Any]] = {}
     for spec in specs:
         print(f"evaluating {spec.label} ({spec.source})", flush=True)
-        model = _load(spec, train, context, dataset.shards.manifest.header.tokenizer.vocab_size, device)
-        tables[spec.label] = loss_by_position(model, rows, context.original, dataset.seq_len, device, bf16)
-        if needle is not None:
-            needles[spec.label] = score_needles(model, tok, examples, device, needle.max_new_tokens, eos)
+        model = _load(spec, train, context, vocab_size, device)
+        losses[spec.label] = loss_by_position(
+            model, windows.rows, context.original, windows.dataset.seq_len, device, bf16
+        )
+        if needles is not None:
+            answers[spec.label] = score_needles(
+                model, needles.tokenizer, needles.examples, device, needles.config.max_new_tokens, needles.eos
+            )
         del model
+    return Scores({s.label: s.source for s in specs}, losses, answers)
 
-    loss_table = format_loss_table(tables, context.original)
-    sources = {s.label: s.source for s in specs}
-    accuracy = {label: needle_accuracy(results) for label, results in needles.items()}
+
+def write_evaluation(
+    layout: RunLayout,
+    eval: EvalConfig,
+    windows: Windows,
+    needles: Needles | None,
+    scores: Scores,
+    original: int,
+    started: float,
+) -> Path:
+    """Write tables, JSON and plots into a new folder ``<output>/eval/<NNN>`` (``summary.json`` last,
+    with the seconds since ``started``); returns the folder."""
+    from longctx.trainer.evaluate import (
+        format_loss_table,
+        needle_accuracy,
+        plot_loss_by_position,
+        plot_needle_heatmap,
+    )
+
+    sources = scores.sources
+    accuracy = {label: needle_accuracy(results) for label, results in scores.needles.items()}
     with new_numbered_folder(layout.eval) as (tmp, folder):
         write_json(
             tmp / "loss_by_position.json",
             {
-                "shards": str(shards),
-                "rows": indices,
-                "held_out_rows": len(held_out),
+                "shards": str(windows.shards),
+                "rows": windows.indices,
+                "held_out_rows": windows.held_out,
                 "models": [
                     {"label": label, "model": sources[label], "buckets": table}
-                    for label, table in tables.items()
+                    for label, table in scores.losses.items()
                 ],
             },
         )
-        write_text(tmp / "loss_by_position.txt", loss_table + "\n")
-        plot_loss_by_position(tables, context.original, tmp / "loss_by_position.png")
-        if needle is not None:
+        write_text(tmp / "loss_by_position.txt", format_loss_table(scores.losses, original) + "\n")
+        plot_loss_by_position(scores.losses, original, tmp / "loss_by_position.png")
+        if needles is not None:
             write_json(
                 tmp / "needle.json",
                 {
-                    **needle.model_dump(mode="json"),
+                    **needles.config.model_dump(mode="json"),
                     "models": [
                         {
                             "label": label,
@@ -215,23 +294,23 @@ def run_eval(
                             **accuracy[label],
                             "results": [r.__dict__ for r in results],
                         }
-                        for label, results in needles.items()
+                        for label, results in scores.needles.items()
                     ],
                 },
             )
-            plot_needle_heatmap(needles, tmp / "needle.png")
+            plot_needle_heatmap(scores.needles, tmp / "needle.png")
         files = sorted(p.name for p in tmp.iterdir()) + ["summary.json"]
         summary = {  # models in the order they were given (JSON keys are written sorted)
             "models": [{"label": label, "model": source} for label, source in sources.items()],
             "eval": eval.model_dump(mode="json"),
             "needle_accuracy": [{"label": label, "accuracy": a["accuracy"]} for label, a in accuracy.items()]
-            if needle is not None
+            if needles is not None
             else None,
             "files": files,
             "seconds": time.monotonic() - started,
         }
         write_json(tmp / "summary.json", summary)
-    return _result(folder)
+    return folder
 
 
 def _result(folder: Path) -> dict[str, Any]:

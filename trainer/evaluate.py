@@ -4,7 +4,9 @@
   (plus a bucket edge at the original context). An extended model's loss keeps falling with
   position past the old window; a flat or rising tail means the extension did not take.
 - Needle retrieval: for a grid of context lengths x needle depths, greedy decoding (with a key/value
-  cache, ``longctx.trainer.generate``) must reproduce the needle's value; several samples per cell.
+  cache, ``longctx.trainer.generate``) answers each synthetic task, scored by its kind's checker
+  (``longctx.pipeline.synthetic.checkers``: the exact value, or the fraction of a list retrieved);
+  several samples per cell.
 
 Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.hf_io``.
 The plots and the table take one result per model, so that models are compared on the same windows
@@ -21,10 +23,17 @@ from typing import Any
 import torch
 
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
+from longctx.pipeline.synthetic.checkers import answer_settled as answer_settled  # the exact-answer rule
+from longctx.pipeline.synthetic.checkers import generation_settled, score_generation
+from longctx.pipeline.synthetic.checkers import score_answer as score_answer
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS
 from longctx.trainer.coverage import position_edges
 from longctx.trainer.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
 from longctx.trainer.model import Transformer
+
+_ANSWER_SLACK = 8  # tokens beyond a list answer's own, for separators a model may write differently
 
 
 @torch.no_grad()
@@ -72,6 +81,10 @@ def loss_by_position(
 
 @dataclass(frozen=True)
 class NeedleResult:
+    """One scored example. ``score`` in [0, 1] is the task's checker's
+    (:func:`longctx.pipeline.synthetic.checkers.score_generation`: partial for the recall kinds);
+    ``correct`` is ``score == 1``. A result made without a score gets ``float(correct)``."""
+
     context_tokens: int
     depth: float
     task: str
@@ -79,18 +92,11 @@ class NeedleResult:
     answer: str
     generated: str
     correct: bool
+    score: float | None = None
 
-
-def score_answer(generated: str, answer: str) -> bool:
-    """Correct when the generation, without leading white space, starts with the expected answer."""
-    return generated.lstrip().startswith(answer.strip())
-
-
-def answer_settled(generated: str, answer: str) -> bool:
-    """True once more tokens cannot change the score: the answer is complete, or the generation
-    has left it."""
-    text, expected = generated.lstrip(), answer.strip()
-    return text.startswith(expected) or (bool(text) and not expected.startswith(text))
+    def __post_init__(self) -> None:
+        if self.score is None:
+            object.__setattr__(self, "score", float(self.correct))
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,16 @@ def needle_examples(
     ]
 
 
+def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
+    """Tokens a model may generate for ``example``: ``max_new_tokens``, raised for the recall kinds
+    (whose answers are lists) to the expected answer's tokens plus ``_ANSWER_SLACK``, so that a
+    correct list always fits."""
+    if example.kind not in RECALL_KINDS:
+        return max_new_tokens
+    answer = len(tokenizer.encode(" " + example.answer, add_special_tokens=False).ids)
+    return max(max_new_tokens, answer + _ANSWER_SLACK)
+
+
 def score_needles(
     model: Transformer,
     tokenizer,
@@ -136,18 +152,22 @@ def score_needles(
     max_new_tokens: int = 16,
     stop_ids: Sequence[int] = (),
 ) -> list[NeedleResult]:
-    """Greedy decoding on each example, scored against its answer. Decoding stops at a token of
-    ``stop_ids`` or as soon as the score is settled (:func:`answer_settled`)."""
+    """Greedy decoding on each example, scored by its kind's checker
+    (:func:`~longctx.pipeline.synthetic.checkers.score_generation`). Decoding stops at a token of
+    ``stop_ids``, after :func:`generation_budget` tokens, or as soon as the score is settled
+    (:func:`~longctx.pipeline.synthetic.checkers.generation_settled`)."""
     results = []
     for item in examples:
         example = item.example
         prompt_ids = tokenizer.encode(example.prompt, add_special_tokens=False).ids
 
-        def stop(ids: list[int], answer: str = example.answer) -> bool:
-            return ids[-1] in stop_ids or answer_settled(tokenizer.decode(ids), answer)
+        def stop(ids: list[int], example: Any = example) -> bool:
+            return ids[-1] in stop_ids or generation_settled(example, tokenizer.decode(ids))
 
-        generated_ids = greedy_generate(model, prompt_ids, max_new_tokens, device, stop)
+        budget = generation_budget(example, tokenizer, max_new_tokens)
+        generated_ids = greedy_generate(model, prompt_ids, budget, device, stop)
         generated = tokenizer.decode([i for i in generated_ids if i not in stop_ids])
+        score = score_generation(example, generated)
         results.append(
             NeedleResult(
                 example.context_tokens,
@@ -156,7 +176,8 @@ def score_needles(
                 item.sample,
                 example.answer,
                 generated,
-                score_answer(generated, example.answer),
+                score == 1.0,
+                score,
             )
         )
     return results
@@ -242,7 +263,9 @@ def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Pat
             for j in range(len(lengths)):
                 ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
     samples = max((r.sample for r in every), default=0) + 1
-    fig.suptitle(f"needle retrieval: greedy decoding reproduces the value ({samples} samples per cell)")
+    fig.suptitle(
+        f"needle retrieval: greedy decoding reproduces the value ({plural(samples, 'sample')} per cell)"
+    )
     if image is not None:
         fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     write_figure(path, fig)

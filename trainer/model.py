@@ -4,7 +4,9 @@ Architecture: token embedding, ``num_hidden_layers`` pre-norm blocks (RMSNorm, g
 self-attention with RoPE, RMSNorm, SwiGLU MLP), final RMSNorm, and an output projection that is
 either its own matrix or the transposed embedding (``tie_word_embeddings``). Module and parameter
 names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) so a
-checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.hf_io``).
+checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.hf_io``). The
+model's configuration and its ``config.json`` form are :class:`~longctx.trainer.hf_config.ModelConfig`
+(imported here, so ``from longctx.trainer.model import ModelConfig`` works too).
 
 A row is a packed training window: several documents back to back, each token carrying its position
 in its own document (``position_ids``, for RoPE), its global index in the window (``token_index``,
@@ -20,11 +22,9 @@ gives full logits of an unsharded model when wanted.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -33,260 +33,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
-from longctx.trainer.flops import ModelShape
+from longctx.trainer.checkpointing import run_block
+from longctx.trainer.fused import EAGER, EagerOps
+from longctx.trainer.hf_config import ModelConfig
 from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
-from longctx.trainer.rope import HF_ROPE_KEYS, RopeConfig, apply_rotary, inverse_frequencies, rotary_cos_sin
-
-# Configuration ---------------------------------------------------------------------------------------------
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-# transformers' config-class defaults for the keys read here, applied when config.json omits them.
-_HF_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
-    "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "num_key_value_heads": 8},
-    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "num_key_value_heads": 32},
-}
-
-# Keys ModelConfig interprets; every other config.json key is kept verbatim in ``hf_extra``.
-_MODEL_KEYS = frozenset(
-    {
-        "model_type",
-        "architectures",
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_act",
-        "rms_norm_eps",
-        "tie_word_embeddings",
-        "attention_bias",
-        "mlp_bias",
-        "attention_dropout",
-        # Storage dtype of the tensors, not a model property: written by hf_io when saving.
-        "dtype",
-        "torch_dtype",
-        "transformers_version",
-    }
-)
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and hyperparameters of a Llama-family decoder, convertible to and from ``config.json``.
-
-    ``attention_bias`` and ``mlp_bias`` are Llama's switches (biases on all four attention
-    projections, on the MLP); Qwen2 always has q/k/v biases and no others (:attr:`qkv_bias`).
-    ``hf_extra`` holds the config.json keys this model does not interpret (token ids,
-    ``initializer_range``, sliding-window settings, ...) and is written back unchanged by :meth:`to_hf`.
-    """
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rope: RopeConfig
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
-    hf_extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unsupported model_type {self.model_type!r}: "
-                f"longctx supports {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        if self.model_type != "llama" and (self.attention_bias or self.mlp_bias):
-            raise ValueError(f"attention_bias and mlp_bias are Llama options, not {self.model_type!r} ones")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
-        if self.rope.head_dim != self.head_dim:
-            raise ValueError(f"rope.head_dim {self.rope.head_dim} differs from head_dim {self.head_dim}")
-
-    @property
-    def shape(self) -> ModelShape:
-        """The dimensions the FLOP model (``longctx.trainer.flops``) reads."""
-        return ModelShape(
-            name=self.model_type,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_layers=self.num_hidden_layers,
-            num_heads=self.num_attention_heads,
-            num_kv_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            vocab_size=self.vocab_size,
-            tie_word_embeddings=self.tie_word_embeddings,
-        )
-
-    @property
-    def qkv_bias(self) -> bool:
-        """Whether the q, k and v projections have biases."""
-        return self.attention_bias or self.model_type == "qwen2"
-
-    @property
-    def max_position_embeddings(self) -> int:
-        """The context length the config declares (used by some RoPE scalings)."""
-        return self.rope.max_position_embeddings
-
-    @property
-    def sliding_window(self) -> int | None:
-        """Window of the checkpoint's sliding-window attention layers, or None if all attend fully.
-
-        Read as transformers does: Mistral applies ``sliding_window`` (default 4096) to every layer
-        unless it is null; Qwen2 only with ``use_sliding_window``, to the layers marked
-        ``sliding_attention`` in ``layer_types`` (default: layers from ``max_window_layers`` on).
-        This model always attends fully (see :meth:`check_context_length`).
-        """
-        extra = self.hf_extra
-        if self.model_type == "mistral":
-            return extra.get("sliding_window", 4096)
-        if self.model_type == "qwen2" and extra.get("use_sliding_window", False):
-            window = extra.get("sliding_window", 4096)
-            layer_types = extra.get("layer_types") or [
-                "sliding_attention" if i >= extra.get("max_window_layers", 28) else "full_attention"
-                for i in range(self.num_hidden_layers)
-            ]
-            return window if window is not None and "sliding_attention" in layer_types else None
-        return None
-
-    def check_context_length(self, seq_len: int) -> None:
-        """Refuse to train windows of ``seq_len`` tokens that the checkpoint's attention cannot see.
-
-        This model attends over whole documents. That equals the checkpoint's sliding-window
-        attention only while no document is longer than the window, so a window smaller than
-        ``seq_len`` is an error; to extend such a model to full attention on purpose, set
-        ``sliding_window`` to null (Mistral) or ``use_sliding_window`` to false (Qwen2) in config.json.
-        """
-        window = self.sliding_window
-        if window is not None and window < seq_len:
-            raise ValueError(
-                f"this {self.model_type} checkpoint uses sliding-window attention of {window} tokens, "
-                f"smaller than the training length {seq_len}; longctx trains full causal attention, "
-                "which would change the model. Set sliding_window to null (Mistral) or use_sliding_window "
-                "to false (Qwen2) in config.json to extend it to full attention deliberately."
-            )
-
-    @classmethod
-    def from_hf(cls, hf_config: Mapping[str, Any]) -> ModelConfig:
-        """Build from a Hugging Face ``config.json`` dict of a Llama, Mistral or Qwen2 model.
-
-        Raises ``ValueError`` for other model types and for features this model does not implement
-        (activations other than SiLU, attention dropout, per-layer RoPE).
-        """
-        model_type = hf_config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(
-                f"unsupported model_type {model_type!r}: longctx supports {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        hf = {**_HF_DEFAULTS[model_type], **{k: v for k, v in hf_config.items() if v is not None}}
-        missing = [
-            key
-            for key in (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-            )
-            if key not in hf
-        ]
-        if missing:
-            raise ValueError(f"config.json lacks {', '.join(missing)}")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"only SwiGLU (hidden_act 'silu') is supported, got {hf['hidden_act']!r}")
-        if hf.get("attention_dropout", 0.0):
-            raise ValueError("attention_dropout is not supported; set it to 0.0")
-        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-        consumed = _MODEL_KEYS | HF_ROPE_KEYS
-        return cls(
-            model_type=model_type,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_hidden_layers=hf["num_hidden_layers"],
-            num_attention_heads=hf["num_attention_heads"],
-            num_key_value_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-            head_dim=head_dim,
-            rope=RopeConfig.from_hf(hf, head_dim),
-            rms_norm_eps=float(hf["rms_norm_eps"]),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", False)) if model_type == "llama" else False,
-            mlp_bias=bool(hf.get("mlp_bias", False)) if model_type == "llama" else False,
-            hf_extra={k: v for k, v in hf_config.items() if k not in consumed},
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        """The ``config.json`` dict transformers loads this model from (without the storage dtype)."""
-        hf: dict[str, Any] = {
-            **self.hf_extra,
-            "architectures": [_ARCHITECTURES[self.model_type]],
-            "model_type": self.model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_dropout": 0.0,
-            **self.rope.to_hf(),
-        }
-        if self.model_type == "llama":
-            hf.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias)
-        return hf
-
-    def with_rope(
-        self,
-        *,
-        rope_scaling: Mapping[str, Any] | None = None,
-        rope_theta: float | None = None,
-        max_position_embeddings: int | None = None,
-    ) -> ModelConfig:
-        """This config with RoPE overrides declared as in ``config.json`` (``RopeConfig.with_overrides``)."""
-        rope = self.rope.with_overrides(
-            rope_scaling=rope_scaling, rope_theta=rope_theta, max_position_embeddings=max_position_embeddings
-        )
-        return dataclasses.replace(self, rope=rope)
-
-    @classmethod
-    def tiny(cls, model_type: str = "llama", **overrides: Any) -> ModelConfig:
-        """A small config for tests and demos: hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128.
-
-        ``overrides`` replace any field; ``head_dim`` defaults to ``hidden_size // num_attention_heads``
-        and ``rope`` to default RoPE over 256 positions. Mistral gets ``sliding_window: null``
-        (full attention) unless ``hf_extra`` is given.
-        """
-        values: dict[str, Any] = {
-            "vocab_size": 128,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            **overrides,
-        }
-        head_dim = values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
-        values.setdefault("rope", RopeConfig(head_dim=head_dim, max_position_embeddings=256))
-        values.setdefault("hf_extra", {"sliding_window": None} if model_type == "mistral" else {})
-        return cls(model_type=model_type, **values)
-
+from longctx.trainer.rope import inverse_frequencies, rotary_cos_sin
 
 # Attention interface ---------------------------------------------------------------------------------------
 
@@ -353,6 +104,9 @@ def bind_row(attention: Attention, q_index: Tensor, q_segment: Tensor) -> RowAtt
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich, arXiv:1910.07467), normalized in float32."""
 
+    ops: EagerOps = EAGER
+    """Its implementation (``longctx.trainer.fused``), set for the whole model by ``Transformer.use_ops``."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -360,13 +114,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalize the last dimension; the result has ``x``'s dtype, scaled by ``weight``."""
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
     """The gated MLP ``down(silu(gate(x)) * up(x))`` (Shazeer, arXiv:2002.05202)."""
+
+    ops: EagerOps = EAGER
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
@@ -376,11 +130,13 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to ``[..., hidden]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class SelfAttention(nn.Module):
     """Grouped-query self-attention with RoPE; the attention itself is delegated per row."""
+
+    ops: EagerOps = EAGER
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -396,14 +152,18 @@ class SelfAttention(nn.Module):
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rotated queries and keys, and values: ``[B, T, heads, head_dim]`` each."""
         batch, tokens, _ = x.shape
-        q = apply_rotary(self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
-        return q, k, v
+        return *self.ops.rotary(q, k, cos, sin), v
 
     @staticmethod
     def attend(q: Tensor, k: Tensor, v: Tensor, rows: Sequence[RowAttention]) -> Tensor:
-        """Row-by-row attention; the output is ``[B, T, heads * head_dim]``."""
+        """Row-by-row attention; the output is ``[B, T, heads * head_dim]``. For one row (the trainer's
+        micro-batch) it is a view of the attention's output, so that the output projection keeps the
+        tensor the attention keeps for its backward rather than a copy of it."""
+        if len(rows) == 1:
+            return rows[0](q[0], k[0], v[0]).unsqueeze(0).flatten(-2)
         out = torch.stack([attend(q[b], k[b], v[b]) for b, attend in enumerate(rows)])
         return out.flatten(-2)
 
@@ -415,42 +175,46 @@ class SelfAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    With ``selective`` (activation checkpointing ``"selective"``) the block keeps only its input,
-    the attention's inputs (rotated q, k, v) and its output for backward; the norms, projections and
-    the MLP are recomputed, the attention (the costly part at long context, and a ring exchange
-    under context parallelism) is not.
+    ``checkpointing`` (``none``, ``selective`` or ``full``) is what the block keeps for backward; see
+    ``longctx.trainer.checkpointing``.
     """
 
-    def __init__(self, config: ModelConfig, *, selective: bool = False) -> None:
+    def __init__(self, config: ModelConfig, *, checkpointing: str = "none") -> None:
         super().__init__()
         self.self_attn = SelfAttention(config)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.selective = selective
+        self.checkpointing = checkpointing_mode(checkpointing)
 
-    def _attention_inputs(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def attention_inputs(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The block before its attention: rotated queries and keys, and values."""
         return self.self_attn.project(self.input_layernorm(x), cos, sin)
 
-    def _after_attention(self, x: Tensor, attended: Tensor) -> Tensor:
+    def after_attention(self, x: Tensor, attended: Tensor) -> Tensor:
+        """The block after its attention: output projection, residual, MLP, residual."""
         x = x + self.self_attn.o_proj(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def compile_halves(self, backend: str = "inductor") -> None:
+        """Run :meth:`attention_inputs` and :meth:`after_attention` compiled (``torch.compile`` with
+        ``backend``); the attention between them (the ring's exchanges and plan) stays out of every graph.
+        The graphs are shared by every layer (the same code; parameters are graph inputs)."""
+        self.attention_inputs = torch.compile(self.attention_inputs, backend=backend)
+        self.after_attention = torch.compile(self.after_attention, backend=backend)
+
+    def block(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """The whole block, without checkpointing."""
+        return self.after_attention(x, SelfAttention.attend(*self.attention_inputs(x, cos, sin), rows))
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
-        """Apply the block to ``[B, T, hidden]``."""
-        if self.selective and torch.is_grad_enabled():
-            q, k, v = checkpoint(self._attention_inputs, x, cos, sin, use_reentrant=False)
-            return checkpoint(
-                self._after_attention, x, SelfAttention.attend(q, k, v, rows), use_reentrant=False
-            )
-        return self._after_attention(x, SelfAttention.attend(*self._attention_inputs(x, cos, sin), rows))
+        """Apply the block to ``[B, T, hidden]``, keeping for backward what :attr:`checkpointing` says."""
+        return run_block(self.block, self.checkpointing, x, cos, sin, rows)
 
 
 def checkpointing_mode(value: str | bool) -> str:
-    """What a decoder block keeps for backward. ``none``: everything. ``full``: only its input; the
-    whole block, attention included, is recomputed in backward. ``selective``: its input and the
-    attention's inputs and output; the rest of the block is recomputed, the attention is not.
-    ``True``/``False`` (the old switch) mean full/none."""
+    """What a decoder block keeps for backward (``longctx.trainer.checkpointing``): ``none``, ``selective``
+    or ``full``. ``True``/``False`` (the old switch) mean full/none."""
     if isinstance(value, bool):
         return "full" if value else "none"
     if value not in ACTIVATION_CHECKPOINTING:
@@ -466,13 +230,13 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, *, activation_checkpointing: str | bool = "none") -> None:
         super().__init__()
         self.activation_checkpointing = checkpointing_mode(activation_checkpointing)
-        selective = self.activation_checkpointing == "selective"
         weight = torch.empty(config.vocab_size, config.hidden_size)
         if not weight.is_meta:  # nn.Embedding's own init on the meta device would import torch._dynamo
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, selective=selective) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, checkpointing=self.activation_checkpointing)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -480,10 +244,7 @@ class Decoder(nn.Module):
         """Final normalized hidden states ``[B, T, hidden]``; checkpointed layers recompute in backward."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            if self.activation_checkpointing == "full" and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, rows, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, rows)
+            x = layer(x, cos, sin, rows)
         return self.norm(x)
 
 
@@ -502,13 +263,15 @@ class Transformer(nn.Module):
 
     ``attention`` defaults to :class:`RingAttention` with no group (local).
     ``activation_checkpointing`` is a mode of :func:`checkpointing_mode`; recomputation uses
-    ``torch.utils.checkpoint``, non-reentrant.
+    ``torch.utils.checkpoint``, non-reentrant (``longctx.trainer.checkpointing``).
     Parameters are created with PyTorch's default initialization; call :meth:`init_weights` for the
     usual normal init.
 
     The loss is part of :meth:`forward` (pass ``labels``) rather than a separate call, so that a
     model sharded with FSDP2 gathers its output projection once, in the forward it hooks.
     """
+
+    ops: EagerOps = EAGER
 
     def __init__(
         self,
@@ -526,6 +289,26 @@ class Transformer(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+
+    def use_ops(self, ops: EagerOps) -> None:
+        """Compute norms, SwiGLU, RoPE and the loss with ``ops`` (``longctx.trainer.fused``) everywhere."""
+        for module in self.modules():
+            if isinstance(module, (Transformer, RMSNorm, SwiGLU, SelfAttention)):
+                module.ops = ops
+
+    @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder blocks, in order (FSDP2 shards each)."""
+        return list(self.model.layers)
+
+    @property
+    def input_embedding(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output projection is the input embedding."""
+        return self.lm_head is None
 
     @property
     def output_weight(self) -> Tensor:
@@ -598,36 +381,21 @@ class Transformer(nn.Module):
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
     ) -> Tensor:
         """Next-token cross-entropy of every token (float32, ``labels``' shape, 0 where ``labels`` is
-        ``ignore_index``), differentiable.
-
-        Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
-        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk
-        is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
-        Summing gives the loss of this rank's tokens, which the caller normalizes by the token count
-        of the whole (data- and context-parallel) batch.
-        """
-        flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-        flat_labels = labels.reshape(-1)
-        if flat_labels.numel() != flat_hidden.shape[0]:
-            raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+        ``ignore_index``), differentiable; see :func:`chunked_cross_entropy`. With liger-kernel's ops
+        (:meth:`use_ops`) its fused linear cross-entropy computes it instead."""
+        flat_hidden, flat_labels = _flat_tokens(hidden, labels)
         weight = self.output_weight
-        chunk = chunk_tokens or logits_chunk_tokens(weight.shape[0])
-        if flat_labels.numel() <= chunk:
-            losses = _chunk_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
-            return losses if labels.dim() == 1 else losses.view(labels.shape)
-        parts = [
-            checkpoint(
-                _chunk_cross_entropy,
-                flat_hidden[start : start + chunk],
-                weight,
-                flat_labels[start : start + chunk],
-                ignore_index,
-                use_reentrant=False,
-            )
-            for start in range(0, flat_labels.numel(), chunk)
-        ]
-        losses = torch.cat(parts)
-        return losses if labels.dim() == 1 else losses.view(labels.shape)
+        fused = self.ops.linear_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
+        if fused is not None:
+            return fused if labels.dim() == 1 else fused.view(labels.shape)
+        return chunked_cross_entropy(
+            hidden,
+            labels,
+            partial(F.linear, weight=weight),
+            vocab_size=weight.shape[0],
+            chunk_tokens=chunk_tokens,
+            ignore_index=ignore_index,
+        )
 
     def cross_entropy_sum(
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
@@ -638,6 +406,57 @@ class Transformer(nn.Module):
         ).sum()
 
 
-def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
-    logits = F.linear(hidden, weight).float()
+def chunked_cross_entropy(
+    hidden: Tensor,
+    labels: Tensor,
+    logits_of: Callable[[Tensor], Tensor],
+    *,
+    vocab_size: int,
+    chunk_tokens: int | None = None,
+    ignore_index: int = -100,
+) -> Tensor:
+    """Next-token cross-entropy of every token (float32, or float64 for float64 logits; ``labels``'
+    shape, 0 where ``labels`` is ``ignore_index``), differentiable, for hidden states whose logits
+    ``logits_of`` computes.
+
+    Logits are computed in float32 (float64 stays) at most ``chunk_tokens`` tokens at a time (default
+    ``longctx.trainer.memory.logits_chunk_tokens`` of ``vocab_size``); when the input takes more than one
+    chunk, each chunk is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]``
+    logits is alive. Summing gives the loss of this rank's tokens, which the caller normalizes by the
+    token count of the whole (data- and context-parallel) batch.
+    """
+    flat_hidden, flat_labels = _flat_tokens(hidden, labels)
+    chunk = chunk_tokens or logits_chunk_tokens(vocab_size)
+    if flat_labels.numel() <= chunk:
+        losses = _chunk_cross_entropy(flat_hidden, flat_labels, logits_of, ignore_index)
+        return losses if labels.dim() == 1 else losses.view(labels.shape)
+    parts = [
+        checkpoint(
+            _chunk_cross_entropy,
+            flat_hidden[start : start + chunk],
+            flat_labels[start : start + chunk],
+            logits_of,
+            ignore_index,
+            use_reentrant=False,
+        )
+        for start in range(0, flat_labels.numel(), chunk)
+    ]
+    losses = torch.cat(parts)
+    return losses if labels.dim() == 1 else losses.view(labels.shape)
+
+
+def _flat_tokens(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``[tokens, hidden]`` hidden states and ``[tokens]`` labels (``ValueError`` when the counts differ)."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = labels.reshape(-1)
+    if flat_labels.numel() != flat_hidden.shape[0]:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+    return flat_hidden, flat_labels
+
+
+def _chunk_cross_entropy(
+    hidden: Tensor, labels: Tensor, logits_of: Callable[[Tensor], Tensor], ignore_index: int
+) -> Tensor:
+    logits = logits_of(hidden)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")

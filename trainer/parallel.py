@@ -10,7 +10,8 @@ when ``dp_replicate > 1``, replicated across that dimension (HSDP).
 The mesh is built the same way on CPU (gloo) and GPU (NCCL) with ``init_device_mesh``; every group
 it creates gets the configured timeout, so a dead or stuck rank ends in an error, not a hang. A
 single process needs no process group: :attr:`ParallelState.mesh` is then ``None`` and the model is
-trained unsharded.
+trained unsharded. The shape and the rules it sets (world size, window length) are
+``longctx.trainer.mesh``'s.
 """
 
 from __future__ import annotations
@@ -23,53 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from longctx.core.errors import ConfigError
-
-MESH_DIMS = ("dp_replicate", "dp_shard", "cp")
-
-
-@dataclass(frozen=True)
-class MeshShape:
-    """Sizes of the three mesh dimensions."""
-
-    dp_replicate: int
-    dp_shard: int
-    cp: int
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.cp
-
-    @property
-    def dp_size(self) -> int:
-        """Data-parallel ranks: groups of ranks that read different rows."""
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def shard_size(self) -> int:
-        """Ranks one copy of the model state is sharded over (``dp_shard x cp``)."""
-        return self.dp_shard * self.cp
-
-    def describe(self) -> str:
-        return f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x cp {self.cp}"
-
-
-def mesh_shape(world_size: int, cp: int, dp_replicate: int = 1) -> MeshShape:
-    """The mesh of ``world_size`` ranks with rings of ``cp`` and ``dp_replicate`` replicas.
-
-    Raises :class:`ConfigError` when ``cp x dp_replicate`` does not divide the world size.
-    """
-    if cp < 1 or dp_replicate < 1 or world_size % (cp * dp_replicate):
-        what = (
-            f"train.cp = {cp}"
-            if dp_replicate == 1
-            else f"train.cp x train.dp_replicate = {cp * dp_replicate}"
-        )
-        raise ConfigError(
-            f"{what} must divide the number of processes ({world_size}); start a multiple of "
-            f"{cp * dp_replicate} processes (torchrun --nproc-per-node, or longctx train --nproc)"
-        )
-    return MeshShape(dp_replicate, world_size // (cp * dp_replicate), cp)
+from longctx.trainer.mesh import MESH_DIMS, MeshShape
 
 
 @dataclass(frozen=True)
@@ -160,7 +115,7 @@ def init_parallel(cp: int, timeout_s: int, dp_replicate: int = 1) -> ParallelSta
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if dist.is_available() and dist.is_initialized():
         world_size = dist.get_world_size()
-    shape = mesh_shape(world_size, cp, dp_replicate)
+    shape = MeshShape.for_world(world_size, cp, dp_replicate)
     device = _device()
     if world_size == 1:
         return ParallelState.single(device)

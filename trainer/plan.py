@@ -2,7 +2,7 @@
 
 Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
 preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
-torch; ``longctx plan`` (``longctx.commands.plan``) prints these figures and writes them as CSV.
+torch; ``longctx plan`` prints these figures and writes them as CSV (``longctx.trainer.plan_report``).
 
 Conventions used throughout (symbols as in the docstrings below):
 
@@ -31,14 +31,17 @@ from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_cou
 from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
     ACTIVATION_BYTES,
     ACTIVATION_CHECKPOINTING,
+    CHECKPOINTING_SETTINGS,
     GRAD_ACCUM_BYTES,
     WEIGHT_AND_MOMENT_BYTES_PER_PARAM,
     RankMemory,
     activation_bytes_per_token,
+    choose_checkpointing,
     fits,
     kv_block_bytes,
     rank_memory,
 )
+from longctx.trainer.mesh import MeshShape
 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """Backward attention FLOPs over forward: FlashAttention's backward does 5 ``b x b x d`` matmuls per head
@@ -295,9 +298,9 @@ class RunSettings:
             raise ConfigError(
                 f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}"
             )
-        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+        if self.activation_checkpointing not in CHECKPOINTING_SETTINGS:
             raise ConfigError(
-                f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+                f"activation checkpointing must be one of {', '.join(CHECKPOINTING_SETTINGS)}, "
                 f"got {self.activation_checkpointing!r}"
             )
 
@@ -315,6 +318,9 @@ class LengthPlan:
     kv_cache_bytes: dict[str, float]
     """KV cache for one sequence, per :data:`KV_CACHE_FORMATS` format."""
     ring: RingStep
+    activation_checkpointing: str
+    """The mode :attr:`memory` is for: the setting's, or what ``auto`` chose (``memory.choose_checkpointing``:
+    the cheapest that fits ``RunSettings.gpu_memory_bytes``; full without a memory to check against)."""
     memory: RankMemory
     train_flops_per_token: float
     train_seconds: float | None
@@ -322,25 +328,17 @@ class LengthPlan:
     """Whether :attr:`memory` fits ``RunSettings.gpu_memory_bytes`` (None when no memory was given)."""
 
 
-def check_length(length: int, cp: int) -> None:
-    """Raise :class:`ConfigError` unless ``length`` splits into ``2 cp`` equal chunks (the zigzag layout)."""
-    if length <= 0 or length % (2 * cp):
-        raise ConfigError(
-            f"length {length} must be a positive multiple of 2 x cp = {2 * cp}: longctx train splits each "
-            "window into 2 x cp equal chunks (zigzag layout)"
-        )
-
-
 def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
     """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
-    check_length(length, settings.cp)
+    MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
     wall = None
+    mode = settings.activation_checkpointing
+    if mode == "auto":
+        mode = choose_checkpointing(
+            model, length, settings.cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
+        )
     memory = rank_memory(
-        model,
-        length,
-        settings.cp,
-        state_shards=settings.state_shards,
-        activation_checkpointing=settings.activation_checkpointing,
+        model, length, settings.cp, state_shards=settings.state_shards, activation_checkpointing=mode
     )
     if settings.tokens is not None and settings.gpus is not None:
         wall = train_seconds(
@@ -366,6 +364,7 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
             link_bytes_per_s=settings.link_bytes_per_s,
             achieved_flops=settings.achieved_flops,
         ),
+        activation_checkpointing=mode,
         memory=memory,
         train_flops_per_token=train_flops_per_token(model, length),
         train_seconds=wall,

@@ -31,7 +31,15 @@ from longctx.core.layout import RunLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
-from longctx.trainer.build import build_model, fill_random
+from longctx.trainer.build import (
+    AnyModelConfig,
+    TrainedModel,
+    build_model,
+    fill_base_weights,
+    model_config,
+    saved_model_config,
+    use_bf16,
+)
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -47,11 +55,10 @@ from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard
 from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
-from longctx.trainer.hf_io import load_config as load_hf_config
-from longctx.trainer.hf_io import load_weights, stored_dtype
-from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.hf_io import stored_dtype
+from longctx.trainer.memory import checkpointing_that_fits
+from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.model import ModelConfig, Transformer
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.schedule import make_scheduler
@@ -72,7 +79,7 @@ class TrainResult:
     """This rank's and the whole model's parameter and optimizer-state bytes (see :func:`state_bytes`)."""
 
 
-def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(model: TrainedModel, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole
     (``*_total``)."""
     params = list(model.parameters())
@@ -85,32 +92,7 @@ def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[st
     }
 
 
-def shards_folder(train: TrainConfig, layout: RunLayout, target: int) -> str | Path:
-    """``train.shards`` (a folder or an fsspec URL), else the packer's output for the ``target`` context."""
-    return train.shards or layout.shard_folder(target)
-
-
-def tokenizer_file(layout: RunLayout, configured: Path | None) -> Path | None:
-    """The tokenizer the shards were packed with: the run's ``tokenizer.json`` (curation copies it
-    there), else the configured ``tokenizer.path``."""
-    return layout.tokenizer if layout.tokenizer.exists() else configured
-
-
-def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> ModelConfig:
-    """The model of ``train.model`` with the run's RoPE settings (``max_position_embeddings`` = target)."""
-    section = tcfg.model
-    if section.hf_path is not None:
-        config = load_hf_config(section.hf_path)
-    else:
-        config = ModelConfig.tiny(vocab_size=vocab_size, **section.tiny.model_dump())
-    return config.with_rope(
-        rope_scaling=section.rope_scaling,
-        rope_theta=section.rope_theta,
-        max_position_embeddings=context.target,
-    )
-
-
-def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None:
+def check_vocabulary(config: AnyModelConfig, vocab_size: int, folder: str | Path) -> None:
     """Refuse shards whose token ids may not fit the model's embedding."""
     if vocab_size > config.vocab_size:
         raise ConfigError(
@@ -118,10 +100,6 @@ def check_vocabulary(config: ModelConfig, vocab_size: int, folder: Path) -> None
             f"{config.vocab_size} rows: pack with the model's tokenizer (or a "
             "model whose vocab_size covers it)"
         )
-
-
-def use_bf16(tcfg: TrainConfig, device: torch.device) -> bool:
-    return tcfg.precision == "bf16" or (tcfg.precision == "auto" and device.type == "cuda")
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -145,31 +123,27 @@ def memory_name(device: torch.device) -> str:
 
 
 def check_memory(
-    tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
-) -> None:
-    """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
-    device_bytes = device_memory(state.device)
-    if device_bytes is None:
-        return
-    estimate = rank_memory(
+    tcfg: TrainConfig, config: AnyModelConfig, seq_len: int, state: ParallelState, bf16: bool
+) -> str:
+    """The activation checkpointing mode to build with (``memory.checkpointing_that_fits``: ``auto``
+    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory.
+    A transformers model is estimated by its dense shape (``HFModelConfig.shape``), an approximation."""
+    return checkpointing_that_fits(
+        tcfg.activation_checkpointing,
         config.shape,
         seq_len,
         state.cp_size,
+        device_memory(state.device),
         state_shards=state.shape.shard_size,
-        activation_checkpointing=tcfg.activation_checkpointing,
         compute_bytes=2 if bf16 else 4,
         residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
-    )
-    check_fits(
-        estimate,
-        device_bytes,
         where=memory_name(state.device),
-        settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
-        f"{tcfg.activation_checkpointing}",
+        settings=f"{state.shape.describe()}, {seq_len}-token windows",
+        report=(lambda line: print(line, flush=True)) if state.is_main else None,
     )
 
 
-def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: TrainedModel, tcfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms and biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -229,17 +203,23 @@ class _Run:
 
     layout: RunLayout
     rows: StepRows
-    model: Transformer
+    model: TrainedModel
     loss_multiplier: float
     optimizer: torch.optim.AdamW
     scheduler: torch.optim.lr_scheduler.LambdaLR
     tracker: CoverageTracker
     meta: dict[str, Any]
     seq_len: int
-    start_step: int
+    bf16: bool
+    start_step: int = 0
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates (and gradient clipping measures)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+def _settings(tcfg: TrainConfig, config: AnyModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint: data, order and model (not the mesh)."""
     return {
         "shards_config_sha256": shards_sha,
@@ -254,12 +234,27 @@ def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha
 def _setup(job: _Job, state: ParallelState) -> _Run:
     """Data, coverage, vocabulary and memory checks, model, optimizer and schedule; restored from the
     newest intact checkpoint when there is one."""
+    torch.manual_seed(job.train.seed)
+    rows = _open_rows(job, state)
+    _check_rows(job, rows, state)
+    bf16 = use_bf16(job.train.precision, state.device)
+    config, checkpointing = _checked_model_config(job, rows, state, bf16)
+    meta = _settings(job.train, config, rows, rows.dataset.shards.manifest.header.config_sha256)
+    resume_from = _resume_checkpoint(job, state, meta)
+    run = _build_run(
+        job, state, rows, config, meta, bf16, checkpointing=checkpointing, fill=resume_from is None
+    )
+    if resume_from is not None:
+        _restore(run, resume_from, state)
+    return run
+
+
+def _open_rows(job: _Job, state: ParallelState) -> StepRows:
+    """This rank's rows of every step, from the run's shards (copied into the cache when remote)."""
     tcfg, layout = job.train, job.layout
-    torch.manual_seed(tcfg.seed)
-    folder = shards_folder(tcfg, layout, job.context.target)
-    rows = StepRows(
-        folder,
-        tokenizer=tokenizer_file(layout, job.tokenizer),
+    return StepRows(
+        layout.training_shards(tcfg.shards, job.context.target),
+        tokenizer=layout.tokenizer_file(job.tokenizer),
         seed=tcfg.seed,
         holdout_rows=tcfg.holdout_rows,
         global_batch_rows=tcfg.global_batch_rows or state.dp_size,
@@ -268,13 +263,16 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
         cache=tcfg.cache or layout.cache,
         storage_options=tcfg.storage_options,
     )
-    manifest = rows.dataset.shards.manifest
-    seq_len, original = rows.seq_len, job.context.original
-    if seq_len % (2 * state.cp_size):
-        raise ConfigError(
-            f"the shards' seq_len {seq_len} is not divisible by 2 * train.cp = {2 * state.cp_size}"
-        )
-    required = required_position(original, job.context.target, tcfg.coverage.required_position)
+
+
+def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
+    """Refuse windows the ring cannot split, and shards whose positions never reach the required
+    one (a warning instead with ``train.coverage.allow_short``)."""
+    manifest, original = rows.dataset.shards.manifest, job.context.original
+    shards = f"the shards' seq_len ({rows.dataset.shards.source})"
+    MeshShape.check_window(rows.seq_len, state.cp_size, length_key=shards, cp_key="train.cp")
+    coverage = job.train.coverage
+    required = required_position(original, job.context.target, coverage.required_position)
     try:
         check_shard_coverage(
             manifest.max_position,
@@ -283,54 +281,87 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
             original,
         )
     except CoverageError as err:
-        if not tcfg.coverage.allow_short:
+        if not coverage.allow_short:
             raise
         if state.is_main:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
-    config = model_config(tcfg, job.context, manifest.header.tokenizer.vocab_size)
-    check_vocabulary(config, manifest.header.tokenizer.vocab_size, folder)
-    config.check_context_length(seq_len)
-    bf16 = use_bf16(tcfg, state.device)
-    check_memory(tcfg, config, seq_len, state, bf16)
-    meta = _settings(tcfg, config, rows, manifest.header.config_sha256)
-    resume_from = find_resume_checkpoint(
-        layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
+
+
+def _checked_model_config(
+    job: _Job, rows: StepRows, state: ParallelState, bf16: bool
+) -> tuple[AnyModelConfig, str]:
+    """The model to train, once its embedding covers the shards' vocabulary, its attention the
+    windows, and the memory estimate the device; and the activation checkpointing mode it fits with
+    (``train.activation_checkpointing``, ``auto`` resolved)."""
+    header = rows.dataset.shards.manifest.header
+    config = model_config(job.train, job.context, header.tokenizer.vocab_size)
+    check_vocabulary(config, header.tokenizer.vocab_size, rows.dataset.shards.source)
+    config.check_context_length(rows.seq_len)
+    return config, check_memory(job.train, config, rows.seq_len, state, bf16)
+
+
+def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
+    """The newest intact checkpoint to resume from, once its settings match this run's; None to
+    start at step 0."""
+    found = find_resume_checkpoint(
+        job.layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
     )
-    if resume_from is not None:
-        check_settings(resume_from.folder, read_trainer_state(resume_from.folder)["meta"], meta)
-    built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
-    if resume_from is None:
-        if tcfg.model.hf_path is not None:
-            load_weights(built.model, tcfg.model.hf_path)
-        else:
-            fill_random(built.model, tcfg.seed)
+    if found is not None:
+        check_settings(found.folder, read_trainer_state(found.folder)["meta"], meta)
+    return found
+
+
+def _build_run(
+    job: _Job,
+    state: ParallelState,
+    rows: StepRows,
+    config: AnyModelConfig,
+    meta: dict[str, Any],
+    bf16: bool,
+    *,
+    checkpointing: str,
+    fill: bool,
+) -> _Run:
+    """The sharded model (with the base weights when ``fill``), its optimizer, schedule and coverage
+    tracker, at step 0."""
+    tcfg = job.train
+    built = build_model(
+        config,
+        state,
+        activation_checkpointing=checkpointing,
+        bf16=bf16,
+        kernels=tcfg.kernels,
+        compile_cache=job.layout.compile_cache,
+    )
+    if fill:
+        fill_base_weights(built.model, tcfg)
     optimizer = make_optimizer(built.model, tcfg)
-    scheduler = make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio)
-    run = _Run(
-        layout=layout,
+    return _Run(
+        layout=job.layout,
         rows=rows,
         model=built.model,
         loss_multiplier=built.loss_multiplier,
         optimizer=optimizer,
-        scheduler=scheduler,
-        tracker=CoverageTracker(original, seq_len, tcfg.coverage.max_steps_without_long),
+        scheduler=make_scheduler(optimizer, tcfg.optim.warmup_steps, tcfg.steps, tcfg.optim.min_lr_ratio),
+        tracker=CoverageTracker(job.context.original, rows.seq_len, tcfg.coverage.max_steps_without_long),
         meta=meta,
-        seq_len=seq_len,
-        start_step=0,
+        seq_len=rows.seq_len,
+        bf16=bf16,
     )
-    if resume_from is not None:
-        saved = load_checkpoint(resume_from, built.model, optimizer, state)
-        run.start_step = resume_from.step
-        scheduler.load_state_dict(saved["scheduler"])
-        rows.load_state_dict(saved["data"])
-        for key, value in saved["coverage"].items():
-            setattr(run.tracker, key, value)
-        if state.is_main:
-            print(
-                f"resuming from {resume_from.folder} (step {run.start_step}, {state.shape.describe()})",
-                flush=True,
-            )
-    return run
+
+
+def _restore(run: _Run, checkpoint: Checkpoint, state: ParallelState) -> None:
+    """Weights, optimizer, schedule, data position and coverage from ``checkpoint``."""
+    saved = load_checkpoint(checkpoint, run.model, run.optimizer, state)
+    run.start_step = checkpoint.step
+    run.scheduler.load_state_dict(saved["scheduler"])
+    run.rows.load_state_dict(saved["data"])
+    for key, value in saved["coverage"].items():
+        setattr(run.tracker, key, value)
+    if state.is_main:
+        print(
+            f"resuming from {checkpoint.folder} (step {run.start_step}, {state.shape.describe()})", flush=True
+        )
 
 
 @dataclass
@@ -427,7 +458,7 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
     return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
 
 
-def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -> Path:
+def _export(model: TrainedModel, job: _Job, state: ParallelState, folder: Path) -> Path:
     """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
     to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
     written = export_model(
@@ -435,7 +466,7 @@ def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -
         folder,
         state,
         dtype=export_dtype(job.train),
-        tokenizer=tokenizer_file(job.layout, job.tokenizer),
+        tokenizer=job.layout.tokenizer_file(job.tokenizer),
         base=job.train.model.hf_path,
         max_shard_size=job.train.export.max_shard_size,
     )
@@ -448,83 +479,35 @@ def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -
 
 
 def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
+    """Set the run up, take its remaining steps (recording, logging and checkpointing each), and
+    export the trained model."""
     run = _setup(job, state)
     tcfg = job.train
-    tracker, original = run.tracker, job.context.original
     if state.is_main:
         prepare_metrics(run.layout.metrics, run.start_step, job.restart)
     run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
     writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
-    bf16 = use_bf16(tcfg, state.device)
     peak = peak_flops(state.device, None)
-    params = [p for p in run.model.parameters() if p.requires_grad]
-    bar = None
-    if progress and state.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=tcfg.steps, initial=run.start_step, desc="train", unit="step", dynamic_ncols=True)
-    losses: list[float] = []
+    bar = _progress_bar(tcfg.steps, run.start_step) if progress and state.is_main else None
     records: list[dict[str, Any]] = []
     tokens_seen, time_spent = 0, 0.0
     try:  # the bar's line is ended even when a step fails, so an error prints on a line of its own
         for step in range(run.start_step, tcfg.steps):
-            start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
-            micro = run.rows.next_step()
-            shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
             logged = (step + 1) % tcfg.log.every == 0 or step + 1 == tcfg.steps
-            stats = _forward_backward(run, shards, state, bf16, position_losses=logged)
-            if not math.isfinite(stats.loss):
-                raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.optim.grad_clip))
-            lr = run.scheduler.get_last_lr()[0]
-            run.optimizer.step()
-            run.scheduler.step()
-            run.optimizer.zero_grad(set_to_none=True)
-            tracker.add(stats.bucket_count, stats.max_position)
-            elapsed = time.perf_counter() - start
-            comm = stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before
-            step_tokens = run.seq_len * run.rows.global_batch_rows
-            tokens_seen += step_tokens
-            time_spent += elapsed
-            pairs = sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size
-            flops = training_flops(run.model.config.shape, step_tokens, pairs)
-            counts = stats.bucket_count
-            record = {
-                "step": step + 1,
-                "loss": stats.loss,
-                "lr": lr,
-                "grad_norm": grad_norm,
-                "tokens_per_s": step_tokens / elapsed,
-                "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
-                "comm_fraction": comm / elapsed,
-                "attention_score_fraction": stats.attention_score_fraction,
-                "max_position": tracker.max_position,
-                "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original)
-                / max(1, sum(counts)),
-                "loss_by_position": {
-                    str(edge): total / n if n and logged else None
-                    for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
-                },
-            }
-            losses.append(stats.loss)
+            measured = _optimizer_step(run, state, step, tcfg.optim.grad_clip, logged)
+            tokens_seen += measured.tokens
+            time_spent += measured.seconds
+            record = _step_record(run, state, step, measured, peak, job.context.original, logged)
             records.append(record)
             if writer is not None and logged:
                 writer.write(record)
             if bar is not None:
-                bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 bar.update(1)
             if not tcfg.coverage.allow_short:
-                tracker.check()
+                run.tracker.check()
             if (step + 1) % tcfg.checkpoint.every == 0 or step + 1 == tcfg.steps:
-                save_checkpoint(
-                    run.layout.checkpoints,
-                    step + 1,
-                    run.model,
-                    run.optimizer,
-                    _trainer_state(run, job, state),
-                    state,
-                    tcfg.checkpoint.keep,
-                )
+                _save_checkpoint(run, job, state, step + 1)
     finally:
         if bar is not None:
             bar.close()
@@ -533,13 +516,108 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     final = _export(run.model, job, state, run.layout.final_model)
     return TrainResult(
         steps=tcfg.steps,
-        losses=losses,
-        coverage=tracker.summary(),
+        losses=[r["loss"] for r in records],
+        coverage=run.tracker.summary(),
         final_model=final if state.is_main else None,
         tokens_per_s=tokens_seen / time_spent if time_spent else 0.0,
         resumed_from=run.start_step,
         records=records,
         state_bytes=state_bytes(run.model, run.optimizer),
+    )
+
+
+def _progress_bar(steps: int, start: int) -> Any:
+    """The training progress bar (rank 0), starting at ``start`` of ``steps``."""
+    from tqdm import tqdm
+
+    return tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What one optimizer step did, summed over all ranks."""
+
+    stats: _StepStats
+    grad_norm: float
+    lr: float
+    seconds: float
+    comm_s: float
+    """Seconds spent in collectives: the step's statistics and the ring's waits."""
+    tokens: int
+    causal_pairs: int
+    """(query, key) pairs causal attention computed over the step's windows (its FLOPs)."""
+
+
+def _optimizer_step(run: _Run, state: ParallelState, step: int, grad_clip: float, logged: bool) -> _Measured:
+    """Step ``step + 1``: the next rows, split over the ring, forward and backward, gradients clipped
+    to ``grad_clip``, AdamW and the schedule; loss by position binned when ``logged``."""
+    start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
+    micro = run.rows.next_step()
+    shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
+    stats = _forward_backward(run, shards, state, run.bf16, position_losses=logged)
+    if not math.isfinite(stats.loss):
+        raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.params, grad_clip))
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.tracker.add(stats.bucket_count, stats.max_position)
+    elapsed = time.perf_counter() - start
+    return _Measured(
+        stats=stats,
+        grad_norm=grad_norm,
+        lr=lr,
+        seconds=elapsed,
+        comm_s=stats.comm_s + WAIT_CLOCK.seconds - ring_wait_before,
+        tokens=run.seq_len * run.rows.global_batch_rows,
+        causal_pairs=sum(_causal_pairs(m["cu_seqlens"]) for m in micro) * state.dp_size,
+    )
+
+
+def _step_record(
+    run: _Run,
+    state: ParallelState,
+    step: int,
+    measured: _Measured,
+    peak: float | None,
+    original: int,
+    logged: bool,
+) -> dict[str, Any]:
+    """The metrics record of step ``step + 1`` (``metrics.jsonl``, trackers); loss by position only
+    when ``logged``."""
+    stats, tracker, elapsed = measured.stats, run.tracker, measured.seconds
+    flops = training_flops(run.model.config.shape, measured.tokens, measured.causal_pairs)
+    counts = stats.bucket_count
+    return {
+        "step": step + 1,
+        "loss": stats.loss,
+        "lr": measured.lr,
+        "grad_norm": measured.grad_norm,
+        "tokens_per_s": measured.tokens / elapsed,
+        "mfu": flops / elapsed / (peak * state.world_size) if peak else None,
+        "comm_fraction": measured.comm_s / elapsed,
+        "attention_score_fraction": stats.attention_score_fraction,
+        "max_position": tracker.max_position,
+        "long_token_fraction": sum(c for e, c in zip(tracker.edges, counts) if e >= original)
+        / max(1, sum(counts)),
+        "loss_by_position": {
+            str(edge): total / n if n and logged else None
+            for edge, total, n in zip(tracker.edges, stats.bucket_loss, counts)
+        },
+    }
+
+
+def _save_checkpoint(run: _Run, job: _Job, state: ParallelState, step: int) -> None:
+    """The distributed checkpoint of ``step`` (the oldest beyond ``train.checkpoint.keep`` removed)."""
+    save_checkpoint(
+        run.layout.checkpoints,
+        step,
+        run.model,
+        run.optimizer,
+        _trainer_state(run, job, state),
+        state,
+        job.train.checkpoint.keep,
     )
 
 
@@ -561,7 +639,7 @@ def export_checkpoint(
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
         saved = read_trainer_state(folder)
-        config = ModelConfig.from_hf(saved["meta"]["model"])
+        config = saved_model_config(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
         return _export(built.model, _Job(train, context, layout, tokenizer), state, layout.export(step))

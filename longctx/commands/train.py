@@ -5,23 +5,30 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
+    from longctx.trainer.launch import Rendezvous
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="train a RoPE-scaled Llama-family model on packed shards with ring attention",
+        help="train a RoPE-scaled decoder on packed shards with ring attention",
         description=(
             "Continue pretraining on the packer's shards. Run it under torchrun for several processes "
-            "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have "
-            "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
-            "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
-            "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a "
-            "killed run resumes from its newest intact checkpoint when started again, at any world size."
+            "(torchrun --nproc-per-node N -m longctx.cli train --config CFG) or pass --nproc N to have it "
+            "start torchrun on this machine. On M machines, run it on each with --nproc N --nnodes M "
+            "--rdzv-endpoint HOST:PORT (HOST one of them, the same on all; docs/clusters.md, and "
+            "configs/slurm/train.sbatch under Slurm). train.cp ranks form one ring (context parallelism); "
+            "the world size divided by train.cp is the data-parallel size. Refuses shards whose positions "
+            "never reach the required position, and models the ring cannot train. Writes "
+            "<output>/train/{metrics.jsonl,checkpoints/,final/}; a killed run resumes from its newest intact "
+            "checkpoint when started again, at any world size."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local run folder (overrides output)")
     parser.add_argument("--steps", type=int, help="optimizer steps (overrides train.steps)")
     parser.add_argument(
         "--shards",
@@ -29,6 +36,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(overrides train.shards)",
     )
     parser.add_argument("--nproc", type=int, help="start torchrun with this many local processes")
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="with --nproc: machines of the job, each running this command (default 1)",
+    )
+    parser.add_argument(
+        "--rdzv-endpoint",
+        metavar="HOST:PORT",
+        help="with --nnodes: where the machines' launchers meet (HOST is one of them; the same on all)",
+    )
+    parser.add_argument(
+        "--rdzv-id",
+        help="with --nnodes: the job's name at the endpoint, the same on all machines "
+        "(default: one derived from the output folder, e.g. $SLURM_JOB_ID under Slurm)",
+    )
     parser.add_argument(
         "--restart",
         action="store_true",
@@ -44,31 +67,40 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
-    from longctx.trainer.launch import follow_launcher, launch_training, rank_errors
+    from longctx.trainer.launch import follow_launcher, launch_training, quiet_agent_cpp_logs, rank_errors
     from longctx.trainer.preflight import check_before_start
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
+        output = local_path(
+            args.output,
+            "--output",
+            "the run folder is local; train.export.output uploads the trained model to a URL, and "
+            "--shards URL reads shards from one",
+        )
         cfg = load_config(
             args.config,
             {
-                "output": str(args.output) if args.output else None,
+                "output": str(output) if output else None,
                 "train.steps": args.steps,
                 "train.shards": args.shards,
             },
         )
         if cfg.train is None:
             raise ConfigError(f"{args.config} has no 'train' section")
+        jobs.check(cfg, "train")  # before torchrun starts any rank
         launcher = bool(args.nproc) and "RANK" not in os.environ
-        world = args.nproc if launcher else int(os.environ.get("WORLD_SIZE", "1"))
+        rendezvous = job_rendezvous(args, cfg.output) if launcher else None
+        rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None
+        world = args.nproc * args.nnodes if launcher else int(os.environ.get("WORLD_SIZE", "1"))
         check_before_start(cfg.train, cfg.context, cfg.output, world)
         if launcher:
-            return launch_training(args.nproc, torchrun_args(args), cfg.output)
-        from longctx import jobs
-
+            return launch_training(args.nproc, torchrun_args(args), cfg.output, rendezvous, rank_env)
         if args.export is not None:
             folder = jobs.export(cfg, args.export)
             if int(os.environ.get("RANK", "0")) == 0:
@@ -89,8 +121,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:
+    """Where this machine's launcher meets the others' (``--nnodes``, ``--rdzv-endpoint``,
+    ``--rdzv-id``); a :class:`~longctx.core.errors.ConfigError` when the flags do not make a job."""
+    import hashlib
+
+    from longctx.core.errors import ConfigError
+    from longctx.trainer.launch import Rendezvous
+
+    if args.nnodes < 1:
+        raise ConfigError(f"--nnodes must be at least 1, got {args.nnodes}")
+    if args.nnodes == 1:
+        if args.rdzv_endpoint or args.rdzv_id:
+            raise ConfigError("--rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)")
+        return None
+    host, _, port = (args.rdzv_endpoint or "").rpartition(":")
+    if not host or not port.isdigit() or port == "0":
+        raise ConfigError(
+            f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT, where the machines' launchers meet "
+            f"(HOST one of them, PORT free there; the same on every machine), got {args.rdzv_endpoint!r}"
+        )
+    run_id = args.rdzv_id or "longctx-" + hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:16]
+    return Rendezvous(args.nnodes, args.rdzv_endpoint, run_id)
+
+
 def torchrun_args(args: argparse.Namespace) -> list[str]:
-    """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``."""
+    """The arguments each torchrun rank runs ``longctx.cli`` with: this command without ``--nproc``
+    and the rendezvous flags."""
     argv = ["train", "--config", str(args.config)]
     for flag, value in (
         ("--output", args.output),

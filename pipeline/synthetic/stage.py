@@ -22,6 +22,7 @@ from longctx.core.layout import RunLayout
 from longctx.core.tokenizer import load_tokenizer
 from longctx.pipeline.config import SyntheticConfig
 from longctx.pipeline.docstore import CuratedDocumentReader, DocumentWriter
+from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS
 from longctx.pipeline.synthetic.tasks import (
     DEFAULT_SOURCE,
     TASK_KINDS,
@@ -88,7 +89,7 @@ class SyntheticTasks(PipelineStep):
         tokenizer_path: str | os.PathLike,
         n_examples: int,
         context_tokens: int | Sequence[int],
-        kinds: Sequence[TaskKind] = TASK_KINDS,
+        kinds: Sequence[TaskKind] = DEFAULT_KINDS,
         depths: Sequence[float] | None = None,
         seed: int = 0,
         source: str = DEFAULT_SOURCE,

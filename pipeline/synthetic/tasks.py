@@ -1,6 +1,6 @@
 """Synthetic long-context tasks: needles hidden in real curated text, for training and evaluation.
 
-Four task kinds, after RULER (Hsieh et al., 2024):
+Task kinds, after RULER (Hsieh et al., 2024):
 
 * ``single_needle``: one ``The special magic number for <key> is: <value>.`` sentence; the question
   asks for the key's value.
@@ -11,6 +11,18 @@ Four task kinds, after RULER (Hsieh et al., 2024):
 * ``variable_tracking``: chains of assignments (``VAR QXJZT = 4819302.``, later
   ``VAR KWMRA = VAR QXJZT.``, ...) scattered through the context, one chain asked about and the
   others distractors; the answer is the asked chain's variables in assignment order.
+* ``multi_query``: several magic-number sentences with distinct keys, all asked at once; the answer
+  lists the values in the order the question names the keys.
+* ``document_qa``: the haystack is passages of the curated documents (about an eighth of the
+  context each, between 400 and 4000 characters, from random sentence boundaries), labelled
+  ``Document 1:``, ``Document 2:``, ...; a natural-language fact about an invented entity (``Vera
+  Tolimak was born in the town of Kelubury.``) is planted in one of them, and facts of the same
+  form about other entities (with other values) as distractors; the question, after all the
+  documents, names the entity and asks for the value.
+* ``common_words`` and ``frequent_words``: aggregation over a list of invented words, without
+  haystack text (``longctx.pipeline.synthetic.words``).
+
+How each kind is scored is ``longctx.pipeline.synthetic.checkers``.
 
 The haystack is real text: curated documents concatenated in an order drawn from the seed, the first
 one entered at a random sentence boundary, and trimmed with the tokenizer so that the whole prompt
@@ -38,21 +50,51 @@ at the very start has depth 0 and one after all the haystack text depth 1.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import itertools
 import random
 import re
 import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from tokenizers import Tokenizer
 
-TaskKind = Literal["single_needle", "multi_key", "multi_value", "variable_tracking"]
-TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
-DEFAULT_SOURCE = "synthetic"
-ANSWER_CUE = "Answer:"
+from longctx.pipeline.synthetic.example import (
+    ANSWER_CUE,
+    DEFAULT_SOURCE,
+    Example,
+    HaystackDoc,
+    Needle,
+    TaskSizes,
+    as_haystack,
+    derive_seed,
+)
+from longctx.pipeline.synthetic.kinds import LIST_KINDS, TASK_KINDS, TaskKind
+from longctx.pipeline.synthetic.names import (
+    ADJECTIVES,
+    NOUNS,
+    person_name,
+    pet_name,
+    place_name,
+    society_name,
+)
+from longctx.pipeline.synthetic.words import build_list_example
+
+__all__ = [
+    "ANSWER_CUE",
+    "DEFAULT_SOURCE",
+    "TASK_KINDS",
+    "Example",
+    "HaystackDoc",
+    "Needle",
+    "TaskKind",
+    "TaskSizes",
+    "as_haystack",
+    "build_example",
+    "derive_seed",
+    "make_grid",
+]
+from longctx.core.text import plural
 
 _DOC_SEPARATOR = "\n\n"
 # Where a new sentence or line starts: after . ! or ? (and closing quotes or brackets) plus
@@ -61,108 +103,7 @@ _BOUNDARY = re.compile(r"(?<=[.!?])[\"'\u2019\u201d)\]]*\s+|\n\s*")
 _SNAP_FRACTION = 0.05  # a boundary is used when it lies within this fraction of the haystack's length
 _FIT_ROUNDS = 6  # most haystack lengths tokenized to get the prompt close to the budget
 _DRAW_ATTEMPTS = 1000
-
-# fmt: off
-_ADJECTIVES = (
-    "amber", "ancient", "bitter", "bold", "brave", "bright", "calm", "clever", "copper", "crimson",
-    "curious", "distant", "eager", "electric", "emerald", "fierce", "gentle", "golden", "hidden", "hollow",
-    "humble", "icy", "ivory", "jolly", "lively", "lonely", "lucky", "misty", "noble", "olive", "patient",
-    "quiet", "rapid", "restless", "rusty", "scarlet", "silent", "silver", "sleepy", "solar", "steady",
-    "swift", "tidy", "velvet", "violet", "wandering", "wild", "woolen",
-)
-_NOUNS = (
-    "anchor", "badger", "beacon", "canyon", "cedar", "comet", "compass", "falcon", "fern", "fjord",
-    "glacier", "harbor", "hedgehog", "heron", "island", "kettle", "lantern", "lemur", "lighthouse",
-    "meadow", "meteor", "minnow", "monsoon", "nebula", "orchard", "otter", "pebble", "pelican", "pine",
-    "quarry", "raven", "reef", "saddle", "sparrow", "spruce", "summit", "thistle", "thunder", "tortoise",
-    "tundra", "valley", "walrus", "willow", "window", "wombat", "yak", "zephyr", "zeppelin",
-)
-# fmt: on
-
-
-@dataclass(frozen=True)
-class HaystackDoc:
-    """A curated document whose text can hide needles; ``id`` is recorded in ``Example.haystack_ids``."""
-
-    id: str
-    text: str
-
-
-@dataclass(frozen=True)
-class TaskSizes:
-    """How many needles each task kind hides.
-
-    ``keys``: needles of ``multi_key`` (one asked, the rest distractors). ``values``: values of the
-    one ``multi_value`` key. ``hops``: variables in each ``variable_tracking`` chain. ``chains``:
-    ``variable_tracking`` chains (one asked, the rest distractors).
-    """
-
-    keys: int = 4
-    values: int = 4
-    hops: int = 4
-    chains: int = 2
-
-    def __post_init__(self) -> None:
-        small = [name for name in ("keys", "values", "hops", "chains") if getattr(self, name) < 1]
-        if small:
-            raise ValueError(f"TaskSizes: {', '.join(small)} must be at least 1")
-
-
-@dataclass(frozen=True)
-class Needle:
-    """One inserted needle; see the module docstring for the exact meaning of the offsets.
-
-    ``target`` is true for the needles the answer is about and false for distractors.
-    """
-
-    text: str
-    char_offset: int
-    token_offset: int
-    depth: float
-    target: bool
-
-
-@dataclass(frozen=True)
-class Example:
-    """One synthetic task.
-
-    ``depth`` and ``context_tokens`` are what was requested (the evaluation grid's coordinates);
-    ``prompt_tokens`` is the prompt's actual length (never more than ``context_tokens``) and each
-    needle records its measured depth. ``context`` is the haystack with the needles inserted and
-    starts at ``prompt[context_offset]``; ``needles`` are in order of appearance.
-    """
-
-    kind: TaskKind
-    seed: int
-    depth: float
-    context_tokens: int
-    prompt_tokens: int
-    context: str
-    context_offset: int
-    question: str
-    answer: str
-    prompt: str
-    needles: tuple[Needle, ...]
-    haystack_ids: tuple[str, ...]
-
-    @property
-    def training_text(self) -> str:
-        """The document a model trains on: the prompt followed by the answer."""
-        return f"{self.prompt} {self.answer}"
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from ``parts`` (via sha256 of their ``str``), stable across runs and machines."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-def as_haystack(items: Sequence[str | HaystackDoc]) -> list[HaystackDoc]:
-    """Haystack documents from texts (id: their index) or :class:`HaystackDoc`; empty texts are left out."""
-    docs = [
-        item if isinstance(item, HaystackDoc) else HaystackDoc(str(i), item) for i, item in enumerate(items)
-    ]
-    return [doc for doc in docs if doc.text]
+_MIN_PASSAGE_CHARS, _MAX_PASSAGE_CHARS = 400, 4000  # document_qa's passages
 
 
 # --- the task content: needles, question and answer -------------------------------------------
@@ -180,6 +121,10 @@ class _Task:
     instruction: str
     question: str
     needles: tuple[_PlannedNeedle, ...]  # ties at one insertion point keep this order
+    # the answer's items in the order the question asks for them; None: the targets' answer parts in
+    # order of appearance
+    answer_items: tuple[str, ...] | None = None
+    choices: tuple[str, ...] = ()  # Example.choices
 
 
 def _draw(rng: random.Random, make: Callable[[random.Random], str], taken: set[str], haystack: str) -> str:
@@ -197,7 +142,7 @@ def _number(rng: random.Random) -> str:
 
 
 def _key(rng: random.Random) -> str:
-    return f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
+    return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
 
 
 def _variable(rng: random.Random) -> str:
@@ -278,11 +223,62 @@ def _variable_tracking(rng: random.Random, depth: float, sizes: TaskSizes, hayst
     )
 
 
+def _multi_query(rng: random.Random, depth: float, sizes: TaskSizes, haystack: str) -> _Task:
+    """The first-named key's needle sits at ``depth``, the others at depths drawn from the seed."""
+    taken: set[str] = set()
+    keys = [_draw(rng, _key, taken, haystack) for _ in range(sizes.queries)]
+    pairs = [(key, _draw(rng, _number, taken, haystack)) for key in keys]
+    depths = [depth] + [rng.random() for _ in pairs[1:]]
+    named = ", ".join(keys[:-1]) + f" and {keys[-1]}" if len(keys) > 1 else keys[0]
+    values = tuple(v for _, v in pairs)
+    return _Task(
+        "Special magic numbers for several keys are hidden in the following text. "
+        "Memorize them: a question about them follows the text.",
+        f"What are the special magic numbers for {named} mentioned in the text above? "
+        "List them in the order of the keys in this question.",
+        tuple(_PlannedNeedle(_magic(k, v), d, v) for (k, v), d in zip(pairs, depths)),
+        answer_items=values,
+        choices=values,
+    )
+
+
+# (entity, value, fact, question): ``{e}`` the entity, ``{v}`` the value
+_RELATIONS: tuple[tuple[Callable[[random.Random], str], Callable[[random.Random], str], str, str], ...] = (
+    (person_name, place_name, "{e} was born in the town of {v}.", "In which town was {e} born?"),
+    (person_name, pet_name, "{e} has a cat named {v}.", "What is the name of the cat that {e} has?"),
+    (society_name, person_name, "The {e} was founded by {v}.", "Who founded the {e}?"),
+)
+
+
+def _document_qa(rng: random.Random, depth: float, sizes: TaskSizes, haystack: str) -> _Task:
+    """One relation drawn from the seed; the asked fact at ``depth``, distractor facts of the same
+    relation about other entities (with other values) at depths drawn from the seed."""
+    entity, value, fact, question = rng.choice(_RELATIONS)
+    taken: set[str] = set()
+    pairs = [
+        (_draw(rng, entity, taken, haystack), _draw(rng, value, taken, haystack)) for _ in range(sizes.facts)
+    ]
+    asked, answer = pairs[0]
+    depths = [depth] + [rng.random() for _ in pairs[1:]]
+    return _Task(
+        "Read the following documents: a question about them follows.",
+        f"Answer the question from the documents above. {question.format(e=asked)}",
+        tuple(
+            _PlannedNeedle(fact.format(e=e, v=v), d, v if i == 0 else None)
+            for i, ((e, v), d) in enumerate(zip(pairs, depths))
+        ),
+        answer_items=(answer,),
+        choices=tuple(v for _, v in pairs),
+    )
+
+
 _TASKS: dict[str, Callable[[random.Random, float, TaskSizes, str], _Task]] = {
     "single_needle": _single_needle,
     "multi_key": _multi_key,
     "multi_value": _multi_value,
     "variable_tracking": _variable_tracking,
+    "multi_query": _multi_query,
+    "document_qa": _document_qa,
 }
 
 
@@ -313,6 +309,31 @@ def _pieces(docs: Sequence[HaystackDoc], rng: random.Random) -> Iterator[Haystac
         yield HaystackDoc(first.id, first.text[:start])
 
 
+def _passages(docs: Sequence[HaystackDoc], rng: random.Random, chars: int) -> Iterator[HaystackDoc]:
+    """Passages of about ``chars`` characters for ``document_qa``: documents in seed order, each
+    one passage from a random sentence boundary to the first boundary ``chars`` characters on
+    (a shorter document whole); then further rounds with new random passages, until as many
+    characters as the documents hold have been given."""
+    total, given = sum(len(d.text) for d in docs), 0
+    while given < total:
+        before = given
+        for i in _shuffled(len(docs), rng):
+            text = docs[i].text
+            start = 0
+            if len(text) > chars:
+                match = _BOUNDARY.search(text, rng.randrange(len(text) - chars))
+                start = match.end() if match and match.end() < len(text) else 0
+            match = _BOUNDARY.search(text, start + chars)
+            passage = text[start : match.end() if match else len(text)].strip()
+            if passage:
+                given += len(passage)
+                yield HaystackDoc(docs[i].id, passage)
+            if given >= total:
+                return
+        if given == before:  # nothing but white space
+            return
+
+
 @dataclass(frozen=True)
 class _Gathered:
     text: str
@@ -322,9 +343,18 @@ class _Gathered:
     doc_starts: list[tuple[int, str]]  # (character offset, id) of each piece
 
 
-def _gather(docs: Sequence[HaystackDoc], rng: random.Random, tokenizer: Tokenizer, tokens: int) -> _Gathered:
-    """At least ``tokens + 1`` tokens of haystack text (fewer only when the documents run out)."""
-    pieces = _pieces(docs, rng)
+def _gather(
+    docs: Sequence[HaystackDoc],
+    rng: random.Random,
+    tokenizer: Tokenizer,
+    tokens: int,
+    passage_chars: int | None = None,
+) -> _Gathered:
+    """At least ``tokens + 1`` tokens of haystack text (fewer only when the documents run out).
+    With ``passage_chars``, the pieces are :func:`_passages` and each starts with ``Document <k>:``
+    on a line of its own."""
+    labelled = passage_chars is not None
+    pieces = _passages(docs, rng, passage_chars) if passage_chars is not None else _pieces(docs, rng)
     parts: list[str] = []
     doc_starts: list[tuple[int, str]] = []
     length = 0
@@ -340,8 +370,9 @@ def _gather(docs: Sequence[HaystackDoc], rng: random.Random, tokenizer: Tokenize
                 parts.append(_DOC_SEPARATOR)
                 length += len(_DOC_SEPARATOR)
             doc_starts.append((length, piece.id))
-            parts.append(piece.text)
-            length += len(piece.text)
+            body = f"Document {len(doc_starts)}:\n{piece.text}" if labelled else piece.text
+            parts.append(body)
+            length += len(body)
         text = "".join(parts)[:want]
         encoding = tokenizer.encode(text, add_special_tokens=False)
         if len(encoding.ids) > tokens or (exhausted and len(text) == length):
@@ -443,6 +474,12 @@ def _token_at(ends: list[int], char: int) -> int:
     return bisect.bisect_right(ends, char)
 
 
+def _passage_chars(context_tokens: int) -> int:
+    """``document_qa``'s passage length: about an eighth of the context (at about 4 characters a
+    token), between 400 and 4000 characters, so that a context holds several documents."""
+    return min(_MAX_PASSAGE_CHARS, max(_MIN_PASSAGE_CHARS, 4 * context_tokens // 8))
+
+
 def build_example(
     haystack: Sequence[str | HaystackDoc],
     tokenizer: Tokenizer,
@@ -455,20 +492,32 @@ def build_example(
     """One task of ``kind`` whose prompt holds at most ``context_tokens`` tokens (without special tokens).
 
     ``depth`` (0 = start, 1 = end of the context) places the asked needle: the needle itself for
-    ``single_needle`` and ``multi_key``, the first-drawn value for ``multi_value`` and the asked
-    chain's first assignment for ``variable_tracking``; other needles get depths drawn from the seed.
-    The haystack is cut with the tokenizer so the prompt comes as close to the budget as sentence
-    boundaries allow (typically within a few percent). Raises ``ValueError`` for a bad kind or depth,
-    a budget too small for the instruction, question and needles, or too little haystack text.
+    ``single_needle`` and ``multi_key``, the first-drawn value for ``multi_value``, the asked
+    chain's first assignment for ``variable_tracking``, the first-named key's needle for
+    ``multi_query`` and the asked fact for ``document_qa``; other needles get depths drawn from the
+    seed. The haystack is cut with the tokenizer so the prompt comes as close to the budget as
+    sentence boundaries allow (typically within a few percent). The word-list kinds
+    (``common_words``, ``frequent_words``) use neither the haystack nor the depth
+    (:func:`longctx.pipeline.synthetic.words.build_list_example`). Raises ``ValueError`` for a bad
+    kind or depth, a budget too small for the instruction, question and needles, or too little
+    haystack text.
     """
-    if kind not in _TASKS:
+    if kind not in _TASKS and kind not in LIST_KINDS:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(TASK_KINDS)}")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
+    if kind in LIST_KINDS:
+        return build_list_example(tokenizer, context_tokens, depth, seed, kind, sizes)
     docs = as_haystack(haystack)
     if not docs:
         raise ValueError("no haystack text: every haystack document is empty")
-    gathered = _gather(docs, random.Random(derive_seed(seed, "haystack")), tokenizer, context_tokens)
+    gathered = _gather(
+        docs,
+        random.Random(derive_seed(seed, "haystack")),
+        tokenizer,
+        context_tokens,
+        passage_chars=_passage_chars(context_tokens) if kind == "document_qa" else None,
+    )
     task = _TASKS[kind](random.Random(derive_seed(seed, "task")), depth, sizes, gathered.text)
     fixed = sum(
         len(enc.ids)
@@ -482,7 +531,7 @@ def build_example(
     if target < 1:
         raise ValueError(
             f"context_tokens={context_tokens} leaves no room for haystack text: the instruction, "
-            f"question and {len(task.needles)} needle(s) of {kind} take about {fixed} tokens"
+            f"question and {plural(len(task.needles), 'needle')} of {kind} take about {fixed} tokens"
         )
     if len(gathered.ends) < target:
         raise ValueError(
@@ -533,6 +582,7 @@ def _finish(
         needles.append(Needle(planned.text, char, token, measured, planned.answer_part is not None))
         if planned.answer_part is not None:
             answer_parts.append(planned.answer_part)
+    items = task.answer_items if task.answer_items is not None else tuple(answer_parts)
     return Example(
         kind=kind,
         seed=seed,
@@ -542,10 +592,12 @@ def _finish(
         context=draft.context,
         context_offset=draft.context_offset,
         question=task.question,
-        answer=", ".join(answer_parts),
+        answer=", ".join(items),
         prompt=draft.prompt,
         needles=tuple(needles),
         haystack_ids=draft.haystack_ids,
+        answer_items=items,
+        choices=task.choices,
     )
 
 
@@ -561,10 +613,20 @@ def make_grid(
     """One example per (length, depth), lengths outer, for evaluation.
 
     The examples of one length share their seed (derived from ``seed``, ``kind`` and the length), so
-    they hold the same haystack, keys and values and differ only in where the needles sit.
+    they hold the same haystack, keys and values and differ only in where the needles sit. The
+    word-list kinds have no depth: their seed also takes the depth, so each cell of a length is an
+    independent list rather than the same one repeated.
     """
     return [
-        build_example(haystack_texts, tokenizer, n, d, derive_seed(seed, kind, n), kind, sizes)
+        build_example(
+            haystack_texts,
+            tokenizer,
+            n,
+            d,
+            derive_seed(seed, kind, n, d) if kind in LIST_KINDS else derive_seed(seed, kind, n),
+            kind,
+            sizes,
+        )
         for n in lengths
         for d in depths
     ]

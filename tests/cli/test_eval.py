@@ -20,6 +20,7 @@ import yaml
 from longctx import jobs
 from longctx.cli import main
 from longctx.config import parse_config
+from longctx.core.errors import ConfigError
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import make_run
 from tests.readme import code_blocks
@@ -196,5 +197,5 @@ def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: 
         local / "manifest.json"
     ).read_bytes()
     assert s3.endpoint not in (Path(by_url["folder"]) / "summary.json").read_text()
-    with pytest.raises(Exception, match=r"eval\.shards.*path does not exist"):
-        parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}})
+    with pytest.raises(ConfigError, match=r"eval\.shards: path does not exist"):
+        jobs.evaluate(parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}}))

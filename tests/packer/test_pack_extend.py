@@ -218,3 +218,27 @@ def test_a_finished_length_kept_beside_a_new_one_says_its_other_settings(
     assert contents(root) == before
     with pytest.raises(ConfigError, match=r"seq256 was packed with other settings"):
         jobs.pack(make_config(root, seq_lens=[256], strategy="concat"))
+
+
+def test_only_passes_with_tasks_done_are_forgotten(tmp_path: Path) -> None:
+    """A length recorded but with an empty folder is packed anew: the resume state of a pass that
+    completed tasks for it goes (its shards were deleted), while a pass with no task done keeps its
+    state, the Slurm jobs it records included (still queued: running pack again must not submit them
+    twice; the Slurm test in tests/cluster resubmitted them before)."""
+    from longctx.core.jobstate import SlurmJob, record_slurm_jobs, record_stages, slurm_jobs, stage_folder
+    from longctx.core.layout import RunLayout
+    from longctx.packer.run import forget_passes
+
+    layout = RunLayout(tmp_path, "pack")
+    queued, done, other = (layout.work / name for name in ("seq256+seq512", "seq256", "seq1024"))
+    for work in (queued, done, other):
+        record_stages(work, [("pack", 2), ("manifest", 1)])
+    record_slurm_jobs(queued, [SlurmJob(1, "pack", 2, "28", str(queued / "logs"))])
+    for work in (done, other):
+        marks = stage_folder(work, 1, "pack") / "completions"
+        marks.mkdir(parents=True)
+        (marks / "00000").touch()
+    forget_passes(layout, [256])
+    assert not done.exists()  # its shards are gone: its tasks must run again
+    assert [job.job_id for job in slurm_jobs(queued)] == ["28"]  # nothing done yet: kept as it is
+    assert (other / "logs").is_dir()  # another length's pass is not touched

@@ -18,6 +18,7 @@ from longctx.packer.catalog import read_catalog
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.docstore import DocumentWriter
 from longctx.pipeline.readers.base import read_text_file
+from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS
 from longctx.pipeline.synthetic.stage import (
     SyntheticTasks,
     example_document,
@@ -281,7 +282,7 @@ def as_records(docs: list[Document]) -> dict[str, tuple[str, dict]]:
 def test_stage_emits_documents_with_consistent_metadata(haystack, tokenizer, tokenizer_file) -> None:
     step = SyntheticTasks(tokenizer_file, n_examples=3, context_tokens=[512, 768], seed=7)
     docs = run_stage(step, haystack)
-    assert len(docs) == 3 * len(TASK_KINDS)
+    assert len(docs) == 3 * len(DEFAULT_KINDS)  # the retrieval kinds, unless kinds says otherwise
     types = {k: type(v) for k, v in docs[0].metadata.items()}
     assert set(types) == {
         "source",
@@ -314,7 +315,7 @@ def test_stage_emits_documents_with_consistent_metadata(haystack, tokenizer, tok
         for position, _target in zip(meta["needle_positions"], meta["needle_is_target"]):
             window = tokenizer.decode(ids[position : position + 12])
             assert window.lstrip().startswith(("The special magic", "VAR "))
-    assert sorted({d.metadata["task"] for d in docs}) == sorted(TASK_KINDS)
+    assert sorted({d.metadata["task"] for d in docs}) == sorted(DEFAULT_KINDS)
     assert as_records(run_stage(step, haystack)) == as_records(docs)  # deterministic
     other = SyntheticTasks(tokenizer_file, n_examples=3, context_tokens=[512, 768], seed=8)
     assert not {d.text for d in run_stage(other, haystack)} & {d.text for d in docs}

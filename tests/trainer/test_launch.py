@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from longctx.core.errors import ConfigError
 from longctx.core.runlock import RunLockedError, run_lock
 from longctx.trainer.launch import PARENT_ENV
 from tests.trainer.test_train import SEQ_LEN, shards_root, train_config  # noqa: F401 - shards_root is a fixture
@@ -252,14 +253,50 @@ def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(
         timeout=120,
     )
     assert done.returncode == 2
+    folder = shards_root / "shards" / f"seq{SEQ_LEN}"
     assert done.stderr.strip() == (
-        f"longctx train: train.cp = 3: the shards' seq_len {SEQ_LEN} "
-        f"({shards_root / 'shards' / f'seq{SEQ_LEN}'}) is not divisible by 2 x train.cp = 6 (zigzag context "
-        f"parallelism gives each rank two chunks of every window); choose a cp that divides {SEQ_LEN // 2}, "
-        "or pack windows of a length divisible by 6"
+        f"longctx train: the shards' seq_len ({folder}) = {SEQ_LEN} must be "
+        "a positive multiple of 2 x train.cp = 6 (zigzag context parallelism cuts every window into 2 x cp "
+        f"equal chunks, two per rank); use windows of a multiple of 6 tokens, or a train.cp that divides "
+        f"{SEQ_LEN // 2}"
     )
     assert not (tmp_path / "run").exists()  # a refused run changes nothing
     assert time.monotonic() - started < 60
+
+
+def test_a_mesh_that_does_not_divide_the_world_is_refused_before_any_rank_starts(
+    shards_root: Path, tmp_path: Path
+) -> None:
+    """cp 2 x dp_replicate 2 needs a multiple of 4 processes: 2 are refused by the launcher, as each
+    rank's mesh would refuse them (``MeshShape.for_world``), before any rank starts."""
+    config = write_config(shards_root, tmp_path / "run", cp=2, dp_replicate=2)
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "longctx train: train.cp x train.dp_replicate = 4 must divide the number of processes (longctx train "
+        "--nproc, torchrun --nproc-per-node) = 2; use a multiple of 4"
+    )
+    assert not (tmp_path / "run").exists()  # no rank started, nothing written
+
+
+def test_preflight_counts_the_replicas_in_the_world_size_rule(tmp_path: Path) -> None:
+    """``check_before_start`` refuses what ``init_parallel`` would (cp 2 divides 2 processes, cp 2 x
+    dp_replicate 2 does not), without reading any shard."""
+    from longctx.core.config import ContextConfig
+    from longctx.trainer.config import TrainConfig
+    from longctx.trainer.preflight import check_before_start
+
+    train = TrainConfig(cp=2, dp_replicate=2, shards=str(tmp_path / "no-shards-here"))
+    with pytest.raises(
+        ConfigError, match=r"train\.cp x train\.dp_replicate = 4 must divide the number of processes .* = 2;"
+    ):
+        check_before_start(train, ContextConfig(original=128, target=SEQ_LEN), tmp_path, world_size=2)
 
 
 def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_path: Path) -> None:
@@ -322,3 +359,30 @@ def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(t
     assert [line for line in done.stderr.splitlines() if "damaged shard" in line] == [
         "longctx train: rank 1 found a damaged shard"
     ]
+
+
+def test_multi_machine_flags_that_make_no_job_are_refused_before_any_rank_starts(
+    shards_root: Path, tmp_path: Path
+) -> None:
+    config = write_config(shards_root, tmp_path / "run", cp=2)
+    for flags, message in [
+        (
+            ["--nnodes", "2"],
+            "longctx train: --nnodes 2 needs --rdzv-endpoint HOST:PORT, where the machines' launchers meet",
+        ),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0"], "needs --rdzv-endpoint HOST:PORT"),
+        (
+            ["--rdzv-endpoint", "node0:29500"],
+            "longctx train: --rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)",
+        ),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2", *flags],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in done.stderr, done.stderr
+        assert not (tmp_path / "run").exists()

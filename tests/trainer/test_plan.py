@@ -141,9 +141,11 @@ def test_rank_memory(toy: plan.ModelShape) -> None:
     params = 2 * (64 * 192 + 3 * 64 * 176 + 2 * 64) + 64 + 2 * 100 * 64
     assert params == 105_280
     memory = plan.rank_memory(toy, 1024, 4, state_shards=2)
-    # per token a block saves c(3q + 2k + 4i) + 4a + r 4h = 2 * 960 + 16 + 2 * 256 (bf16 residual under
-    # FSDP; the attention output twice, the ring's and the output projection's input)
-    saved = 2_448
+    # per token a block saves c(2q + 2k + 4i) + 4a + 2(4h + rh + 4) + 2ch (bf16 residual under FSDP: each
+    # norm keeps a float32 copy of its input, its bf16 normalized value and a float32 statistic; the norms'
+    # outputs are the projections' inputs; the output projection's input is the attention output itself)
+    saved = 2 * 896 + 16 + 2 * (4 * 64 + 2 * 64 + 4) + 2 * 2 * 64
+    assert saved == 2_840
     held = 256 * saved  # one block, 256 tokens per rank
     # backward's start holds more than its end: both blocks' activations and the output projection's gradient
     assert 2 * held + 4 * 6_400 / 2 > held + 4 * params / 2
@@ -169,9 +171,10 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
     assert memory.model_states == 12 * params / 4 + 4 * 6_400 / 4
     # two blocks and the output projection, gathered in bf16 with bf16 gradients and fp32 reduce buffers
     assert memory.gathered_params == (2 * block + 100 * 64) * (2 + 2 + 4)
-    # per token per layer: input 2h + rotated q, k, v and the attention output twice 2(3q + 2k) + fp32
-    # lse 4a, plus one layer's saved activations (2_448 bytes per token) and gradients while recomputed
-    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (3 * 64 + 2 * 32) + 4 * 4) + 256 * (2_448 + 1_312)
+    # per token per layer: input rh + the outputs of its matmuls and attention c(2q + 2k + 2h + 2i) + fp32
+    # lse 4a, plus one layer's saved activations (2_840 bytes per token) and gradients while recomputed
+    kept = 2 * 64 + 2 * (2 * 64 + 2 * 32 + 2 * 64 + 2 * 176) + 4 * 4
+    assert memory.activations == 2 * 256 * kept + 256 * (2_840 + 1_312)
     # all 256 tokens of the rank fit one chunk: fp32 logits and gradient plus the bf16 product
     assert memory.logits == 256 * 100 * (4 + 4 + 2)
     assert memory.total == pytest.approx(
@@ -182,10 +185,10 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
         + memory.ring_buffers
     )
     fp32 = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
-    # float32 throughout: c = r = 4 in the per-token terms above
-    assert fp32.gathered_params == 0 and fp32.activations == 2 * 256 * (4 * 960 + 16 + 4 * 256) + 256 * (
-        4 * 3 * 176 + 4 * 2 * 64
-    )
+    # float32 throughout: c = r = 4 in the per-token terms of test_rank_memory
+    saved = 4 * 896 + 16 + 2 * (4 * 64 + 4 * 64 + 4) + 2 * 4 * 64
+    assert fp32.gathered_params == 0
+    assert fp32.activations == 2 * 256 * saved + 256 * (4 * 3 * 176 + 4 * 2 * 64)
 
 
 def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelShape) -> None:
@@ -193,13 +196,13 @@ def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelSh
     and autocast casts the norms' outputs to bf16 once for each of the five input projections (5h more)."""
     autocast = plan.rank_memory(toy, 1024, 1, activation_checkpointing="full")
     sharded = plan.rank_memory(toy, 1024, 1, state_shards=2, activation_checkpointing="full")
-    saved = 2 * 960 + 16 + 4 * 4 * 64 + 2 * 5 * 64
+    saved = 2 * 896 + 16 + 2 * (4 * 64 + 4 * 64 + 4) + 2 * 5 * 64
     # at backward's end (every gradient outweighs the other block's input): one block's float32 input for
     # 1024 tokens, the recomputed block's saved activations and gradients
     assert autocast.activations == 1024 * 4 * 64 + 1024 * (saved + 2 * 3 * 176 + 4 * 2 * 64)
     assert autocast.activations > sharded.activations
     assert plan.rank_memory(toy, 1024, 1, activation_checkpointing="full", residual_bytes=2).activations == (
-        1024 * 2 * 64 + 1024 * (2_448 + 1_312)
+        1024 * 2 * 64 + 1024 * (2_840 + 1_312)
     )
 
 
@@ -249,6 +252,34 @@ def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFix
     assert [
         line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("fits ")
     ] == ["NO"]
+
+
+def test_auto_checkpointing_prints_the_cheapest_mode_that_fits(capsys: pytest.CaptureFixture) -> None:
+    """``auto`` per length: each printed mode fits 80 GB, and every mode that recomputes less does not."""
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, fits, rank_memory
+
+    lengths = [4096, 8192, 65536, 262144]
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "4K,8K,64K,256K", "--gpus", "8"]
+    assert main([*argv, "--gpu-memory", "80GB", "--activation-checkpointing", "auto"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("activation checkpointing "))
+    chosen = row.split()[2:]
+    shape = plan.load_model_shape("llama-3-8b")
+    for length, mode in zip(lengths, chosen, strict=True):
+        order = ACTIVATION_CHECKPOINTING.index(mode)
+        memories = [
+            rank_memory(shape, length, 1, state_shards=8, activation_checkpointing=m)
+            for m in ACTIVATION_CHECKPOINTING
+        ]
+        assert fits(memories[order], 80e9) or mode == "full", (length, mode)
+        assert not any(fits(memory, 80e9) for memory in memories[:order]), (length, mode)
+    assert chosen[0] == "none" and chosen[-1] == "full" and len(set(chosen)) == 3, chosen
+    # without a GPU's memory auto cannot tell what fits: it plans the safe mode
+    assert main([*argv, "--activation-checkpointing", "auto"]) == 0
+    row = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("activation checkpointing ")
+    )
+    assert row.split()[2:] == ["full"] * 4
 
 
 def test_wall_clock_for_a_toy_budget(toy: plan.ModelShape) -> None:
@@ -331,6 +362,10 @@ def test_cli_takes_a_config_path_and_omits_the_wall_clock(
         (["--model", "llama-9-1t", "--lengths", "8K"], "llama-3-70b"),
         (["--model", "llama-3-8b", "--lengths", "8Q"], "bad length '8Q'"),
         (["--model", "llama-3-8b", "--lengths", "1000", "--cp", "16"], "multiple of 2 x cp"),
+        (
+            ["--model", "llama-3-8b", "--lengths", "8K", "--cp", "8", "--gpus", "12"],
+            "cp = 8 must divide --gpus = 12",
+        ),
         (
             ["--model", "llama-3-8b", "--lengths", "8K", "--tokens", "1B"],
             "both a token budget and a GPU count",

@@ -1,0 +1,114 @@
+"""What a synthetic task is made of: haystack documents, sizes, needles and the finished
+:class:`Example`, shared by the needle builders (``tasks``) and the word-list builders (``words``)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from longctx.pipeline.synthetic.kinds import TaskKind
+
+DEFAULT_SOURCE = "synthetic"
+ANSWER_CUE = "Answer:"
+
+
+@dataclass(frozen=True)
+class HaystackDoc:
+    """A curated document whose text can hide needles; ``id`` is recorded in ``Example.haystack_ids``."""
+
+    id: str
+    text: str
+
+
+@dataclass(frozen=True)
+class TaskSizes:
+    """How many needles or items each task kind uses.
+
+    ``keys``: needles of ``multi_key`` (one asked, the rest distractors). ``values``: values of the
+    one ``multi_value`` key. ``hops``: variables in each ``variable_tracking`` chain. ``chains``:
+    ``variable_tracking`` chains (one asked, the rest distractors). ``queries``: needles of
+    ``multi_query``, all asked at once. ``facts``: facts of ``document_qa`` (one asked, the rest
+    distractors about other entities). ``common_words``: the words ``common_words`` asks for (the
+    most common of its list); ``frequent_words``: the words ``frequent_words`` asks for (the most
+    frequent of its list).
+    """
+
+    keys: int = 4
+    values: int = 4
+    hops: int = 4
+    chains: int = 2
+    queries: int = 4
+    facts: int = 4
+    common_words: int = 10
+    frequent_words: int = 3
+
+    def __post_init__(self) -> None:
+        small = [f.name for f in fields(self) if getattr(self, f.name) < 1]
+        if small:
+            raise ValueError(f"TaskSizes: {', '.join(small)} must be at least 1")
+
+
+@dataclass(frozen=True)
+class Needle:
+    """One inserted needle; see ``longctx.pipeline.synthetic.tasks`` for the exact meaning of the
+    offsets.
+
+    ``target`` is true for the needles the answer is about and false for distractors.
+    """
+
+    text: str
+    char_offset: int
+    token_offset: int
+    depth: float
+    target: bool
+
+
+@dataclass(frozen=True)
+class Example:
+    """One synthetic task.
+
+    ``depth`` and ``context_tokens`` are what was requested (the evaluation grid's coordinates);
+    ``prompt_tokens`` is the prompt's actual length (never more than ``context_tokens``) and each
+    needle records its measured depth. ``context`` is the haystack with the needles inserted (or the
+    word list) and starts at ``prompt[context_offset]``; ``needles`` are in order of appearance.
+
+    ``answer`` is ``answer_items`` joined by ``", "``. ``choices`` are, for the kinds scored by
+    recall (``kinds.RECALL_KINDS``), every item the prompt offers as a possible answer (the asked
+    values and the distractors' values, or the words of the list): what the checker looks for in a
+    generation. It is empty for the kinds scored by an exact answer.
+    """
+
+    kind: TaskKind
+    seed: int
+    depth: float
+    context_tokens: int
+    prompt_tokens: int
+    context: str
+    context_offset: int
+    question: str
+    answer: str
+    prompt: str
+    needles: tuple[Needle, ...]
+    haystack_ids: tuple[str, ...]
+    answer_items: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+
+    @property
+    def training_text(self) -> str:
+        """The document a model trains on: the prompt followed by the answer."""
+        return f"{self.prompt} {self.answer}"
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from ``parts`` (via sha256 of their ``str``), stable across runs and machines."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def as_haystack(items: Sequence[str | HaystackDoc]) -> list[HaystackDoc]:
+    """Haystack documents from texts (id: their index) or :class:`HaystackDoc`; empty texts are left out."""
+    docs = [
+        item if isinstance(item, HaystackDoc) else HaystackDoc(str(i), item) for i, item in enumerate(items)
+    ]
+    return [doc for doc in docs if doc.text]

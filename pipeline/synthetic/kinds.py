@@ -1,0 +1,35 @@
+"""The names of the synthetic task kinds, in one place: the task builders, the checkers and the
+``curate.synthetic.kinds`` / ``eval.needle.kinds`` settings all use them (this module imports
+nothing heavy, so configs can).
+
+- Retrieval of needles hidden in real text, scored by an exact answer: ``single_needle``,
+  ``multi_key``, ``multi_value``, ``variable_tracking``.
+- Scored by the fraction of expected items retrieved (``longctx.pipeline.synthetic.checkers``):
+  ``multi_query`` (several needles asked at once), ``document_qa`` (a fact planted in one of the
+  curated documents), and the aggregation tasks ``common_words`` and ``frequent_words`` (a list of
+  invented words, no haystack text and no needle depth).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+TaskKind = Literal[
+    "single_needle",
+    "multi_key",
+    "multi_value",
+    "variable_tracking",
+    "multi_query",
+    "document_qa",
+    "common_words",
+    "frequent_words",
+]
+TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
+# curate.synthetic's default: the retrieval kinds
+DEFAULT_KINDS: tuple[TaskKind, ...] = ("single_needle", "multi_key", "multi_value", "variable_tracking")
+# kinds scored by the fraction of expected items in the generation (the others: exact answer prefix)
+RECALL_KINDS: frozenset[TaskKind] = frozenset(
+    {"multi_query", "document_qa", "common_words", "frequent_words"}
+)
+# kinds without haystack text or needles: their prompt is a word list, and depth plays no part
+LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words"})
