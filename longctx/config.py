@@ -117,13 +117,58 @@ def check_world(cfg: RootConfig, sections: Iterable[str]) -> None:
         raise ConfigError(format_problems(cfg._origin, dict.fromkeys(problems)))
 
 
+def _refuse_duplicate_keys(
+    node: yaml.Node, origin: str, where: str = "", seen: set[int] | None = None
+) -> None:
+    """Refuse a mapping that holds one key twice, at any depth: YAML loaders keep the last one, so a
+    repeated ``output:`` would silently override the first. Names the dotted key and both lines."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already checked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: explicit keys override merged ones
+                _refuse_duplicate_keys(value, origin, where, seen)
+                continue
+            name = str(key.value) if isinstance(key, yaml.ScalarNode) else f"<{key.id}>"
+            dotted = f"{where}.{name}" if where else name
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and (key.tag, str(key.value)) in lines:
+                first = lines[(key.tag, str(key.value))]
+                raise ConfigError(
+                    f"{origin}: key '{dotted}' appears twice (lines {first} and {line}); keep one"
+                )
+            lines[(key.tag, str(key.value))] = line
+            _refuse_duplicate_keys(value, origin, dotted, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for number, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, origin, f"{where}.{number}" if where else str(number), seen)
+
+
+def read_yaml(text: str, origin: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing a key repeated in one mapping
+    (:func:`_refuse_duplicate_keys`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, origin)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:
-    """Read a YAML config with ``yaml.safe_load``, apply dotted-key overrides, validate it."""
+    """Read a YAML config (``yaml.safe_load``, a key repeated in one mapping refused), apply dotted-key
+    overrides, validate it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):

@@ -28,13 +28,14 @@ if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fa
 
 SECTIONS: dict[str, tuple[str, ...]] = {
     "curate": ("tokenizer", "curate"),
-    "pack": ("pack",),
+    "pack": ("tokenizer", "pack"),
     "train": ("train",),
     "eval": ("eval",),
 }
 """The sections of the run config each job reads that may name something outside the file (the
-``context`` section and pack's special tokens, which curation also reads, name nothing). ``eval``
-also uses ``train.model`` when it evaluates the ``base`` model; ``train`` and ``eval`` fall back to
+``context`` section and pack's special tokens, which curation also reads, name nothing). ``pack``
+reads ``tokenizer.path`` to refuse one other than the run's tokenizer. ``eval`` also uses
+``train.model`` when it evaluates the ``base`` model; ``train`` and ``eval`` fall back to
 ``tokenizer.path`` only when the run folder holds no tokenizer, and resolve it then."""
 
 
@@ -47,9 +48,10 @@ def check(cfg: RootConfig, *names: str) -> None:
     check_world(cfg, sections)
 
 
-def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`. The special tokens
-    the run's ``pack`` section asks for are checked before curation starts."""
+def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> dict[str, Any] | None:
+    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation` (``update``: curate the
+    run anew over inputs changed since it started). The special tokens the run's ``pack`` section
+    asks for are checked before curation starts."""
     check(cfg, "curate")  # before the job's modules are imported
     from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
@@ -63,6 +65,7 @@ def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
         output=cfg.output,
         specials=specials,
         verbose=verbose,
+        update=update,
     )
 
 
@@ -79,12 +82,20 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
 
 def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
     """``longctx pack`` (default settings when the config has no ``pack`` section): see
-    :func:`longctx.packer.run.run_pack`."""
+    :func:`longctx.packer.run.run_pack`. A ``tokenizer.path`` other than the run's tokenizer is refused."""
     check(cfg, "pack")
+    from longctx.core.tokenizer import resolve_tokenizer
     from longctx.packer.config import PackConfig
     from longctx.packer.run import run_pack
 
-    return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
+    configured = resolve_tokenizer(cfg.tokenizer.path) if cfg.tokenizer.path is not None else None
+    return run_pack(
+        cfg.pack or PackConfig(),
+        context=cfg.context,
+        output=cfg.output,
+        verbose=verbose,
+        tokenizer=configured,
+    )
 
 
 def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:

@@ -22,7 +22,7 @@ from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS, TaskKind
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
 DocumentKeepRule = Literal["longest", "not_vendored"]
-FileKeepRule = Literal["not_vendored", "longest", "shallowest"]
+FileKeepRule = Literal["upstream", "not_vendored", "longest", "shallowest"]
 
 
 def _folder_name(value: str) -> str:
@@ -127,13 +127,15 @@ class FileDedupConfig(StrictModel):
     (``exact_duplicate``), or when the MinHash estimate of their word n-gram sets has a Jaccard
     similarity of at least ``jaccard`` or holds at least ``containment`` of the smaller file's
     n-grams (``near_duplicate``: an older vendored copy is mostly contained in its upstream). Of the
-    copies, the one ranked first by ``keep`` stays; the others are dropped from their repository's
-    document and listed in its ``duplicate_files``.
+    copies, the one ranked first by ``keep`` stays (``upstream``: the repository that declares the
+    file's package, not a copy with imports rewritten under a vendor prefix; see
+    :mod:`longctx.pipeline.keep`); the others are dropped from their repository's document and
+    listed in its ``duplicate_files``.
     """
 
     enabled: bool = Field(default=True, description="deduplicate code files across repositories")
     keep: list[FileKeepRule] = Field(
-        default_factory=lambda: ["not_vendored", "longest", "shallowest"],
+        default_factory=lambda: ["upstream", "not_vendored", "longest", "shallowest"],
         description="order of preference among copies of a file; ties end with the repository id and path",
     )
     jaccard: float = Field(

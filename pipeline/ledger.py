@@ -16,7 +16,9 @@ change (Gutenberg boilerplate that could not be stripped safely, files removed a
 Every place that removes a document writes its ledger rows through a :class:`LedgerWriter`
 (datatrove's exclusion-writer hook), and the last stage writes a row for every kept document.
 :func:`merge_ledger` joins the parts and proves that every input has exactly one row, and
-:func:`check_file_counts` that the rows account for every file under each folder source.
+:func:`check_file_counts` that the rows account for every file under each folder source. The
+ledger written out also has a ``change`` column: what the run's last ``--update`` changed
+(:func:`longctx.pipeline.inputs.mark_changes`).
 """
 
 from __future__ import annotations

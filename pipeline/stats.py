@@ -131,6 +131,17 @@ def format_summary(summary: dict[str, Any]) -> str:
         reasons = ", ".join(f"{r}={n}" for r, n in s["reasons"].items()) or "-"
         lines.append(f"{line(name, s)}  {reasons}")
     lines.append(line("total", summary["totals"]))
+    update = summary.get("update")
+    if update:
+        units = update["units"]
+        parts = [
+            f"{len(units[kind])} {kind.replace('_', ' ')} ({', '.join(units[kind][:3])}"
+            f"{f' and {len(units[kind]) - 3} more' if len(units[kind]) > 3 else ''})"
+            for kind in ("added", "changed", "removed", "outcome_changed")
+            if units[kind]
+        ]
+        files = ", ".join(f"{len(v)} {k}" for k, v in update["files"].items() if v)
+        lines.append(f"update ({files} input files): units {'; '.join(parts) or 'unchanged'}")
     files = summary.get("file_dedup")
     if files:
         lines.append(

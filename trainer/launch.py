@@ -265,11 +265,11 @@ def launch_training(
     logs go to a job folder of its own (``.job-<host>-<pid>``; those of dead agents of this host are
     removed first). ``env`` adds variables for the ranks."""
     from longctx.core.layout import RunLayout
-    from longctx.trainer.runlock import HELD_ENV, run_lock
+    from longctx.core.runlock import HELD_ENV, run_lock
 
     train_dir = RunLayout(output).train
     if rendezvous is None or rendezvous.nnodes == 1:
-        with run_lock(train_dir) as lock:
+        with run_lock(train_dir, "train") as lock:
             held = {HELD_ENV: str(lock)} if lock is not None else {}
             return launch(nproc, "longctx.cli", argv, train_dir / ".job", {**(env or {}), **held}, rendezvous)
     host = socket.gethostname()

@@ -28,6 +28,7 @@ from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
 from longctx.trainer.build import (
@@ -60,7 +61,6 @@ from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
-from longctx.trainer.runlock import run_lock
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.tracking import Tracker
@@ -180,7 +180,7 @@ def train(
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        with run_lock(RunLayout(output).train):  # one run per output folder (trainer/runlock.py)
+        with run_lock(RunLayout(output).train, "train"):  # one run per output folder (core/runlock.py)
             return _train(_Job(train, context, RunLayout(output), tokenizer, restart), state, progress)
     finally:
         shutdown(owned)

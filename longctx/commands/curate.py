@@ -39,6 +39,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="curate the run again when its input files changed since it started (added, removed or "
+        "rewritten files; otherwise refused), marking the changes in the ledger's change column",
+    )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
     parser.add_argument(
         "--status",
@@ -73,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.status:
         return show_status(RunLayout(cfg.output, "curate").work, what="curation")
     start = time.monotonic()
-    summary = jobs.curate(cfg, verbose=args.verbose)
+    summary = jobs.curate(cfg, verbose=args.verbose, update=args.update)
     if summary is None:
         print(
             f"results will be in {cfg.output}; once the jobs have finished, run the same command again "

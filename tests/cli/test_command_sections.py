@@ -1,6 +1,7 @@
 """Each command checks what the sections it uses name outside the config file (paths, extras), and
 only those: a missing ``train.model.hf_path`` stops ``train``, ``eval`` of the base model, ``plan`` and
-the demo, never ``curate`` or ``pack``. The refusal is one line naming the key, before any work."""
+the demo, never ``curate`` or ``pack``. ``pack`` uses ``tokenizer.path`` (it refuses one other than the
+run's tokenizer). The refusal is one line naming the key, before any work."""
 
 from __future__ import annotations
 
@@ -73,13 +74,23 @@ def test_curate_runs_whatever_the_other_sections_name(tmp_path: Path, capsys) ->
     assert not (tmp_path / "refused").exists()
 
 
-def test_pack_runs_whatever_the_other_sections_name(tmp_path: Path) -> None:
+def test_pack_runs_whatever_the_other_sections_name(tmp_path: Path, capsys) -> None:
     make_run(tmp_path)
     settings = missing_everywhere(tmp_path / "missing") | {
         "output": str(tmp_path),
         "context": {"original": 128, "target": 256},
         "pack": {"seq_lens": [256], "executor": {"tasks": 1}},
     }
+    # its own sections' paths are checked before anything is written: the tokenizer is one of them
+    assert main(["pack", "--config", str(write_config(tmp_path / "run.yaml", settings))]) == 2
+    line = refusal(capsys, "pack")
+    assert line == (
+        f"tokenizer.path: path does not exist: {tmp_path / 'missing' / 'tokenizer.json'} "
+        "(nor is it a Hugging Face hub id such as org/name)"
+    )
+    assert not (tmp_path / "shards").exists() and not (tmp_path / "work").exists()
+
+    settings["tokenizer"] = {"path": str(tmp_path / "tokenizer.json")}  # the run's own
     assert main(["pack", "--config", str(write_config(tmp_path / "run.yaml", settings))]) == 0
     assert (tmp_path / "shards" / "seq256" / "manifest.json").is_file()
 

@@ -160,6 +160,43 @@ def test_every_subcommand_has_help(capsys) -> None:
         assert "usage: longctx " + command in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "output: runs/a\ncontext: {original: 512, target: 2048}\noutput: runs/b\n",
+            "key 'output' appears twice (lines 1 and 3)",
+        ),
+        (
+            "context:\n  original: 512\n  target: 2048\ncurate:\n  executor:\n    tasks: 2\n    workers: 1\n"
+            "    tasks: 4\n",
+            "key 'curate.executor.tasks' appears twice (lines 6 and 8)",
+        ),
+        (
+            "context: {original: 512, target: 2048}\ncurate:\n  sources:\n"
+            "    - {name: a, kind: books, path: ., name: b}\n",
+            "key 'curate.sources.0.name' appears twice (lines 4 and 4)",
+        ),
+    ],
+    ids=["top-level", "nested", "in-a-list"],
+)
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """yaml.safe_load keeps the last of two equal keys; the config refuses them instead."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path}: {message}; keep one"
+    assert yaml.safe_load(text)  # the reference: plain YAML accepts it silently
+
+
+def test_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    """A key given beside a ``<<`` merge overrides the merged one: not a repetition."""
+    path = _write(tmp_path, "context:\n  <<: {original: 512, target: 1024}\n  target: 2048\n")
+    assert load_config(path).context.target == 2048
+
+
 def _storage_options_keys(model: type[BaseModel], key: str) -> list[str]:
     """Dotted keys of every ``storage_options`` field of ``model`` and of the sections inside it."""
     found = []
