@@ -49,7 +49,7 @@ def wait_for_jobs(env: dict[str, str], job_ids: list[str], timeout_s: float = 24
 def submitted_jobs(env: dict[str, str], job: str, config: Path) -> list[str]:
     """Run ``longctx <job>``, which submits; check what it says; return the job ids it printed."""
     out = longctx(env, job, "--config", str(config)).stdout
-    ids = re.findall(r"^ +\d+/\d+ \S+ +job (\d+) \(\d+ task\(s\)\)$", out, re.MULTILINE)
+    ids = re.findall(r"^ +\d+/\d+ \S+ +job (\d+) \(\d+ tasks?\)$", out, re.MULTILINE)
     assert ids, out
     assert f"follow them with: squeue -j {','.join(ids)}" in out
     assert "slurm_logs/<job>_<task>.out" in out and f"longctx {job} --config {config} --status" in out

@@ -92,7 +92,7 @@ def test_two_agents_of_two_ranks_train_as_one_agent_of_four(
     results = [agent.communicate(timeout=600) for agent in agents]
     for agent, (_, err) in zip(agents, results):
         assert agent.returncode == 0, err[-3000:]
-    assert sum("trained 3 steps" in out for out, _ in results) == 1  # rank 0's agent reports
+    assert sum("trained steps 1-3" in out for out, _ in results) == 1  # rank 0's agent reports
     assert_same_training(tmp_path / "run", one_agent)
     assert survivors_after(mark, 5) == []
     assert not [
@@ -179,6 +179,6 @@ def test_the_sbatch_template_trains_two_launchers_as_one_agent_of_four(
         assert time.monotonic() < deadline, f"Slurm job {job} still running:\n{log.read_text()[-3000:]}"
         time.sleep(1)
     assert state.group(1) == "COMPLETED", log.read_text()[-3000:]
-    assert "trained 3 steps" in log.read_text()
+    assert "trained steps 1-3" in log.read_text()
     assert_same_training(tmp_path / "run", one_agent)
     assert survivors_after(mark, 10) == []  # the launchers and their ranks, started by Slurm
