@@ -21,6 +21,7 @@ from longctx.core.errors import ConfigError
 
 if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
     from longctx.packer.manifest import Manifest
+    from longctx.trainer.stages import StagedResult
     from longctx.trainer.train import TrainResult
 
 
@@ -62,9 +63,10 @@ def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | Non
     return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
 
 
-def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:
+def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult | StagedResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
-    :func:`longctx.trainer.train.train`."""
+    :func:`longctx.trainer.train.train`. A staged run's gates measure with the ``eval`` section."""
+    from longctx.trainer.gates import GateSettings
     from longctx.trainer.train import train as run_training
 
     if cfg.train is None:
@@ -76,17 +78,23 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
         tokenizer=_configured_tokenizer(cfg),
         progress=progress,
         restart=restart,
+        gates=GateSettings(cfg.eval, _curated_documents(cfg)),
     )
 
 
-def export(cfg: RootConfig, step: int) -> Path:
-    """``longctx train --export STEP``: see :func:`longctx.trainer.train.export_checkpoint`."""
+def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
+    """``longctx train --export STEP [--stage K]``: see :func:`longctx.trainer.train.export_checkpoint`."""
     from longctx.trainer.train import export_checkpoint
 
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
     return export_checkpoint(
-        cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=_configured_tokenizer(cfg)
+        cfg.train,
+        context=cfg.context,
+        output=cfg.output,
+        step=step,
+        tokenizer=_configured_tokenizer(cfg),
+        stage=stage,
     )
 
 
@@ -122,4 +130,4 @@ def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:
     or None: see :func:`longctx.trainer.eval_job.latest_evaluation`."""
     from longctx.trainer.eval_job import latest_evaluation as latest
 
-    return latest(cfg.eval, cfg.output) if cfg.eval is not None else None
+    return latest(cfg.eval, cfg.output, cfg.train) if cfg.eval is not None else None

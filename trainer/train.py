@@ -20,14 +20,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
-from longctx.core.layout import RunLayout
+from longctx.core.layout import RunLayout, StageLayout
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
 from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
@@ -56,7 +56,12 @@ from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.runlock import run_lock
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
+from longctx.trainer.stage_plan import Stage, resolve_stages
 from longctx.trainer.tracking import Tracker
+
+if TYPE_CHECKING:
+    from longctx.trainer.gates import GateSettings
+    from longctx.trainer.stages import StagedResult
 
 
 @dataclass
@@ -164,13 +169,15 @@ def train(
     tokenizer: Path | None = None,
     progress: bool = True,
     restart: bool = False,
-) -> TrainResult:
+    gates: GateSettings | None = None,
+) -> TrainResult | StagedResult:
     """Run (or resume) training under the current torchrun job (or as one process).
 
     Reads the shards (``train.shards``, else ``<output>/shards/seq<context.target>``) and writes
     ``<output>/train``. ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder
     holds no ``tokenizer.json``. ``restart`` starts from step 0 when the folder holds checkpoints but
-    none is intact (see ``longctx.trainer.resume``).
+    none is intact (see ``longctx.trainer.resume``). With ``train.stages``, each stage runs in turn
+    (``longctx.trainer.stages``), its gate measured with ``gates`` (the run's eval settings).
     """
     import torch.distributed as dist
 
@@ -178,20 +185,48 @@ def train(
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
         with run_lock(RunLayout(output).train):  # one run per output folder (trainer/runlock.py)
-            return _train(_Job(train, context, RunLayout(output), tokenizer, restart), state, progress)
+            job = TrainJob(train, context, RunLayout(output), tokenizer, restart)
+            if train.stages:
+                from longctx.trainer.stages import train_stages
+
+                return train_stages(job, state, progress, gates)
+            return train_job(job, state, progress)
     finally:
         shutdown(owned)
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What a training run was asked to do: its section, the context lengths and the run folder."""
+class StageStart:
+    """Where a stage's run starts when it has no checkpoint of its own: the previous stage's last
+    checkpoint (None: the base model), with or without its optimizer state."""
+
+    checkpoint: Checkpoint | None
+    keep_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What a training run was asked to do: its section, the context lengths and the run folder; for
+    one stage of a staged run, also the stage and where it starts."""
 
     train: TrainConfig
     context: ContextConfig
     layout: RunLayout
     tokenizer: Path | None
     restart: bool = False
+    stage: Stage | None = None
+    start: StageStart | None = None
+
+    @property
+    def paths(self) -> RunLayout | StageLayout:
+        """Where this run's checkpoints, metrics and exported model go: the stage's folder, or
+        ``train/``."""
+        return self.stage.layout if self.stage is not None else self.layout
+
+    @property
+    def steps_before(self) -> int:
+        """Optimizer steps of the stages before this one (0 for an unstaged run)."""
+        return self.stage.steps_before if self.stage is not None else 0
 
 
 @dataclass
@@ -216,9 +251,11 @@ class _Run:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
-    """What a resumed run must share with the checkpoint: data, order and model (not the mesh)."""
-    return {
+def _settings(job: TrainJob, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint: data, order and model (not the mesh); for a
+    stage, also the stage and the checkpoint it started from."""
+    tcfg = job.train
+    settings = {
         "shards_config_sha256": shards_sha,
         "seq_len": rows.seq_len,
         "model": config.to_hf(),
@@ -226,9 +263,17 @@ def _settings(tcfg: TrainConfig, config: ModelConfig, rows: StepRows, shards_sha
         "global_batch_rows": rows.global_batch_rows,
         "holdout_rows": tcfg.holdout_rows,
     }
+    if job.stage is not None:
+        start = job.start.checkpoint if job.start is not None else None
+        settings["stage"] = {
+            "number": job.stage.number,
+            "starts_from": start.folder.relative_to(job.layout.train).as_posix() if start else "base",
+            "keep_optimizer": job.start.keep_optimizer if job.start is not None else False,
+        }
+    return settings
 
 
-def _setup(job: _Job, state: ParallelState) -> _Run:
+def _setup(job: TrainJob, state: ParallelState) -> _Run:
     """Data, coverage, vocabulary and memory checks, model, optimizer and schedule; restored from the
     newest intact checkpoint when there is one."""
     torch.manual_seed(job.train.seed)
@@ -236,15 +281,15 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     _check_rows(job, rows, state)
     bf16 = use_bf16(job.train.precision, state.device)
     config = _checked_model_config(job, rows, state, bf16)
-    meta = _settings(job.train, config, rows, rows.dataset.shards.manifest.header.config_sha256)
+    meta = _settings(job, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
-    run = _build_run(job, state, rows, config, meta, bf16, fill=resume_from is None)
+    run = _build_run(job, state, rows, config, meta, bf16, start=resume_from is None)
     if resume_from is not None:
         _restore(run, resume_from, state)
     return run
 
 
-def _open_rows(job: _Job, state: ParallelState) -> StepRows:
+def _open_rows(job: TrainJob, state: ParallelState) -> StepRows:
     """This rank's rows of every step, from the run's shards (copied into the cache when remote)."""
     tcfg, layout = job.train, job.layout
     return StepRows(
@@ -260,7 +305,7 @@ def _open_rows(job: _Job, state: ParallelState) -> StepRows:
     )
 
 
-def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
+def _check_rows(job: TrainJob, rows: StepRows, state: ParallelState) -> None:
     """Refuse windows the ring cannot split, and shards whose positions never reach the required
     one (a warning instead with ``train.coverage.allow_short``)."""
     manifest, original = rows.dataset.shards.manifest, job.context.original
@@ -282,7 +327,7 @@ def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
 
 
-def _checked_model_config(job: _Job, rows: StepRows, state: ParallelState, bf16: bool) -> ModelConfig:
+def _checked_model_config(job: TrainJob, rows: StepRows, state: ParallelState, bf16: bool) -> ModelConfig:
     """The model to train, once its embedding covers the shards' vocabulary, its attention the
     windows, and the memory estimate the device."""
     header = rows.dataset.shards.manifest.header
@@ -293,11 +338,11 @@ def _checked_model_config(job: _Job, rows: StepRows, state: ParallelState, bf16:
     return config
 
 
-def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
+def _resume_checkpoint(job: TrainJob, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
     """The newest intact checkpoint to resume from, once its settings match this run's; None to
     start at step 0."""
     found = find_resume_checkpoint(
-        job.layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
+        job.paths.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
     )
     if found is not None:
         check_settings(found.folder, read_trainer_state(found.folder)["meta"], meta)
@@ -305,22 +350,22 @@ def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) ->
 
 
 def _build_run(
-    job: _Job,
+    job: TrainJob,
     state: ParallelState,
     rows: StepRows,
     config: ModelConfig,
     meta: dict[str, Any],
     bf16: bool,
     *,
-    fill: bool,
+    start: bool,
 ) -> _Run:
-    """The sharded model (with the base weights when ``fill``), its optimizer, schedule and coverage
-    tracker, at step 0."""
+    """The sharded model, its optimizer, schedule and coverage tracker, at step 0; with ``start``,
+    the weights (and optimizer state) the run starts from (:func:`_start_weights`)."""
     tcfg = job.train
     built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
-    if fill:
-        fill_base_weights(built.model, tcfg)
     optimizer = make_optimizer(built.model, tcfg)
+    if start:
+        _start_weights(job, built.model, optimizer, state)
     return _Run(
         layout=job.layout,
         rows=rows,
@@ -333,6 +378,32 @@ def _build_run(
         seq_len=rows.seq_len,
         bf16=bf16,
     )
+
+
+def _start_weights(
+    job: TrainJob, model: Transformer, optimizer: torch.optim.AdamW, state: ParallelState
+) -> None:
+    """The base model's weights, or a later stage's start: the previous stage's last checkpoint's
+    weights and, with ``keep_optimizer``, its AdamW moments under this stage's hyperparameters (the
+    learning-rate schedule restarts; the checkpoint's RNG states are not taken)."""
+    start = job.start
+    if start is None or start.checkpoint is None or job.stage is None:
+        fill_base_weights(model, job.train)
+        return
+    checkpoint, name = start.checkpoint, job.stage.describe()
+    problem = damage(checkpoint.folder, state)
+    if problem is not None:
+        raise CheckpointError(f"{name} starts from {checkpoint.folder}, which is damaged: {problem}")
+    kept = optimizer if start.keep_optimizer else None
+    load_checkpoint(checkpoint, model, kept, state, restore_rng=False)
+    if kept is not None:
+        optim = job.train.optim
+        for group, decay in zip(kept.param_groups, (optim.weight_decay, 0.0), strict=True):
+            group.update(lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=decay)
+            group.pop("initial_lr", None)  # the new schedule takes this stage's lr as its peak
+    if state.is_main:
+        what = "weights and optimizer state" if kept is not None else "weights"
+        print(f"{name} starts from the {what} of {checkpoint.folder}", flush=True)
 
 
 def _restore(run: _Run, checkpoint: Checkpoint, state: ParallelState) -> None:
@@ -421,7 +492,7 @@ def _forward_backward(
     )
 
 
-def _trainer_state(run: _Run, job: _Job, state: ParallelState) -> dict[str, Any]:
+def _trainer_state(run: _Run, job: TrainJob, state: ParallelState) -> dict[str, Any]:
     """``trainer.json`` of a checkpoint: schedule, data position, coverage, settings and config."""
     return {
         "meta": run.meta,
@@ -443,7 +514,7 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
     return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
 
 
-def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -> Path:
+def _export(model: Transformer, job: TrainJob, state: ParallelState, folder: Path) -> Path:
     """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
     to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
     written = export_model(
@@ -463,17 +534,21 @@ def _export(model: Transformer, job: _Job, state: ParallelState, folder: Path) -
     return written
 
 
-def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
+def train_job(job: TrainJob, state: ParallelState, progress: bool) -> TrainResult:
     """Set the run up, take its remaining steps (recording, logging and checkpointing each), and
     export the trained model."""
     run = _setup(job, state)
-    tcfg = job.train
+    tcfg, paths = job.train, job.paths
     if state.is_main:
-        prepare_metrics(run.layout.metrics, run.start_step, job.restart)
+        prepare_metrics(paths.metrics, run.start_step, job.restart)
     run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
-    writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
+    writer = None
+    if state.is_main:  # the trackers' step is the run's global one: one run across stages
+        resumed = job.steps_before + run.start_step
+        writer = Tracker(tcfg.log, run.layout, resumed, run_config, metrics=paths.metrics)
     peak = peak_flops(state.device, None)
-    bar = _progress_bar(tcfg.steps, run.start_step) if progress and state.is_main else None
+    desc = f"stage {job.stage.number} ({job.stage.seq_len})" if job.stage is not None else "train"
+    bar = _progress_bar(tcfg.steps, run.start_step, desc) if progress and state.is_main else None
     records: list[dict[str, Any]] = []
     tokens_seen, time_spent = 0, 0.0
     try:  # the bar's line is ended even when a step fails, so an error prints on a line of its own
@@ -483,6 +558,8 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
             tokens_seen += measured.tokens
             time_spent += measured.seconds
             record = _step_record(run, state, step, measured, peak, job.context.original, logged)
+            if job.stage is not None:
+                record |= {"stage": job.stage.number, "global_step": job.steps_before + step + 1}
             records.append(record)
             if writer is not None and logged:
                 writer.write(record)
@@ -498,7 +575,7 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
             bar.close()
     if writer is not None:
         writer.close()
-    final = _export(run.model, job, state, run.layout.final_model)
+    final = _export(run.model, job, state, paths.final_model)
     return TrainResult(
         steps=tcfg.steps,
         losses=[r["loss"] for r in records],
@@ -511,11 +588,11 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     )
 
 
-def _progress_bar(steps: int, start: int) -> Any:
+def _progress_bar(steps: int, start: int, desc: str) -> Any:
     """The training progress bar (rank 0), starting at ``start`` of ``steps``."""
     from tqdm import tqdm
 
-    return tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    return tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True)
 
 
 @dataclass(frozen=True)
@@ -593,10 +670,10 @@ def _step_record(
     }
 
 
-def _save_checkpoint(run: _Run, job: _Job, state: ParallelState, step: int) -> None:
+def _save_checkpoint(run: _Run, job: TrainJob, state: ParallelState, step: int) -> None:
     """The distributed checkpoint of ``step`` (the oldest beyond ``train.checkpoint.keep`` removed)."""
     save_checkpoint(
-        run.layout.checkpoints,
+        job.paths.checkpoints,
         step,
         run.model,
         run.optimizer,
@@ -607,19 +684,27 @@ def _save_checkpoint(run: _Run, job: _Job, state: ParallelState, step: int) -> N
 
 
 def export_checkpoint(
-    train: TrainConfig, *, context: ContextConfig, output: Path, step: int, tokenizer: Path | None = None
+    train: TrainConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    step: int,
+    tokenizer: Path | None = None,
+    stage: int | None = None,
 ) -> Path:
-    """``longctx train --export STEP``: write checkpoint ``step`` as a Hugging Face folder under
-    ``<output>/train/export/`` (at any world size: the checkpoint is resharded onto this job's mesh)."""
+    """``longctx train --export STEP [--stage K]``: write checkpoint ``step`` (of stage ``stage`` in a
+    staged run) as a Hugging Face folder under ``<output>/train/export/`` (the stage's ``export/``) at
+    any world size: the checkpoint is resharded onto this job's mesh."""
     import torch.distributed as dist
 
+    layout = RunLayout(output)
+    paths = _export_paths(train, layout, stage)
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        layout = RunLayout(output)
-        folder = checkpoint_folder(layout.checkpoints, step)
+        folder = checkpoint_folder(paths.checkpoints, step)
         if not folder.is_dir():
-            raise CheckpointError(f"no checkpoint of step {step} in {layout.checkpoints}")
+            raise CheckpointError(f"no checkpoint of step {step} in {paths.checkpoints}")
         problem = damage(folder, state)
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
@@ -627,9 +712,24 @@ def export_checkpoint(
         config = ModelConfig.from_hf(saved["meta"]["model"])
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
-        return _export(built.model, _Job(train, context, layout, tokenizer), state, layout.export(step))
+        return _export(built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step))
     finally:
         shutdown(owned)
+
+
+def _export_paths(train: TrainConfig, layout: RunLayout, stage: int | None) -> RunLayout | StageLayout:
+    """Where ``--export`` reads checkpoints and writes: ``train/``, or stage ``stage``'s folder."""
+
+    stages = resolve_stages(train, layout)
+    if not stages:
+        if stage is not None:
+            raise ConfigError("--stage names a stage of train.stages, and this config has none")
+        return layout
+    if stage is None or not 1 <= stage <= len(stages):
+        raise ConfigError(
+            f"train.stages: name the stage whose checkpoint to export with --stage K (1 to {len(stages)})"
+        )
+    return stages[stage - 1].layout
 
 
 def _tracker_state(tracker: CoverageTracker) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -17,7 +18,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "it start torchrun on this machine. train.cp ranks form one ring (context parallelism); the "
             "world size divided by train.cp is the data-parallel size. Refuses shards whose positions never "
             "reach the required position. Writes <output>/train/{metrics.jsonl,checkpoints/,final/}; a "
-            "killed run resumes from its newest intact checkpoint when started again, at any world size."
+            "killed run resumes from its newest intact checkpoint when started again, at any world size. "
+            "With train.stages, each stage trains in <output>/train/stages/<k>-<seq_len>/ from the previous "
+            "one's weights and is checked by its gate; a failed gate stops the run (exit 2), and a run "
+            "started again resumes in the stage it stopped in."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
@@ -39,6 +43,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         metavar="STEP",
         help="do not train: write checkpoint STEP as a Hugging Face folder under <output>/train/export/",
+    )
+    parser.add_argument(
+        "--stage",
+        type=int,
+        metavar="K",
+        help="with --export and train.stages: the stage (from 1) whose checkpoint STEP is exported",
     )
     parser.set_defaults(func=run)
 
@@ -70,23 +80,40 @@ def run(args: argparse.Namespace) -> int:
         from longctx import jobs
 
         if args.export is not None:
-            folder = jobs.export(cfg, args.export)
+            folder = jobs.export(cfg, args.export, args.stage)
             if int(os.environ.get("RANK", "0")) == 0:
                 print(f"exported step {args.export} to {folder}")
             return 0
         result = jobs.train(cfg, restart=args.restart)
     if int(os.environ.get("RANK", "0")) == 0:
-        first, last = (
-            result.losses[0] if result.losses else None,
-            result.losses[-1] if result.losses else None,
-        )
-        print(
-            f"\ntrained {result.steps} steps (resumed at {result.resumed_from}); loss {first} -> {last}; "
-            f"{result.tokens_per_s:,.0f} tokens/s; largest trained position "
-            f"{result.coverage['max_position']}\nmetrics: "
-            f"{RunLayout(cfg.output).metrics}\nmodel: {result.final_model}"
-        )
+        print("\n" + _report(result, RunLayout(cfg.output).metrics))
     return 0
+
+
+def _report(result: Any, metrics: Path) -> str:
+    """What a finished run prints: steps, losses and where things are, per stage in a staged run."""
+    from longctx.trainer.stages import StagedResult
+
+    if not isinstance(result, StagedResult):
+        return _trained(result) + f"\nmetrics: {metrics}\nmodel: {result.final_model}"
+    lines = []
+    for outcome in result.stages:
+        stage = outcome.stage
+        done = _trained(outcome.result) if outcome.result is not None else "finished in an earlier run"
+        lines.append(f"{stage.describe()}: {done}; metrics: {stage.layout.metrics}")
+        if outcome.gate is not None:
+            verdict = "passed" if outcome.gate.passed else "FAILED"
+            lines.append(f"  gate {verdict}: {outcome.gate.summary()}")
+    lines.append(f"model: {result.final_model}")
+    return "\n".join(lines)
+
+
+def _trained(result: Any) -> str:
+    first, last = (result.losses[0], result.losses[-1]) if result.losses else (None, None)
+    return (
+        f"trained {result.steps} steps (resumed at {result.resumed_from}); loss {first} -> {last}; "
+        f"{result.tokens_per_s:,.0f} tokens/s; largest trained position {result.coverage['max_position']}"
+    )
 
 
 def torchrun_args(args: argparse.Namespace) -> list[str]:
@@ -97,6 +124,7 @@ def torchrun_args(args: argparse.Namespace) -> list[str]:
         ("--steps", args.steps),
         ("--shards", args.shards),
         ("--export", args.export),
+        ("--stage", args.stage),
     ):
         if value is not None:
             argv += [flag, str(value)]
