@@ -365,6 +365,62 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
     )
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of a staged run (``train.stages``): its length, RoPE, steps and rows per step, the
+    memory per rank at its length and the wall-clock of one step and of the stage."""
+
+    number: int
+    length: int
+    rope: str
+    steps: int
+    rows: int
+    """Packed rows per optimizer step over all data-parallel ranks."""
+    memory: RankMemory
+    fits: bool | None
+    step_seconds: float
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.rows * self.length
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+    @property
+    def seconds(self) -> float:
+        return self.steps * self.step_seconds
+
+
+def plan_stage(
+    model: ModelShape,
+    *,
+    number: int,
+    length: int,
+    rope: str,
+    steps: int,
+    rows: int,
+    gpus: int,
+    settings: RunSettings,
+) -> StagePlan:
+    """A stage's memory per rank (as :func:`plan_length`) and its step time on ``gpus`` GPUs: the
+    step's ``rows x length`` tokens at :func:`train_seconds`' rate."""
+    MeshShape.check_window(length, settings.cp, length_key=f"stage {number}'s length", cp_key="cp")
+    memory = rank_memory(
+        model,
+        length,
+        settings.cp,
+        state_shards=settings.state_shards,
+        activation_checkpointing=settings.activation_checkpointing,
+    )
+    step = train_seconds(
+        model, length, tokens=rows * length, gpus=gpus, peak_flops=settings.peak_flops, mfu=settings.mfu
+    )
+    fit = fits(memory, settings.gpu_memory_bytes) if settings.gpu_memory_bytes is not None else None
+    return StagePlan(number, length, rope, steps, rows, memory, fit, step)
+
+
 _LENGTH_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _COUNT_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
