@@ -176,6 +176,17 @@ def recorded_gate(stage: Stage, settings: GateSettings) -> GateResult | None:
     return result if same else None
 
 
+@dataclass
+class GateMemo:
+    """What every gate of one run measures alike, kept between its stages' gates in one process so
+    it is measured once: the guard's windows (the documents no training row holds, tokenized), the
+    baseline model's loss on them, and the effective length's bar."""
+
+    guard: Any = None
+    baseline_loss: float | None = None
+    bar: float | None = None
+
+
 @dataclass(frozen=True)
 class _Where:
     """What a gate's measurements read: the run's settings and folders."""
@@ -195,15 +206,18 @@ def evaluate_gate(
     tokenizer: Path | None,
     settings: GateSettings,
     device: torch.device,
+    memo: GateMemo | None = None,
 ) -> GateResult:
     """Measure the gate of ``stage`` on its exported model (one process, ``device``): see the module
     docstring. ``train`` and ``context`` are the run's (not the stage's): they define the ``base``
-    model and the shards whose documents count as trained on."""
+    model and the shards whose documents count as trained on. ``memo`` carries what the run's
+    earlier gates measured that this one would measure alike."""
     from longctx.trainer.build import use_bf16
     from longctx.trainer.hf_io import load_model
 
     assert stage.gate is not None
     gate, section, started = stage.gate, settings.section, time.monotonic()
+    memo = memo if memo is not None else GateMemo()
     where = _Where(train, context, layout, layout.tokenizer_file(tokenizer))
     documents = settings.documents or layout.documents
     bf16 = use_bf16(section.precision, device)
@@ -219,12 +233,14 @@ def evaluate_gate(
         stage_needles = _score(model, needles, device)
     guard = None
     if gate.max_short_loss_ratio is not None:
-        guard = _guard(section, where, documents, header.tokenizer)
+        if memo.guard is None:
+            memo.guard = _guard(section, where, documents, header.tokenizer)
+        guard = memo.guard
         stage_loss = _window_loss(model, guard, device, bf16)
     del model
     baseline = None
-    needs_baseline = guard is not None or (bar is not None and section.effective.threshold is None)
-    if needs_baseline:
+    measured_bar = bar is not None and section.effective.threshold is None
+    if (guard is not None and memo.baseline_loss is None) or (measured_bar and memo.bar is None):
         baseline = _baseline_model(section, where, header.tokenizer.vocab_size, device)
     checks, measured = [], {}
     if needles is not None:
@@ -245,11 +261,12 @@ def evaluate_gate(
             )
         if gate.require_effective_length:
             checks.append(
-                _effective_check(stage, section, by_length, bar, baseline, needles, device, measured)
+                _effective_check(stage, section, by_length, bar, baseline, needles, device, measured, memo)
             )
     if guard is not None:
-        assert baseline is not None
-        base_loss = _window_loss(baseline, guard, device, bf16)
+        if memo.baseline_loss is None:
+            memo.baseline_loss = _window_loss(baseline, guard, device, bf16)
+        base_loss = memo.baseline_loss
         ratio = (
             stage_loss / base_loss
             if stage_loss is not None and base_loss is not None and base_loss > 0
@@ -352,6 +369,7 @@ def _effective_check(
     needles: Any,
     device: torch.device,
     measured: dict[str, Any],
+    memo: GateMemo,
 ) -> Check:
     """Whether the stage's effective length (over the stage's length and the bar's) reaches its length."""
     from longctx.trainer.effective import baseline_threshold, score_by_length, verdict
@@ -360,8 +378,10 @@ def _effective_check(
         threshold = float(section.effective.threshold or 0.0)
         how = f"fixed bar {threshold:g} (eval.effective.threshold)"
     else:
-        base_scores = score_by_length(_score(baseline, needles, device, bar))
-        threshold = baseline_threshold({"baseline": base_scores}, "baseline", bar)
+        if memo.bar is None:
+            base_scores = score_by_length(_score(baseline, needles, device, bar))
+            memo.bar = baseline_threshold({"baseline": base_scores}, "baseline", bar)
+        threshold = memo.bar
         how = f"bar {threshold:.3g}: {section.baseline}'s score at {bar} tokens"
     found = verdict(by_length, threshold)
     measured["effective_length"] = found.as_json()

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from longctx.trainer.checkpoint import Checkpoint, checkpoint_folder, latest_checkpoint
 from longctx.trainer.gates import (
     GateFailed,
+    GateMemo,
     GateResult,
     GateSettings,
     evaluate_gate,
@@ -97,6 +98,7 @@ def train_stages(
         wait_group = dist.new_group(backend="gloo", timeout=GATE_WAIT)
     outcomes: list[StageOutcome] = []
     previous: Stage | None = None
+    memo = GateMemo()  # what the gates measure alike (the guard's windows, the baseline's figures)
     for stage in stages:
         result = None
         if stage_finished(stage):
@@ -112,7 +114,7 @@ def train_stages(
             )
             result = train_job(stage_job, state, progress)
             _free_memory(state)
-        gate = _gate(stage, job, state, settings, wait_group) if stage.gate is not None else None
+        gate = _gate(stage, job, state, settings, memo, wait_group) if stage.gate is not None else None
         outcomes.append(StageOutcome(stage, result, gate))
         if gate is not None and not gate.passed:
             line = failure_line(gate, stage, job.layout)
@@ -127,7 +129,12 @@ def train_stages(
 
 
 def _gate(
-    stage: Stage, job: TrainJob, state: ParallelState, settings: GateSettings, group: dist.ProcessGroup | None
+    stage: Stage,
+    job: TrainJob,
+    state: ParallelState,
+    settings: GateSettings,
+    memo: GateMemo,
+    group: dist.ProcessGroup | None,
 ) -> GateResult:
     """The stage's gate result: recorded, or measured on rank 0 and written to the stage's folder;
     every rank gets rank 0's."""
@@ -147,6 +154,7 @@ def _gate(
                 tokenizer=job.tokenizer,
                 settings=settings,
                 device=state.device,
+                memo=memo,
             )
             write_json(stage.layout.gate, found.as_json())
             _free_memory(state)

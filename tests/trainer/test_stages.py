@@ -229,15 +229,39 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
     packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """Both gates fail and the run still ends; the second gate, measured with what the first one
+    kept (its windows, the baseline's loss), equals one measured from scratch."""
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.gates import GateSettings, evaluate_gate
+    from longctx.trainer.stage_plan import resolve_stages
+
     root = run_folder(packed_root, tmp_path)
-    cfg = staged(root, two_stages(steps=2, gate={"max_short_loss_ratio": 0.001}), on_gate_fail="continue")
+    impossible = {"max_short_loss_ratio": 0.001}
+    stages = two_stages(steps=2, gate=impossible)
+    stages[1]["gate"] = impossible
+    cfg = staged(root, stages, on_gate_fail="continue")
     result = jobs.train(parse_config(cfg), progress=False)
     out = capsys.readouterr().out
-    assert "warning: stage 1 (256 tokens) failed its gate: short_loss_ratio" in out
+    for stage in ("stage 1 (256 tokens)", "stage 2 (512 tokens)"):
+        assert f"warning: {stage} failed its gate: short_loss_ratio" in out
     assert "going on (train.on_gate_fail: continue)" in out
-    assert [o.gate.passed if o.gate else None for o in result.stages] == [False, None]
+    assert [o.gate.passed for o in result.stages] == [False, False]
     assert (root / "train" / "stages" / "2-512" / "final" / "config.json").is_file()
     assert json.loads((root / "train" / "stages" / "1-256" / "gate.json").read_text())["passed"] is False
+    parsed = parse_config(cfg)
+    assert parsed.train is not None
+    second = resolve_stages(parsed.train, RunLayout(root))[1]
+    fresh = evaluate_gate(
+        second,
+        train=parsed.train,
+        context=parsed.context,
+        layout=RunLayout(root),
+        tokenizer=None,
+        settings=GateSettings(parsed.eval),
+        device=torch.device("cpu"),
+    )
+    assert fresh.checks == result.stages[1].gate.checks
+    assert fresh.measured == result.stages[1].gate.measured
 
 
 @pytest.mark.slow
@@ -374,3 +398,26 @@ def test_stage_paths_are_the_run_layouts(tmp_path: Path) -> None:
         stage.folder / "gate.json",
     )
     assert stage.export(7) == stage.folder / "export" / "step_0000007"
+
+
+def test_every_stages_shards_are_checked_before_any_rank_starts(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``longctx train --nproc 2`` refuses a plan whose later stage cannot run before starting the
+    ranks or writing anything: shards missing, or of another length."""
+    root = run_folder(packed_root, tmp_path)
+    config = tmp_path / "run.yaml"
+    wrong = two_stages(steps=1, shards=str(root / "shards" / "seq256"))
+    config.write_text(yaml.safe_dump(staged(root, wrong, cp=2)))
+    assert main(["train", "--config", str(config), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"longctx train: train.stages[1].seq_len = 512, but its shards ({root / 'shards' / 'seq256'}) hold "
+        "windows of 256 tokens: point train.stages[1].shards at windows of its length"
+    )
+    shutil.rmtree(root / "shards" / "seq512")
+    config.write_text(yaml.safe_dump(staged(root, two_stages(steps=1), cp=2)))
+    assert main(["train", "--config", str(config), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(root / "shards" / "seq512") in err, err
+    assert not (root / "train").exists()
