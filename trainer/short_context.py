@@ -206,8 +206,8 @@ def guard_windows(
         raise NoHeldOutDocuments(
             f"eval.short_context: all {len(curated)} curated documents of source {config.source!r} are in "
             "the training windows, so no short window would be held out; set eval.short_context.source to a "
-            "source that pack.mix uses only part of (the demo uses code), or curate held-out documents as "
-            "a source of their own and give it fraction 0 in pack.mix"
+            "source that pack.mix uses only part of, or curate held-out documents as a source of their own "
+            "and give it fraction 0 in pack.mix"
         )
     kept = source_documents(documents, config.source, tokenizer, info, exclude=set(excluded))
     windows = short_windows(kept, length, config.windows, config.seed)
