@@ -65,20 +65,33 @@ def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | Non
 
 def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult | StagedResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
-    :func:`longctx.trainer.train.train`. A staged run's gates measure with the ``eval`` section."""
+    :func:`longctx.trainer.train.train`, or for ``train.stages``
+    :func:`longctx.trainer.stages.train_staged` (its gates measure with the ``eval`` section)."""
     from longctx.trainer.gates import GateSettings
+    from longctx.trainer.stages import train_staged
     from longctx.trainer.train import train as run_training
 
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
+    tokenizer = _configured_tokenizer(cfg)
+    if cfg.train.stages:
+        gates = GateSettings(cfg.eval, _curated_documents(cfg))
+        return train_staged(
+            cfg.train,
+            context=cfg.context,
+            output=cfg.output,
+            tokenizer=tokenizer,
+            progress=progress,
+            restart=restart,
+            gates=gates,
+        )
     return run_training(
         cfg.train,
         context=cfg.context,
         output=cfg.output,
-        tokenizer=_configured_tokenizer(cfg),
+        tokenizer=tokenizer,
         progress=progress,
         restart=restart,
-        gates=GateSettings(cfg.eval, _curated_documents(cfg)),
     )
 
 

@@ -27,7 +27,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from longctx.core.config import ContextConfig
+from longctx.core.layout import RunLayout
 from longctx.trainer.checkpoint import Checkpoint, checkpoint_folder, latest_checkpoint
+from longctx.trainer.config import TrainConfig
 from longctx.trainer.gates import (
     GateFailed,
     GateMemo,
@@ -39,7 +42,7 @@ from longctx.trainer.gates import (
 )
 from longctx.trainer.parallel import ParallelState
 from longctx.trainer.stage_plan import Stage, resolve_stages, stage_context, stage_train_config
-from longctx.trainer.train import StageStart, TrainJob, TrainResult, train_job
+from longctx.trainer.train import StageStart, TrainJob, TrainResult, train_job, training_session
 
 GATE_WAIT = timedelta(hours=24)
 """How long the other ranks wait for rank 0's gate evaluation (a hang guard, not a budget)."""
@@ -84,6 +87,24 @@ def _free_memory(state: ParallelState) -> None:
     gc.collect()
     if state.device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def train_staged(
+    train: TrainConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    tokenizer: Path | None = None,
+    progress: bool = True,
+    restart: bool = False,
+    gates: GateSettings | None = None,
+) -> StagedResult:
+    """Run (or resume) a staged run under the current torchrun job (or as one process): the
+    arguments of ``longctx.trainer.train.train``, and ``gates``, the settings the gates measure with
+    (the run's ``eval`` section and curated documents)."""
+    with training_session(train, output) as state:
+        job = TrainJob(train, context, RunLayout(output), tokenizer, restart)
+        return train_stages(job, state, progress, gates)
 
 
 def train_stages(

@@ -15,12 +15,14 @@ Around the loop: the mesh (``parallel``), the model built on the meta device and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -58,10 +60,6 @@ from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.stage_plan import Stage, resolve_stages
 from longctx.trainer.tracking import Tracker
-
-if TYPE_CHECKING:
-    from longctx.trainer.gates import GateSettings
-    from longctx.trainer.stages import StagedResult
 
 
 @dataclass
@@ -169,28 +167,32 @@ def train(
     tokenizer: Path | None = None,
     progress: bool = True,
     restart: bool = False,
-    gates: GateSettings | None = None,
-) -> TrainResult | StagedResult:
+) -> TrainResult:
     """Run (or resume) training under the current torchrun job (or as one process).
 
     Reads the shards (``train.shards``, else ``<output>/shards/seq<context.target>``) and writes
     ``<output>/train``. ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder
     holds no ``tokenizer.json``. ``restart`` starts from step 0 when the folder holds checkpoints but
-    none is intact (see ``longctx.trainer.resume``). With ``train.stages``, each stage runs in turn
-    (``longctx.trainer.stages``), its gate measured with ``gates`` (the run's eval settings).
+    none is intact (see ``longctx.trainer.resume``). A staged run (``train.stages``) is
+    ``longctx.trainer.stages.train_staged``'s.
     """
+    if train.stages:
+        raise ConfigError("train.stages: a staged run is longctx.trainer.stages.train_staged's (jobs.train)")
+    with training_session(train, output) as state:
+        return train_job(TrainJob(train, context, RunLayout(output), tokenizer, restart), state, progress)
+
+
+@contextlib.contextmanager
+def training_session(train: TrainConfig, output: Path) -> Iterator[ParallelState]:
+    """This job's process group (started here unless the caller already did, and then shut down)
+    and the output folder's run lock (one run per output folder, ``trainer/runlock.py``)."""
     import torch.distributed as dist
 
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        with run_lock(RunLayout(output).train):  # one run per output folder (trainer/runlock.py)
-            job = TrainJob(train, context, RunLayout(output), tokenizer, restart)
-            if train.stages:
-                from longctx.trainer.stages import train_stages
-
-                return train_stages(job, state, progress, gates)
-            return train_job(job, state, progress)
+        with run_lock(RunLayout(output).train):
+            yield state
     finally:
         shutdown(owned)
 

@@ -138,8 +138,12 @@ def run(args: argparse.Namespace) -> int:
     stages = defaults.get("stages")
     if stages:
         gpus = args.gpus or cp * replicas
+        keys = {"world_key": "--gpus", "cp_key": "cp", "replicas_key": "dp_replicate"}
+        data_parallel = MeshShape.for_world(gpus, cp, replicas, **keys).dp_size
         staged = [  # rows per step default to one per data-parallel rank, as in longctx train
-            plan_stage(model, **{**stage, "rows": stage["rows"] or gpus // cp}, gpus=gpus, settings=settings)
+            plan_stage(
+                model, **{**stage, "rows": stage["rows"] or data_parallel}, gpus=gpus, settings=settings
+            )
             for stage in stages  # type: ignore[attr-defined]
         ]
         print("\n" + format_stages(staged, settings, gpus, args.gpus is not None))
