@@ -315,6 +315,8 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
         label=f"bar {effective['threshold']:.3f} ({where})",
     )
     ax.set_xscale("log", base=2)
+    lengths = sorted({s["context_tokens"] for v in effective["models"].values() for s in v["scores"]})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("context tokens")
     ax.set_ylabel("score (mean over task kinds)")
