@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from longctx import jobs
 from longctx.cli import main
 from longctx.config import parse_config
+from longctx.core.errors import ConfigError
 from longctx.trainer.effective import effective_lengths, task_scores
 from longctx.trainer.evaluate import NeedleResult
 from longctx.trainer.short_context import NoHeldOutDocuments
@@ -186,6 +187,15 @@ def test_keep_optimizer_carries_the_adam_moments_into_the_next_stage(
     dcp_to_torch_save(str(kept / "train/stages/2-512/checkpoints/step_0000002/dcp"), str(saved))
     state = torch.load(saved, weights_only=True)["optim"]["state"]
     assert {int(float(s["step"])) for s in state.values()} == {4}  # 2 steps of stage 1, 2 of stage 2
+    # --export STEP --stage K writes that stage's checkpoint into the stage's folder
+    cfg = parse_config(staged(kept, two_stages(steps=2, keep_optimizer=True)))
+    with pytest.raises(
+        ConfigError, match=r"name the stage whose checkpoint to export with --stage K \(1 to 2\)"
+    ):
+        jobs.export(cfg, 2)
+    folder = jobs.export(cfg, 2, stage=2)
+    assert folder == kept / "train/stages/2-512/export/step_0000002"
+    assert_same_weights(weights(folder), b)
 
 
 def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
