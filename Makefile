@@ -11,13 +11,18 @@ TORCH_SPEC ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The package alone: all the demo needs (the test extra, moto, wandb, boto3..., is for `make test`).
+$(VENV)/.installed-base: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-base
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-demo: setup
+demo: $(VENV)/.installed-base
 	$(BIN)/longctx demo
 
 # Lint first: a style finding stops `make test` (CI's command) before the suite runs.

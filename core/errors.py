@@ -14,3 +14,8 @@ class ConfigError(LongctxError, ValueError):
 class OutputError(LongctxError, OSError):
     """An output folder or file cannot be written: it is not a folder, the file system is read-only,
     the disk is full. Also an ``OSError``, so that code catching those still does."""
+
+
+class EngineError(LongctxError):
+    """The engine a config names to run a job on is missing or out of reach: an extra that is not
+    installed (ray), a command not on the PATH (sbatch), a cluster that does not answer."""

@@ -4,11 +4,13 @@
       corpus/                  the embedded default corpus, when no input is given
       tokenizer.json           the run's tokenizer (copied or trained by curate)
       tokenizer_config.json    its special tokens, when it declares them (read by pack)
+      chat_template.jinja      its chat template, when it has one in this file (kept for the export)
       documents/<source>/      curated documents (Parquet)
       ledger.parquet, stats.json, stats.png
       curation.json            the curated files and their checksums, when curation publishes them
       shards/seq<N>/           packed windows of N tokens and their manifest.json
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
+                               compile_cache/ (torch's compiler caches, TORCHINDUCTOR_CACHE_DIR),
                                and tensorboard/ and wandb/ when those trackers are on
       train/stages/<k>-<N>/    a staged run's stage k (windows of N tokens): its own checkpoints/,
                                metrics.jsonl, final/, export/step_<N>/ and gate.json; the trackers'
@@ -124,6 +126,16 @@ class RunLayout:
         return self.root / "tokenizer_config.json"
 
     @property
+    def chat_template(self) -> Path:
+        """The tokenizer's chat template, when it keeps it in a file of its own (transformers >= 4.47)."""
+        return self.root / "chat_template.jinja"
+
+    @property
+    def tokenizer_files(self) -> tuple[Path, Path, Path]:
+        """Every file of the run's tokenizer: ``tokenizer.json``, then the side files that may be absent."""
+        return (self.tokenizer, self.tokenizer_config, self.chat_template)
+
+    @property
     def documents(self) -> Path:
         return self.root / "documents"
 
@@ -194,6 +206,14 @@ class RunLayout:
     def wandb_run_id(self) -> Path:
         """The W&B run id of this training run, kept so that a resumed run logs to the same run."""
         return self.wandb / "run_id"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch's compiler caches (``TORCHINDUCTOR_CACHE_DIR``) for the training processes: what
+        ``train.kernels.compile`` compiles, reused when the run resumes, and the folder importing
+        ``torch._dynamo`` (optimizers and FSDP2 do) creates, kept here rather than in ``$TMPDIR``,
+        where it would outlive the run."""
+        return self.train / "compile_cache"
 
     @property
     def final_model(self) -> Path:

@@ -10,12 +10,18 @@ So every process started on the driver's behalf asks the kernel to kill it when 
 * processes the driver forks while :func:`children_die_with_this_process` is active (the manager
   server, and the pool workers of a job run with ``start_method="fork"``) do it in an
   ``os.register_at_fork`` hook;
-* pool workers (children of the forkserver, which exits by itself when the driver's end of its
-  pipe closes) call :func:`die_with_parent` when they pick up a task, so the chain
-  driver -> forkserver -> worker unwinds completely.
+* helper processes the driver starts from a fresh interpreter with :data:`DRIVER_ENV` set (the
+  job's forkserver and multiprocess's resource tracker, which import this module first) arm the
+  same as soon as they import this module (:func:`die_with_driver`), and make every process they
+  fork (the pool workers) die with them, so the chain driver -> forkserver -> worker unwinds at
+  once. (Left to itself, the forkserver would exit when the driver's end of its pipe closes, but
+  only after tearing down every module it imported: 0.2-4 s, while its workers run on, and the
+  tracker waits for all of them.) Pool workers also arm :func:`die_with_parent` when they pick up
+  a task.
 
 Work a killed task leaves half done (a shard's temporary file) is removed when the job runs again.
-While a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
+Forked children start with SIGTERM's default action (they die), whatever handler the driver has;
+while a pool worker runs a task, SIGTERM (what the pool sends its workers when a sibling task fails)
 raises ``SystemExit``, so that its atomic writers remove their temporary files before it exits.
 """
 
@@ -99,6 +105,10 @@ def _before_fork() -> None:
 def _after_fork_in_child() -> None:
     if _active and _forking_pid is not None:
         die_with_parent(_forking_pid)
+        # A SIGTERM handler the driver inherited from its host (``ray.init()`` installs one that only
+        # works with Ray's threads, which a fork does not copy) would keep an idle pool worker alive
+        # when the pool terminates it, and the driver would wait for it forever.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -115,6 +125,28 @@ def children_die_with_this_process() -> Iterator[None]:
         _active -= 1
 
 
+DRIVER_ENV = "LONGCTX_DRIVER_PID"
+"""Set by a job's driver, while its job runs, to its pid: the helper processes it starts from a fresh
+interpreter (datatrove's forkserver) die with it (:func:`die_with_driver`)."""
+
+
+def die_with_driver() -> None:
+    """In a helper process started from a fresh interpreter by the driver named in :data:`DRIVER_ENV`
+    (its direct child): die as soon as the driver does, and make every process forked from this one
+    die with this one. Exits at once when the driver is already gone; nothing to do in any other
+    process (the driver itself, a process started by a worker)."""
+    global _active
+    driver = os.environ.get(DRIVER_ENV, "")
+    if not driver.isdigit() or int(driver) == os.getpid():
+        return
+    if os.getppid() != int(driver):
+        if not process_exists(int(driver)):  # re-parented: the driver died before we got here
+            os._exit(1)
+        return
+    die_with_parent(int(driver))
+    _active += 1  # for the rest of this process's life: its children die with it
+
+
 def process_exists(pid: int) -> bool:
     """Whether process ``pid`` still exists."""
     try:
@@ -124,3 +156,6 @@ def process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+die_with_driver()  # first thing a helper process does (the forkserver and tracker import this first)

@@ -94,3 +94,32 @@ def disk_fault(err: OSError, path: Path | str | None = None) -> OutputError | No
     reason = err.strerror or str(err)
     hint = "; free some space and run again to resume" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return OutputError(f"{where}: {reason}{hint}" if where else f"{reason}{hint}")
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(_existing_ancestor(Path(path).absolute())).free
+
+
+def check_free_space(path: Path, needed_bytes: float, what: str) -> None:
+    """Refuse (:class:`OutputError`, one line naming ``path``, the space ``what`` takes and the space
+    free) to start writing ``what`` of about ``needed_bytes`` where the file system of ``path`` has
+    less than that, with the margin, free."""
+    free = _free_bytes(path)
+    if free < needed_bytes * FREE_SPACE_MARGIN:
+        raise OutputError(
+            f"{path}: no room for {what}: it takes about {_size(needed_bytes)} and the file system has "
+            f"{_size(free)} free; free some space and run again"
+        )
+
+
+def space_fault(err: OSError, path: Path, needed_bytes: float, what: str) -> OutputError | None:
+    """:func:`disk_fault` of an error met while writing ``what`` (about ``needed_bytes``) under ``path``
+    (or the :class:`OutputError` an atomic writer made of it); a full disk is said with the space
+    ``what`` takes. None when the error is not the disk's."""
+    cause = err.__cause__ if isinstance(err, OutputError) and isinstance(err.__cause__, OSError) else err
+    if cause.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return err if isinstance(err, OutputError) else disk_fault(err, path)
+    return OutputError(
+        f"{path}: {cause.strerror or 'no space left'} while writing {what}, which takes about "
+        f"{_size(needed_bytes)}; it was not kept: free some space and run again"
+    )

@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,22 @@ CACHE_ENV = "LONGCTX_CACHE"
 class RemoteError(LongctxError, OSError):
     """A remote location cannot be read or written: no such bucket or key, no credentials, access
     denied, no fsspec backend for its scheme, or a fetched file that differs from its checksum."""
+
+
+_CREDENTIAL_NAME = re.compile(r"(^key$|_key$|secret|token|password|credential)", re.IGNORECASE)
+
+
+def credential_keys(options: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The (dotted) keys of fsspec ``options`` that look like credentials (``key``, ``secret``,
+    ``token``, ``*_key``, ``password``...), for refusing to write them where they would be kept."""
+    found = []
+    for name, value in options.items():
+        dotted = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            found += credential_keys(value, f"{dotted}.")
+        elif _CREDENTIAL_NAME.search(str(name)) and value:
+            found.append(dotted)
+    return found
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -118,10 +135,16 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
 def check_destination(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Refuse, before any work, a destination ``url`` whose bucket (first path component) does not
     exist or cannot be reached with the credentials at hand."""
+    if not is_remote(url):
+        return
     fs, path = filesystem(url, storage_options)
     bucket = path.strip("/").split("/")[0]
+    found = True
     with remote_errors(url, "checking the destination"):
-        found = fs.exists(bucket) if is_remote(url) else True
+        try:
+            fs.info(bucket)  # not exists(), which answers False when access is denied
+        except FileNotFoundError:
+            found = False
     if not found:
         raise RemoteError(f"{url}: no such bucket {bucket!r}; create it first")
 

@@ -6,8 +6,9 @@ it and records its fingerprint in every shard, and the trainer refuses shards ma
 
 * :func:`resolve_tokenizer` turns ``tokenizer.path`` (a ``tokenizer.json`` file, a folder holding
   one, or a Hugging Face hub id such as ``meta-llama/Meta-Llama-3-8B``, optionally ``@revision``) into
-  local files, through ``huggingface_hub``'s cache (which honours ``HF_HOME``, ``HF_HUB_CACHE`` and
-  ``HF_HUB_OFFLINE``).
+  local files (the ``tokenizer.json``, and the ``tokenizer_config.json`` and ``chat_template.jinja``
+  beside it when there are), through ``huggingface_hub``'s cache (which honours ``HF_HOME``,
+  ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE``).
 * :func:`document_specials` says which end-of-document, beginning-of-document and padding tokens
   frame each document, from the explicit settings or else what the tokenizer itself declares: its
   ``tokenizer_config.json`` beside the ``tokenizer.json`` (``eos_token``, ``bos_token``,
@@ -34,6 +35,8 @@ BOS_TOKEN = "<|bos|>"
 PAD_TOKEN = "<|pad|>"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# transformers >= 4.47 saves a tokenizer's chat template in this file instead of tokenizer_config.json
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # End-of-text tokens of well-known tokenizer families, tried in order when nothing else declares one.
 CONVENTIONAL_EOS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|end|>", "[SEP]")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?$")
@@ -41,12 +44,22 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?$")
 
 @dataclass(frozen=True)
 class TokenizerFiles:
-    """Local files of a tokenizer: its ``tokenizer.json`` and, when it has one, the
-    ``tokenizer_config.json`` beside it. ``origin`` is what ``tokenizer.path`` said."""
+    """Local files of a tokenizer: its ``tokenizer.json`` and, when it has them, the
+    ``tokenizer_config.json`` and ``chat_template.jinja`` beside it. ``origin`` is what
+    ``tokenizer.path`` said."""
 
     tokenizer: Path
     config: Path | None
     origin: str
+    chat_template: Path | None = None
+
+    @classmethod
+    def beside(cls, tokenizer: Path, origin: str) -> TokenizerFiles:
+        """``tokenizer`` with the side files found in its folder."""
+        config, template = tokenizer.with_name(TOKENIZER_CONFIG_FILE), tokenizer.with_name(CHAT_TEMPLATE_FILE)
+        return cls(
+            tokenizer, config if config.is_file() else None, origin, template if template.is_file() else None
+        )
 
 
 def looks_like_hub_id(spec: str) -> bool:
@@ -61,36 +74,53 @@ def resolve_tokenizer(spec: str | os.PathLike, key: str = "tokenizer.path") -> T
     text = str(spec)
     local = Path(text).expanduser()
     if local.is_file():
-        config = local.with_name(TOKENIZER_CONFIG_FILE)
-        return TokenizerFiles(local, config if config.is_file() else None, text)
+        return TokenizerFiles.beside(local, text)
     if local.is_dir():
         if not (local / TOKENIZER_FILE).is_file():
             raise ConfigError(f"{key}: the folder {local} has no {TOKENIZER_FILE}")
-        config = local / TOKENIZER_CONFIG_FILE
-        return TokenizerFiles(local / TOKENIZER_FILE, config if config.is_file() else None, text)
+        return TokenizerFiles.beside(local / TOKENIZER_FILE, text)
     if not looks_like_hub_id(text):
         raise ConfigError(f"{key}: {text} is neither a tokenizer file, a folder, nor a Hugging Face hub id")
     return _from_hub(text, key)
 
 
 def _from_hub(spec: str, key: str) -> TokenizerFiles:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    """The tokenizer files of a hub repository, in one ``snapshot_download`` of just those files: from
+    the cache alone in offline mode; online, one listing of the repository (no retries when the hub
+    cannot be reached, where each ``hf_hub_download`` would retry for about 24 s)."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     repo_id, _, revision = spec.partition("@")
+    wanted = [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE]
+    cache = constants.HF_HUB_CACHE
     try:
-        tokenizer = Path(hf_hub_download(repo_id, TOKENIZER_FILE, revision=revision or None))
-    except Exception as err:  # offline and not cached, no such repository, no network...
+        folder = Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=wanted))
+    except LocalEntryNotFoundError:
+        at = f" at revision {revision}" if revision else ""
+        if constants.HF_HUB_OFFLINE:
+            raise ConfigError(
+                f"{key}: {spec} is not a local path, and the Hugging Face hub cache {cache} does not hold "
+                f"{repo_id}{at} while HF_HUB_OFFLINE is set: download it where the hub can be reached "
+                f"(hf download {repo_id} {' '.join(wanted[:2])}), point HF_HUB_CACHE (or HF_HOME) at a "
+                "cache that holds it, or unset HF_HUB_OFFLINE"
+            ) from None
+        raise ConfigError(
+            f"{key}: {spec} is not a local path, the Hugging Face hub cannot be reached (check the network, "
+            f"HF_ENDPOINT), and the hub cache {cache} does not hold {repo_id}{at}"
+        ) from None
+    except Exception as err:  # no such repository or revision, a gated one without a token...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
             f"{key}: {spec} is not a local path, and its {TOKENIZER_FILE} could not be had from the "
-            f"Hugging Face hub or its cache ({first})"
+            f"Hugging Face hub ({first})"
         ) from None
-    try:
-        config: Path | None = Path(hf_hub_download(repo_id, TOKENIZER_CONFIG_FILE, revision=revision or None))
-    except (EntryNotFoundError, LocalEntryNotFoundError):
-        config = None
-    return TokenizerFiles(tokenizer, config, spec)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise ConfigError(
+            f"{key}: the Hugging Face repository {spec} has no {TOKENIZER_FILE}"
+            + (f" in the hub cache {cache} (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE else "")
+        )
+    return TokenizerFiles.beside(folder / TOKENIZER_FILE, spec)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,10 @@ modules once, and every socket and temporary file of those processes inside the 
 A stage with more than one worker runs its tasks in a ``multiprocess`` pool whose workers are forked
 by a forkserver, beside a ``Manager`` server forked from the driver. Left to its defaults:
 
+* the forkserver outlives a driver killed with SIGKILL by seconds (it tears down what it imported
+  first), and so do its workers and the resource tracker (which waits for all of them); here the
+  forkserver and the tracker die with the driver, and the workers with the forkserver
+  (:func:`longctx.core.lifetime.die_with_driver`, :func:`start_resource_tracker`);
 * the forkserver imports nothing, so every worker of every stage imports datatrove, pyarrow,
   tokenizers and the job's modules itself (about 1.8 s of CPU each on a 2-core machine: ten times in
   a two-task curation, a third of the CPU the second task was meant to add);
@@ -30,12 +34,18 @@ import hashlib
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import multiprocess.forkserver
 import multiprocess.process
+import multiprocess.resource_tracker
+import multiprocess.spawn
+import multiprocess.util
+
+from longctx.core import lifetime
 
 # What every task imports on its first Parquet read or write (pyarrow imports pandas, when installed,
 # to look for pandas metadata): imported once in the forkserver rather than in each worker.
@@ -50,7 +60,9 @@ def preload_modules(pipelines: Iterable[Iterable[object]]) -> list[str]:
     import, and ``__main__`` (which multiprocess preloads by default)."""
     modules = {type(step).__module__ for pipeline in pipelines for step in pipeline} | set(_TASK_IMPORTS)
     modules.add(__name__.rsplit(".", 1)[0] + ".executors")  # the executor itself is pickled too
-    return ["__main__", *sorted(modules - {"__main__", "builtins"})]
+    # first of all, the forkserver arms its death with the driver (its import does it)
+    first = lifetime.__name__
+    return [first, "__main__", *sorted(modules - {"__main__", "builtins", first})]
 
 
 def temporary_folder(work: Path) -> Path:
@@ -105,6 +117,51 @@ def _stop_forkserver() -> None:
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
 
 
+def _stderr_fd() -> list[int]:
+    """This process's stderr file descriptor, for a child to inherit (none when stderr has none)."""
+    try:
+        return [sys.stderr.fileno()]
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        return []
+
+
+def start_resource_tracker() -> None:
+    """Start this process's ``multiprocess`` resource tracker now, unless one runs, from a command
+    that first imports :mod:`longctx.core.lifetime`, so that it dies with this process
+    (:func:`~longctx.core.lifetime.die_with_driver`; multiprocess's own command imports nothing of
+    ours, and the tracker would outlive a killed driver until it has read the end of its pipe and
+    cleaned up). What it would have cleaned up, the job's semaphores, the job's next run removes
+    (:func:`remove_semaphores`). Otherwise as multiprocess starts it (``ResourceTracker.ensure_running``),
+    whose pipe the pools and the forkserver then use."""
+    tracker = multiprocess.resource_tracker._resource_tracker
+    with tracker._lock:
+        if tracker._fd is not None and tracker._check_alive():
+            return
+        if tracker._fd is not None:  # it died: multiprocess would start another one too
+            os.close(tracker._fd)
+            with contextlib.suppress(ChildProcessError, TypeError):
+                os.waitpid(tracker._pid, 0)
+            tracker._fd = tracker._pid = None
+        read, write = os.pipe()
+        command = f"import {lifetime.__name__}; from multiprocess.resource_tracker import main; main({read})"
+        executable = multiprocess.spawn.get_executable()
+        args = [executable, *multiprocess.util._args_from_interpreter_flags(), "-c", command]
+        # as multiprocess does (bpo-33613): the signals it ignores are blocked until it has done so
+        blocked = getattr(multiprocess.resource_tracker, "_IGNORED_SIGNALS", ())
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+            try:
+                pid = multiprocess.util.spawnv_passfds(executable, args, [*_stderr_fd(), read])
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+        tracker._fd, tracker._pid = write, pid
+
+
 def start_forkserver() -> None:
     """Start this process's forkserver now (it inherits file descriptor 2 as it is now) rather than
     when a pool first needs it."""
@@ -130,11 +187,17 @@ def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator
     saved_preload = multiprocess.forkserver._forkserver._preload_modules
     _stop_forkserver()  # one an earlier job of this process started, with its modules and folder
     multiprocess.forkserver.set_forkserver_preload(preload_modules(pipelines))
+    saved_driver = os.environ.get(lifetime.DRIVER_ENV)
+    os.environ[lifetime.DRIVER_ENV] = str(os.getpid())  # the forkserver and the tracker die with it
     config["tempdir"] = tempfile.tempdir = os.environ["TMPDIR"] = str(folder)
     try:
         yield folder
     finally:
         _stop_forkserver()
+        if saved_driver is None:
+            os.environ.pop(lifetime.DRIVER_ENV, None)
+        else:
+            os.environ[lifetime.DRIVER_ENV] = saved_driver
         for key, value in zip(("tempdir", "TMPDIR"), (saved[0], saved[2])):
             store = config if key == "tempdir" else os.environ
             if value is None:

@@ -6,21 +6,33 @@ parts read (``context``, ``tokenizer``) come from ``longctx.core.config``. :clas
 assembles them, and each command hands every job only its own section and what it needs besides.
 
 Every section forbids unknown keys, so a typo (``min_token`` for ``min_tokens``) is an error naming
-the key and a suggestion, never a silently ignored setting. Paths must exist where a section says
-so; relative paths are taken relative to the current working directory. Sections that disagree with
-each other are refused at load, before any job starts (:func:`check_sections`).
+the key and a suggestion, never a silently ignored setting: the whole file is checked when it is
+read, and sections that disagree with each other are refused at load, before any job starts
+(:func:`check_sections`). What a section names outside the file (paths that must exist, optional
+extras) is checked by :func:`check_world` for the sections a job uses (``longctx.jobs``), so that a
+missing ``train.model.hf_path`` stops ``longctx train``, not ``longctx curate``. Relative paths are
+taken relative to the current working directory.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
-from longctx.core.config import ContextConfig, StrictModel, TokenizerConfig, validate_section
+from longctx.core.config import (
+    ContextConfig,
+    StrictModel,
+    TokenizerConfig,
+    format_problems,
+    validate_section,
+    world_problems,
+)
 from longctx.core.errors import ConfigError
+from longctx.core.remote import is_remote
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
 from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
@@ -42,14 +54,27 @@ class RootConfig(StrictModel):
     train: TrainConfig | None = None
     eval: EvalConfig | None = None
 
+    _origin: str = PrivateAttr(default="the run config")  # named in errors: the file it was read from
+
+
+LOCAL_RUN_FOLDER = (
+    "the run folder holds resume state, locks and temporary files, which object storage cannot hold "
+    "safely, so it is a local path; jobs publish their results to object storage instead: curate.output "
+    "(`longctx curate --publish URL`), pack.output (`longctx pack --publish URL`), train.export.output"
+)
+"""Why ``output`` (``--output``) is never a URL, and what to use instead."""
+
 
 def parse_config(data: dict[str, Any], origin: str = "<dict>") -> RootConfig:
     """Validate a config mapping; raise :class:`ConfigError` naming every bad key, or the first
     pair of sections that disagree."""
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping of sections, got {type(data).__name__}")
+    if isinstance(data.get("output"), str) and is_remote(data["output"]):
+        raise ConfigError(f"{origin}: output {data['output']} is a URL; {LOCAL_RUN_FOLDER}")
     cfg = validate_section(RootConfig, data, origin)
     check_sections(cfg, origin)
+    cfg._origin = origin
     return cfg
 
 
@@ -80,13 +105,73 @@ def check_sections(cfg: RootConfig, origin: str) -> None:
         raise ConfigError(f"{origin}: {err}") from None
 
 
+def check_world(cfg: RootConfig, sections: Iterable[str]) -> None:
+    """Refuse a run whose ``sections`` (dotted keys such as ``curate`` or ``train.model``; absent ones
+    are skipped) name a path that does not exist or an optional extra that is not installed: a
+    :class:`ConfigError` naming every such key. Each job checks the sections it uses before any work."""
+    problems = []
+    for dotted in sections:
+        section: Any = cfg
+        for name in dotted.split("."):
+            section = getattr(section, name) if section is not None else None
+        if section is not None:
+            problems += world_problems(section, dotted)
+    if problems:  # a section inside another one checked too (train and train.model) is named once
+        raise ConfigError(format_problems(cfg._origin, dict.fromkeys(problems)))
+
+
+def _refuse_duplicate_keys(
+    node: yaml.Node, origin: str, where: str = "", seen: set[int] | None = None
+) -> None:
+    """Refuse a mapping that holds one key twice, at any depth: YAML loaders keep the last one, so a
+    repeated ``output:`` would silently override the first. Names the dotted key and both lines."""
+    seen = set() if seen is None else seen
+    if id(node) in seen:  # an alias of a node already checked
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: explicit keys override merged ones
+                _refuse_duplicate_keys(value, origin, where, seen)
+                continue
+            name = str(key.value) if isinstance(key, yaml.ScalarNode) else f"<{key.id}>"
+            dotted = f"{where}.{name}" if where else name
+            line = key.start_mark.line + 1
+            if isinstance(key, yaml.ScalarNode) and (key.tag, str(key.value)) in lines:
+                first = lines[(key.tag, str(key.value))]
+                raise ConfigError(
+                    f"{origin}: key '{dotted}' appears twice (lines {first} and {line}); keep one"
+                )
+            lines[(key.tag, str(key.value))] = line
+            _refuse_duplicate_keys(value, origin, dotted, seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for number, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, origin, f"{where}.{number}" if where else str(number), seen)
+
+
+def read_yaml(text: str, origin: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing a key repeated in one mapping
+    (:func:`_refuse_duplicate_keys`)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, origin)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:
-    """Read a YAML config with ``yaml.safe_load``, apply dotted-key overrides, validate it."""
+    """Read a YAML config (``yaml.safe_load``, a key repeated in one mapping refused), apply dotted-key
+    overrides, validate it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):

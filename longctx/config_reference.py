@@ -44,7 +44,8 @@ INTRO = f"""\
 
 A run is one YAML file (examples in [`configs/`](../configs/)); its sections are validated before
 any work starts. An unknown key is an error naming it, with a "did you mean" suggestion; a wrong
-type or a missing local path is an error naming the key. Relative paths are relative to the folder
+type or a missing local path is an error naming the key, and so is a key given twice in one mapping
+(YAML would keep the last one; the error names both lines). Relative paths are relative to the folder
 `longctx` runs in. Command-line flags override the file (see each command's `--help`). Each part
 owns its sections: `context`, `tokenizer` and the executor settings come from `longctx.core.config`,
 `curate` from `longctx.pipeline.config`, `pack` from `longctx.packer.config`, `train` and `eval`

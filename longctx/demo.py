@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from longctx.config import RootConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.text import plural
 
 if TYPE_CHECKING:
     from longctx.packer.manifest import Manifest
@@ -47,36 +48,13 @@ def _stage(number: int, name: str, timings: dict[str, float] | None = None, key:
         timings[key] = time.monotonic() - started
 
 
-def _train_done(cfg: RootConfig, layout: RunLayout) -> bool:
-    """Whether an earlier run finished training: every stage trained, exported and its gate passed
-    (or, unstaged, the last step's checkpoint and the exported model)."""
-    from longctx.trainer.checkpoint import latest_checkpoint
-    from longctx.trainer.gates import GateSettings, recorded_gate
-    from longctx.trainer.stage_plan import resolve_stages
-    from longctx.trainer.stages import stage_finished
-
-    assert cfg.train is not None
-    stages = resolve_stages(cfg.train, layout)
-    if stages:
-        settings = GateSettings(cfg.eval)
-        for stage in stages:
-            gate = recorded_gate(stage, settings) if stage.gate is not None else None
-            if not stage_finished(stage) or (stage.gate is not None and (gate is None or not gate.passed)):
-                return False
-        return True
-    latest = latest_checkpoint(layout.checkpoints)
-    if latest is None or not (layout.final_model / "config.json").is_file():
-        return False
-    return latest.step >= cfg.train.steps
-
-
 def _launch_training(config_path: Path, output: Path, nproc: int) -> None:
     """Train under torchrun with ``nproc`` local CPU processes, as ``longctx train --nproc`` does."""
     from longctx.trainer.launch import launch_training
 
     args = ["train", "--config", str(config_path), "--output", str(output)]
     if launch_training(nproc, args, output) != 0:
-        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {nproc} ranks)")
+        raise RuntimeError(f"training failed (longctx {' '.join(args)} on {plural(nproc, 'rank')})")
 
 
 def sparkline(values: list[float]) -> str:
@@ -103,7 +81,7 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
         manifests = jobs.pack(cfg, verbose=verbose)
     with _stage(3, "validate shards", timings, "validate"):
         _validate_shards(layout, manifests)
-    train_title = f"train ({cfg.train.cp} CPU ranks, ring attention, {_plan(cfg)})"
+    train_title = f"train ({plural(cfg.train.cp, 'CPU rank')}, ring attention, {_plan(cfg)})"
     with _stage(4, train_title, timings, "train"):
         trained_before = _train(cfg, config_path, layout)
     with _stage(5, f"evaluate ({' vs '.join(cfg.eval.models)})", timings, "eval"):
@@ -124,14 +102,14 @@ def _validate_shards(layout: RunLayout, manifests: dict[int, Manifest]) -> None:
         violations = validate_folder(folder, layout.tokenizer)
         if violations:
             raise RuntimeError(f"{folder} failed validation:\n" + "\n".join(str(v) for v in violations[:10]))
-        print(f"  {folder}: {manifest.rows} windows, all invariants hold", flush=True)
+        print(f"  {folder}: {plural(manifest.rows, 'window')}, all invariants hold", flush=True)
 
 
 def _plan(cfg: RootConfig) -> str:
     """The training's title: its stages' lengths and steps, or its steps."""
     assert cfg.train is not None
     if not cfg.train.stages:
-        return f"{cfg.train.steps} steps"
+        return plural(cfg.train.steps, "step")
     lengths = " -> ".join(str(s.seq_len) for s in cfg.train.stages)
     steps = " + ".join(str(s.steps) for s in cfg.train.stages)
     return f"stages {lengths} tokens, {steps} steps"
@@ -139,8 +117,10 @@ def _plan(cfg: RootConfig) -> str:
 
 def _train(cfg: RootConfig, config_path: Path, layout: RunLayout) -> bool:
     """Train on ``train.cp`` CPU ranks, unless an earlier run finished; returns whether it had."""
+    from longctx import jobs
+
     assert cfg.train is not None  # run_demo checks the sections
-    if _train_done(cfg, layout):
+    if jobs.finished_training(cfg) is not None:
         print("  finished in an earlier run; reusing its checkpoint", flush=True)
         return True
     _launch_training(config_path, cfg.output, cfg.train.cp)
@@ -249,7 +229,7 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
     for n, p in s["packing"].items():
         per_source = ", ".join(f"{k} {v:,}" for k, v in p["tokens_per_source"].items())
         lines.append(
-            f"windows of {n}: {p['rows']} rows, {p['tokens']:,} tokens ({per_source}); padding "
+            f"windows of {n}: {plural(p['rows'], 'row')}, {p['tokens']:,} tokens ({per_source}); padding "
             f"{p['padding']:,} ({1 - p['efficiency']:.2%}); largest position {p['max_position']}; "
             f"{p['long_fraction']:.1%} of tokens at positions >= {cfg.context.original}"
         )

@@ -1,6 +1,8 @@
 """Each job run from a whole run config: the one place where :class:`~longctx.config.RootConfig` is
 taken apart, so that every job gets only its own section and what it needs besides.
 
+Each job first checks what the sections it uses name outside the file (:data:`SECTIONS`): paths
+that must exist, optional extras. A missing ``train.model.hf_path`` stops ``train``, not ``curate``.
 The ``longctx`` commands and the demo call these; so can Python code that holds a run config::
 
     from longctx import jobs
@@ -16,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from longctx.config import RootConfig
+from longctx.config import RootConfig, check_world
 from longctx.core.errors import ConfigError
 
 if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
@@ -25,9 +27,33 @@ if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fa
     from longctx.trainer.train import TrainResult
 
 
-def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
-    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation`. The special tokens
-    the run's ``pack`` section asks for are checked before curation starts."""
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "curate": ("tokenizer", "curate"),
+    "pack": ("tokenizer", "pack"),
+    "train": ("train",),
+    "eval": ("eval",),
+}
+"""The sections of the run config each job reads that may name something outside the file (the
+``context`` section and pack's special tokens, which curation also reads, name nothing). ``pack``
+reads ``tokenizer.path`` to refuse one other than the run's tokenizer. ``eval`` also uses
+``train.model`` when it evaluates the ``base`` model; ``train`` and ``eval`` fall back to
+``tokenizer.path`` only when the run folder holds no tokenizer, and resolve it then."""
+
+
+def check(cfg: RootConfig, *names: str) -> None:
+    """Refuse, before any work, a config whose sections used by the jobs ``names`` (keys of :data:`SECTIONS`)
+    name a missing path or an extra that is not installed: see :func:`longctx.config.check_world`."""
+    sections = [section for name in names for section in SECTIONS[name]]
+    if "eval" in names and cfg.eval is not None and "base" in cfg.eval.models:
+        sections.append("train.model")
+    check_world(cfg, sections)
+
+
+def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> dict[str, Any] | None:
+    """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation` (``update``: curate the
+    run anew over inputs changed since it started). The special tokens the run's ``pack`` section
+    asks for are checked before curation starts."""
+    check(cfg, "curate")  # before the job's modules are imported
     from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
 
@@ -40,6 +66,7 @@ def curate(cfg: RootConfig, *, verbose: bool = False) -> dict[str, Any] | None:
         output=cfg.output,
         specials=specials,
         verbose=verbose,
+        update=update,
     )
 
 
@@ -56,26 +83,34 @@ def _configured_tokenizer(cfg: RootConfig) -> Path | None:
 
 def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | None:
     """``longctx pack`` (default settings when the config has no ``pack`` section): see
-    :func:`longctx.packer.run.run_pack`."""
+    :func:`longctx.packer.run.run_pack`. A ``tokenizer.path`` other than the run's tokenizer is refused."""
+    check(cfg, "pack")
+    from longctx.core.tokenizer import resolve_tokenizer
     from longctx.packer.config import PackConfig
     from longctx.packer.run import run_pack
 
-    return run_pack(cfg.pack or PackConfig(), context=cfg.context, output=cfg.output, verbose=verbose)
+    configured = resolve_tokenizer(cfg.tokenizer.path) if cfg.tokenizer.path is not None else None
+    return run_pack(
+        cfg.pack or PackConfig(),
+        context=cfg.context,
+        output=cfg.output,
+        verbose=verbose,
+        tokenizer=configured,
+    )
 
 
 def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult | StagedResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
     :func:`longctx.trainer.train.train`, or for ``train.stages``
     :func:`longctx.trainer.stages.train_staged` (its gates measure with the ``eval`` section)."""
-    from longctx.trainer.gates import GateSettings
-    from longctx.trainer.stages import train_staged
-    from longctx.trainer.train import train as run_training
-
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
+    check(cfg, "train")
     tokenizer = _configured_tokenizer(cfg)
     if cfg.train.stages:
-        gates = GateSettings(cfg.eval, _curated_documents(cfg))
+        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.stages import train_staged
+
         return train_staged(
             cfg.train,
             context=cfg.context,
@@ -83,8 +118,10 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
             tokenizer=tokenizer,
             progress=progress,
             restart=restart,
-            gates=gates,
+            gates=GateSettings(cfg.eval, _curated_documents(cfg)),
         )
+    from longctx.trainer.train import train as run_training
+
     return run_training(
         cfg.train,
         context=cfg.context,
@@ -95,12 +132,36 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
     )
 
 
-def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
-    """``longctx train --export STEP [--stage K]``: see :func:`longctx.trainer.train.export_checkpoint`."""
-    from longctx.trainer.train import export_checkpoint
-
+def finished_training(cfg: RootConfig) -> str | None:
+    """What ``longctx train`` prints instead of starting when the run of ``cfg`` already finished
+    (where its results are), or None when there is work left: see
+    :func:`longctx.trainer.resume.finished_run`, and for ``train.stages``
+    :func:`longctx.trainer.stages.finished_stages` (the gates' settings are the ``eval`` section's)."""
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
+    from longctx.core.layout import RunLayout
+
+    layout = RunLayout(cfg.output)
+    if cfg.train.stages:
+        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.stages import describe_finished_stages, finished_stages
+
+        settings = GateSettings(cfg.eval, _curated_documents(cfg))
+        outcomes = finished_stages(cfg.train, layout, settings)
+        return describe_finished_stages(outcomes) if outcomes is not None else None
+    from longctx.trainer.resume import describe_finished, finished_run
+
+    step = finished_run(layout, cfg.train.steps)
+    return describe_finished(layout, step, cfg.train.steps) if step is not None else None
+
+
+def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
+    """``longctx train --export STEP [--stage K]``: see :func:`longctx.trainer.train.export_checkpoint`."""
+    if cfg.train is None:
+        raise ConfigError("the config has no 'train' section")
+    check(cfg, "train")
+    from longctx.trainer.train import export_checkpoint
+
     return export_checkpoint(
         cfg.train,
         context=cfg.context,
@@ -113,10 +174,11 @@ def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
 
 def evaluate(cfg: RootConfig) -> dict[str, Any]:
     """``longctx eval``: see :func:`longctx.trainer.eval_job.run_eval`."""
-    from longctx.trainer.eval_job import run_eval
-
     if cfg.eval is None:
         raise ConfigError("the config has no 'eval' section")
+    check(cfg, "eval")
+    from longctx.trainer.eval_job import run_eval
+
     return run_eval(
         cfg.eval,
         context=cfg.context,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from longctx.pipeline.documents import document_files, read_column, source_of, token_counts
+from longctx.pipeline.documents import document_files, file_tokenizer, read_column, source_of, token_counts
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,19 @@ class SourceCatalog:
         return bool(len(self.token_counts)) and bool((self.token_counts >= 0).all())
 
 
-def read_catalog(documents: Path) -> dict[str, SourceCatalog]:
-    """Ids and token counts of every curated document, by source."""
+def read_catalog(documents: Path, tokenizer_sha256: str | None = None) -> dict[str, SourceCatalog]:
+    """Ids and token counts of every curated document, by source. Counts of a file that records
+    another tokenizer than ``tokenizer_sha256`` (the run's tokenizer was replaced after curation) are
+    unknown: they count another tokenizer's tokens."""
     ids: dict[str, list[str]] = {}
     counts: dict[str, list[np.ndarray]] = {}
     for file in document_files(documents):
         source = source_of(documents, file)
         ids.setdefault(source, []).extend(read_column(file, "id").to_pylist())
-        counts.setdefault(source, []).append(token_counts(file))
+        found = token_counts(file)
+        if tokenizer_sha256 is not None and file_tokenizer(file) not in (None, tokenizer_sha256):
+            found = np.full(len(found), -1, dtype=np.int64)
+        counts.setdefault(source, []).append(found)
     return {name: SourceCatalog(name, ids[name], np.concatenate(counts[name])) for name in sorted(ids)}
 
 

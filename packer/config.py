@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from longctx.core.config import ExecutorConfig, StrictModel
+from longctx.core.config import ExecutorConfig, StorageOptions, StrictModel
 
 
 def is_source_name(name: str) -> bool:
@@ -125,10 +125,7 @@ class PackConfig(StrictModel):
         description="pack the curation published here (curate.output: an fsspec URL such as s3://bucket/run, "
         "or a folder) instead of <run output>/documents",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict,
-        exclude=True,  # may hold credentials: never recorded
-        repr=False,
+    storage_options: StorageOptions = Field(
         description="fsspec options for pack.output and pack.input (credentials, endpoint_url...)",
     )
 

@@ -6,9 +6,9 @@ A published curation given by URL is copied into ``<output>/cache/<scheme>/<buck
 through :func:`longctx.core.remote.fetch_files`: every file is checked against the xxh3-128 that its
 ``curation.json`` lists before it enters the cache, intact cached files are not downloaded again, and
 a remote file that differs is refused in one line naming its URL. A local ``pack.input`` folder is
-read where it is. Either way its ``tokenizer.json`` (and ``tokenizer_config.json``) become the run's
-once the pack run is accepted, so that training and evaluation find the tokenizer the shards were
-packed with.
+read where it is. Either way its tokenizer files (``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja``) become the run's once the pack run is accepted, so that training, evaluation
+and the export find the tokenizer the shards were packed with.
 
 Refusals come before anything is written to the run folder: a run folder that holds documents of
 its own, or a tokenizer other than the published one, is left as it is.
@@ -63,7 +63,7 @@ def _refuse_conflicts(layout: RunLayout, manifest: CurationManifest, location: s
             f"pack.input, or pack {location} into another output folder"
         )
     published = manifest.checksums()
-    for path in (layout.tokenizer, layout.tokenizer_config):
+    for path in layout.tokenizer_files:
         if path.is_file() and published.get(path.name) != file_xxh3(path):
             raise ConfigError(
                 f"pack.input: {path} differs from the {path.name} published at {location}; pack into another "
@@ -75,10 +75,7 @@ def adopt_tokenizer(source: RunLayout, layout: RunLayout) -> None:
     """Make the tokenizer files of the curated run ``source`` the run's (atomic copies; nothing to do
     when ``source`` is the run itself or the files are already there, checked by
     :func:`curated_source`). Called once the pack run is accepted, so a refused run writes nothing."""
-    for found, target in (
-        (source.tokenizer, layout.tokenizer),
-        (source.tokenizer_config, layout.tokenizer_config),
-    ):
+    for found, target in zip(source.tokenizer_files, layout.tokenizer_files, strict=True):
         if found != target and found.is_file() and not target.is_file():
             with atomic_path(target) as tmp:
                 shutil.copyfile(found, tmp)

@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from longctx.core.errors import ConfigError
+from longctx.core.text import plural
 from longctx.packer.format import FORMAT_VERSION, ShardError
 from longctx.packer.reader import PackedRow, ShardSet
 from longctx.packer.rowcheck import RowTokens
@@ -306,8 +307,8 @@ class PackedDataset(IterableDataset):
         )
         if holdout_rows < 0 or len(self.shards) - holdout_rows < global_rows:
             raise ConfigError(
-                f"{folder} has {len(self.shards)} rows: holding out {holdout_rows} leaves fewer than one "
-                f"optimizer step of global_batch_rows={global_rows}"
+                f"{folder} has {plural(len(self.shards), 'row')}: holding out {holdout_rows} leaves fewer "
+                f"than one optimizer step of global_batch_rows={global_rows}"
             )
         self.holdout = holdout_rows
         self.seed = seed

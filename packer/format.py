@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from longctx.core.atomic import atomic_file
 from longctx.core.errors import LongctxError
+from longctx.core.text import plural
 
 FORMAT_NAME = "longctx-packed-windows"
 FORMAT_VERSION = 2
@@ -188,7 +189,7 @@ def open_shard(path: Path, xxh3_128: str | None = None) -> tuple[ShardMetadata, 
     meta = _read_metadata(table.schema, str(path))
     if table.num_rows != meta.rows:
         raise ShardError(
-            f"{path}: truncated shard: holds {table.num_rows} rows, its metadata says {meta.rows}"
+            f"{path}: truncated shard: holds {plural(table.num_rows, 'row')}, its metadata says {meta.rows}"
         )
     expected = shard_schema(meta.seq_len)
     if not table.schema.equals(expected, check_metadata=False):

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from longctx.core.text import plural
 from longctx.packer.dataset import (
     CHUNK_TOKENS,
     Batch,
@@ -389,14 +390,15 @@ class PackedLoader:
                 size = batch["input_ids"].shape[0]
                 if size != expected[handed]:
                     raise RuntimeError(
-                        f"PackedLoader: batch {handed} has {size} rows, expected {expected[handed]}"
+                        f"PackedLoader: batch {handed} has {plural(size, 'row')}, expected {expected[handed]}"
                     )
                 handed += 1
                 yield size, batch
             del batches  # the item's slot is freed once the caller drops its batches
         if handed != len(expected):
             raise RuntimeError(
-                f"PackedLoader: the workers gave {handed} batches of the {len(expected)} of the pass"
+                f"PackedLoader: the workers gave {plural(handed, 'batch', 'batches')} of the {len(expected)} "
+                "of the pass"
             )
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from longctx.core.remote import is_remote
+from longctx.core.text import plural
 from longctx.core.tokenizer import tokenizer_fingerprint
 from longctx.packer.format import FORMAT_VERSION, ShardError, ShardMetadata, open_shard
 from longctx.packer.manifest import Manifest, load_manifest
@@ -311,7 +312,7 @@ class ShardSet:
     def locate(self, row: int) -> tuple[int, int]:
         """``(shard index, row inside it)`` of a global row index."""
         if not 0 <= row < len(self):
-            raise IndexError(f"row {row} out of range: {self.folder} has {len(self)} rows")
+            raise IndexError(f"row {row} out of range: {self.folder} has {plural(len(self), 'row')}")
         index = int(np.searchsorted(self._starts, row, side="right")) - 1
         return index, row - int(self._starts[index])
 

@@ -12,10 +12,14 @@ and :func:`plan_outputs` decides from it what a new run may do:
 
 * other data than recorded: refused, naming what changed (the outputs would disagree);
 * a window length whose output is finished (its manifest is written): kept as it is, never
-  rewritten, whatever the window settings are now;
+  rewritten. Its window settings must be the ones asked for now, unless this run packs a new length
+  with the new settings (a longer window may need a larger pool): a rerun whose settings match no
+  output it asks for (a changed ``strategy`` or ``shard_tokens`` alone) is refused, naming the
+  setting, like a change of the data, instead of keeping outputs that the config no longer describes;
 * a recorded length not yet finished (a killed run): resumed, if its window settings are unchanged;
   refused otherwise, naming the setting (half the folder would be packed one way, half another);
-* a new length: packed (its folder must be empty), and added to the record.
+* a new length, or a recorded one whose folder holds nothing (deleted to be packed anew): packed,
+  and recorded with the settings asked for.
 
 So adding a length to a finished run packs only that length. Every check happens before the record
 is written: a refused run changes nothing.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +44,16 @@ OUTPUTS = "outputs"
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """Which requested window lengths this run packs, which finished ones it keeps, and the run
+    """Which requested window lengths this run packs (``fresh``: those of them recorded earlier
+    whose folder was emptied, whose resume state must go), which finished ones it keeps (``changed``:
+    those of them packed with other window settings than asked for now, described), and the run
     record to write before packing (:func:`write_record`)."""
 
     to_pack: list[int]
     kept: list[int]
     record: dict[str, Any]
+    fresh: list[int] = field(default_factory=list)
+    changed: dict[int, str] = field(default_factory=dict)
 
 
 def write_record(layout: RunLayout, plan: OutputPlan) -> None:
@@ -98,26 +106,41 @@ def plan_outputs(
             f"delete {layout.shards} and {layout.work}, or choose another output"
         )
     recorded: dict[str, Any] = record[OUTPUTS]
-    to_pack, kept = [], []
+    to_pack, kept, fresh, changed = [], [], [], {}
     for seq_len, settings in sorted(windows.items()):
         folder = layout.shard_folder(seq_len)
         before = recorded.get(str(seq_len))
         if before is not None and (folder / MANIFEST_NAME).is_file():
             kept.append(seq_len)
+            if before != settings:
+                changed[seq_len] = _setting_changes(before, settings)
             continue
-        if before is None and _folder_holds_files(folder):
+        if before is not None and not _folder_holds_files(folder):
+            fresh.append(seq_len)  # deleted to be packed anew (or never started): packed as new
+        elif before is None and _folder_holds_files(folder):
             raise ConfigError(f"{folder} exists but was not written by this pack run; delete it")
-        if before is not None and before != settings:
-            keys = ", ".join(
-                f"pack.{k}" if k != "tasks" else "pack.executor.tasks" for k in _differences(before, settings)
-            )
+        elif before is not None and before != settings:
             raise ConfigError(
-                f"{folder} is half packed with other settings (different {keys}); run again with its "
-                f"settings to finish it, or delete {folder} to pack it anew"
+                f"{folder} is half packed with other settings ({_setting_changes(before, settings)}); run "
+                f"again with its settings to finish it, or delete {folder} to pack it anew"
             )
         to_pack.append(seq_len)
+    if changed and not to_pack and len(changed) == len(kept):
+        first = min(changed)
+        raise ConfigError(
+            f"{layout.shard_folder(first)} was packed with other settings ({changed[first]}); run with its "
+            f"settings, or delete {layout.shard_folder(first)} to pack it anew"
+        )
     new_record = {DATA: data, OUTPUTS: recorded | {str(n): windows[n] for n in to_pack}}
-    return OutputPlan(to_pack, kept, new_record)
+    return OutputPlan(to_pack, kept, new_record, fresh, changed)
+
+
+def _setting_changes(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """``pack.strategy: bfd, now concat; ...`` for each window setting that differs."""
+    return "; ".join(
+        f"{'pack.executor.tasks' if k == 'tasks' else f'pack.{k}'}: {before.get(k)}, now {now.get(k)}"
+        for k in _differences(before, now)
+    )
 
 
 def documents_fingerprint(documents: Path, files: Iterable[Path]) -> list[list[Any]]:

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
-from longctx.core.buckets import bucket_bounds
+from longctx.core.buckets import bucket_bounds, num_buckets
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 from longctx.packer.manifest import Manifest
 from longctx.packer.reader import PackedRow, ShardColumns
 from longctx.packer.stats import OutputStats
@@ -44,17 +45,22 @@ def _si(value: int) -> str:
     return str(value)
 
 
-def bucket_label(k: int) -> str:
-    """``"0"``, ``"1"``, ``"[2, 4)"``, ..., ``"[1K, 2K)"``."""
+def bucket_label(k: int, largest: int | None = None) -> str:
+    """``"0"``, ``"1"``, ``"[2, 4)"``, ..., ``"[1K, 2K)"``: the values bucket ``k`` holds. With
+    ``largest``, the largest value that can occur, a bucket it cuts short says where it really ends:
+    segment lengths of 64K windows end with the bucket ``"64K"`` (full windows, not ``[64K, 128K)``),
+    those of 3000-token windows with ``"[2K, 3000]"``."""
     lo, hi = bucket_bounds(k)
+    if largest is not None and largest < hi - 1:
+        return _si(lo) if largest == lo else f"[{_si(lo)}, {_si(largest)}]"
     return str(lo) if hi - lo == 1 else f"[{_si(lo)}, {_si(hi)})"
 
 
-def _histogram_lines(counts: list[int], width: int = 40) -> list[str]:
+def _histogram_lines(counts: list[int], largest: int, width: int = 40) -> list[str]:
     top = max(counts) or 1
     last = max((k for k, c in enumerate(counts) if c), default=-1)
     return [
-        f"    {bucket_label(k):>11} {c:>14,} {'█' * round(width * c / top)}"
+        f"    {bucket_label(k, largest):>11} {c:>14,} {'█' * round(width * c / top)}"
         for k, c in enumerate(counts[: last + 1])
     ]
 
@@ -67,13 +73,13 @@ def format_manifest(manifest: Manifest, title: str) -> str:
     lines = [
         title,
         (
-            f"  {manifest.rows:,} rows x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} document "
-            f"tokens, padding {manifest.padding:,} ({padding_share:.2%}); "
+            f"  {plural(manifest.rows, 'row')} x {h.seq_len:,} tokens = {total:,}; {manifest.tokens:,} "
+            f"document tokens, padding {manifest.padding:,} ({padding_share:.2%}); "
             f"efficiency {manifest.efficiency:.3%}"
         ),
         (
             f"  strategy {h.strategy}; format v{h.format_version}; tokenizer {h.tokenizer.sha256[:12]}; "
-            f"config {h.config_sha256[:12]}; {len(manifest.shards)} shard file(s)"
+            f"config {h.config_sha256[:12]}; {plural(len(manifest.shards), 'shard file')}"
         ),
         (
             f"  largest position {manifest.max_position:,}; tokens at positions >= {h.original_context:,} "
@@ -92,22 +98,29 @@ def format_manifest(manifest: Manifest, title: str) -> str:
             f"{s.max_position:>9,} {long_share:>11.2%}"
         )
     lines.append("  position ids (tokens per power-of-two bucket):")
-    lines += _histogram_lines(manifest.position_histogram)
+    lines += _histogram_lines(manifest.position_histogram, h.seq_len - 1)
     lines.append("  segment lengths (document segments per power-of-two bucket):")
-    lines += _histogram_lines(manifest.segment_length_histogram)
+    lines += _histogram_lines(manifest.segment_length_histogram, h.seq_len)
     return "\n".join(lines)
 
 
-def format_row(row: PackedRow, index: int, tokenizer: Tokenizer | None, max_chars: int = 2000) -> str:
-    """Window ``index`` segment by segment: where each lies in the window and in its document,
-    then its decoded text (token ids when no tokenizer is given), cut to ``max_chars``."""
+def format_row(
+    row: PackedRow, index: int, tokenizer: Tokenizer | None, max_chars: int = 2000, where: str = ""
+) -> str:
+    """Window ``index`` (of the output ``where``) segment by segment: where each lies in the window
+    and in its document, then its decoded text (token ids when no tokenizer is given), cut to
+    ``max_chars``."""
     cu = row.cu_seqlens.tolist()
     trained = int(row.loss_mask.sum())
-    lines = [f"row {index}: {len(cu) - 1} segment(s), {trained:,} trained tokens of {len(row.input_ids):,}"]
+    lines = [
+        f"row {index}{f' of {where}' if where else ''}: {plural(len(cu) - 1, 'segment')}, "
+        f"{trained:,} trained tokens of {len(row.input_ids):,}"
+    ]
     for j, (start, end) in enumerate(itertools.pairwise(cu)):
         if row.doc_id[j] is None:
             lines.append(
-                f"── segment {j}: window tokens [{start}, {end}) · padding ({end - start} tokens) ──"
+                f"── segment {j}: window tokens [{start}, {end}) · "
+                f"padding ({plural(end - start, 'token')}) ──"
             )
             continue
         offset = row.doc_offset[j]
@@ -128,19 +141,22 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
     """Two panels: position ids and segment lengths per power-of-two bucket, stacked by source."""
     fig = new_figure(figsize=(13, 4.5))
     axes = fig.subplots(1, 2)
+    seq_len = manifest.header.seq_len
     panels = (
         (
             "position_histogram",
             "tokens",
             f"position ids (context.original = {manifest.header.original_context:,})",
+            seq_len - 1,
         ),
-        ("segment_length_histogram", "segments", "document segment lengths"),
+        ("segment_length_histogram", "segments", "document segment lengths", seq_len),
     )
-    for ax, (key, unit, title) in zip(axes, panels, strict=True):
-        bottom = np.zeros(len(getattr(manifest, key)))
-        labels = [bucket_label(k) for k in range(len(bottom))]
+    for ax, (key, unit, title, largest) in zip(axes, panels, strict=True):
+        shown = num_buckets(largest)  # the buckets values up to `largest` can fall in
+        bottom = np.zeros(shown)
+        labels = [bucket_label(k, largest) for k in range(shown)]
         for name, source in manifest.sources.items():
-            counts = np.array(getattr(source, key), dtype=float)
+            counts = np.array(getattr(source, key)[:shown], dtype=float)
             ax.bar(labels, counts, bottom=bottom, label=name)
             bottom += counts
         if key == "position_histogram":
@@ -154,7 +170,8 @@ def plot_manifest(manifest: Manifest, path: Path) -> None:
         ax.tick_params(axis="x", labelrotation=60)
         ax.legend(fontsize="small")
     fig.suptitle(
-        f"seq_len {manifest.header.seq_len:,}: {manifest.rows:,} rows, efficiency {manifest.efficiency:.3%}"
+        f"seq_len {manifest.header.seq_len:,}: {plural(manifest.rows, 'row')}, "
+        f"efficiency {manifest.efficiency:.3%}"
     )
     fig.tight_layout()
     write_figure(path, fig, dpi=120)

@@ -13,12 +13,14 @@
 4. With ``pack.output``, each finished output is published there (``longctx.packer.remote``); a job
    submitted to Slurm publishes when ``longctx pack`` is run again after it finished.
 
+A second ``pack`` on the same output while one runs is refused (:mod:`longctx.core.runlock`).
 Completed tasks are recorded under ``<output>/work/pack/<lengths>/logs`` (one folder per set of
 lengths packed together) and skipped when the job runs again.
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,11 +30,16 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
+from longctx.core.jobstate import completed_tasks
 from longctx.core.layout import RunLayout, shard_folder
 from longctx.core.preflight import check_output_folder
 from longctx.core.run_record import config_hash
+from longctx.core.runlock import run_lock
+from longctx.core.text import plural
+from longctx.core.tokenizer import TokenizerFiles
 from longctx.packer.catalog import SourceCatalog, read_catalog, text_size
 from longctx.packer.config import PackConfig
 from longctx.packer.curated import adopt_tokenizer, curated_source
@@ -41,8 +48,8 @@ from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage
 from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
 from longctx.packer.remote import publish_shards
-from longctx.packer.stage import PackDocuments, WriteManifests
-from longctx.packer.tokens import tokenizer_info
+from longctx.packer.stage import PackDocuments, WriteManifests, retokenized_documents
+from longctx.packer.tokens import check_configured_tokenizer, tokenizer_info
 from longctx.pipeline.docstore import CuratedDocumentReader
 from longctx.pipeline.documents import document_files, file_tokenizer, source_of
 
@@ -120,7 +127,19 @@ def make_plan(
     if not source.tokenizer.is_file():
         raise ConfigError(f"no tokenizer at {source.tokenizer}; run `longctx curate` first")
     info: TokenizerInfo = tokenizer_info(source.tokenizer, pack)
-    catalogs = read_catalog(documents)
+    catalogs = read_catalog(documents, info.sha256)
+    if pack.mix:  # the mix needs the counts, which a tokenizer replaced after curation invalidates
+        files = document_files(documents)
+        stale = sorted(
+            {source_of(documents, f) for f in files if file_tokenizer(f) not in (None, info.sha256)}
+            & {name for name, fraction in pack.mix.items() if fraction > 0}
+        )
+        if stale:
+            raise ConfigError(
+                f"pack.mix: the documents of {', '.join(stale)} were curated with another tokenizer than "
+                f"{source.tokenizer}, so their token counts do not hold; curate them again with it, or "
+                "leave pack.mix out"
+            )
     specials = 1 + (info.bos_id is not None)
     mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
@@ -181,6 +200,25 @@ def pass_folder(layout: RunLayout, seq_lens: list[int]) -> Path:
     return layout.work / "+".join(shard_folder(Path(), n).name for n in seq_lens)
 
 
+def forget_passes(layout: RunLayout, seq_lens: list[int]) -> None:
+    """Remove the resume state (task completions) of every earlier pass that packed one of
+    ``seq_lens`` and has completed tasks: their folders were emptied, so their tasks must run again.
+    A pass with no task done keeps its state: it never started, or its jobs are still queued on Slurm
+    (whose record says so, so that running ``pack`` again does not submit them twice)."""
+    names = {shard_folder(Path(), n).name for n in seq_lens}
+    if not names or not layout.work.is_dir():
+        return
+    for folder in layout.work.iterdir():
+        if folder.is_dir() and names & set(folder.name.split("+")) and _tasks_done(folder):
+            shutil.rmtree(folder)
+
+
+def _tasks_done(work: Path) -> bool:
+    """Whether any stage of the pass whose work folder is ``work`` recorded a completed task."""
+    logs = work / "logs"
+    return logs.is_dir() and any(completed_tasks(stage) for stage in logs.iterdir() if stage.is_dir())
+
+
 def worker_start_method(documents: Path, tokenizer_sha256: str) -> str:
     """How local pools start the pack workers: ``"fork"`` (from this process, which has the job's
     modules imported: nothing to start) when every curated file's stored ids are of the run's
@@ -230,18 +268,39 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
 
 
 def run_pack(
-    pack: PackConfig, *, context: ContextConfig, output: Path, verbose: bool = False
+    pack: PackConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    verbose: bool = False,
+    tokenizer: TokenizerFiles | None = None,
 ) -> dict[int, Manifest] | None:
     """Run (or resume, or extend with new window lengths) packing of ``<output>/documents`` (or of
     the published curation ``pack.input``) into ``<output>/shards/seq<N>/``; outputs already
     finished are kept as they are.
 
-    Returns the manifest of each requested window length once the stages have run (local and Ray
-    executors), or None when they were submitted to Slurm.
+    ``tokenizer`` is the configured ``tokenizer.path``'s files, if any: they must be the run's
+    tokenizer (the one its documents were curated with). Returns the manifest of each requested window
+    length once the stages have run (local and Ray executors), or None when they were submitted to
+    Slurm.
     """
+    check_engine(pack.executor, "pack.executor", verbose=verbose)
     layout = RunLayout(output, "pack")
     check_output_folder(layout.root, key="output")
+    with run_lock(layout.work, "pack"):  # one pack run per output folder
+        return _run_pack(pack, context, layout, verbose, tokenizer)
+
+
+def _run_pack(
+    pack: PackConfig,
+    context: ContextConfig,
+    layout: RunLayout,
+    verbose: bool,
+    tokenizer: TokenizerFiles | None,
+) -> dict[int, Manifest] | None:
+    """:func:`run_pack` once the run holds the output folder's lock."""
     source = curated_source(pack, layout)
+    check_configured_tokenizer(tokenizer, source)
     plan = make_plan(pack, context, layout, source)
     if pack.output is not None:
         local = not remote.is_remote(pack.output)
@@ -255,7 +314,9 @@ def run_pack(
     adopt_tokenizer(source, layout)
     write_record(layout, outputs)
     for n in outputs.kept:
-        print(f"{layout.shard_folder(n)}: already packed, kept as it is", flush=True)
+        other = f" with other settings ({outputs.changed[n]})" if n in outputs.changed else ""
+        print(f"{layout.shard_folder(n)}: already packed{other}, kept as it is", flush=True)
+    forget_passes(layout, outputs.fresh)
     if outputs.to_pack:
         if plan.report is not None:
             print(format_mix_report(plan.report), flush=True)
@@ -265,6 +326,9 @@ def run_pack(
         here = driver_stages(todo, start)
         if not run_stages(pack.executor, stages, work, "pack", verbose, start_method=start, in_driver=here):
             return None
+        retokenized = retokenized_documents(layout, outputs.to_pack[0], pack.executor.tasks)
+        for reason, count in sorted(retokenized.items()):
+            print(f"re-tokenized {plural(count, 'document')}: {reason}", flush=True)
     manifests = {n: load_manifest(layout.shard_folder(n)) for n in seq_lens}
     if pack.output is not None:
         publish(layout, seq_lens, pack.output, pack.storage_options)
@@ -278,5 +342,5 @@ def publish(layout: RunLayout, seq_lens: list[int], output: str, storage_options
         folder = layout.shard_folder(n)
         url = remote.join(output, folder.name)
         sent = publish_shards(folder, url, storage_options)
-        done = f"published {len(sent)} files" if sent else "already published, unchanged"
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
         print(f"{url}: {done}", flush=True)

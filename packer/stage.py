@@ -27,6 +27,7 @@ from datatrove.utils.logging import logger
 
 from longctx.core.atomic import write_json
 from longctx.core.layout import RunLayout, shard_folder
+from longctx.core.text import plural
 from longctx.packer.binpack import pack
 from longctx.packer.format import SHARD_SUFFIX, ShardError, ShardFile, ShardHeader, write_shard
 from longctx.packer.manifest import (
@@ -53,6 +54,17 @@ def summaries_folder(layout: RunLayout) -> Path:
 def summary_path(layout: RunLayout, seq_len: int, rank: int) -> Path:
     """Where task ``rank`` records what it wrote for windows of ``seq_len``."""
     return shard_folder(summaries_folder(layout), seq_len) / f"{rank:05d}.json"
+
+
+def retokenized_documents(layout: RunLayout, seq_len: int, tasks: int) -> Counter[str]:
+    """The documents the pack tasks of the pass that packed ``seq_len`` tokenized from their text
+    (every task tokenizes for all lengths of its pass at once), by reason, from their summaries."""
+    found: Counter[str] = Counter()
+    for rank in range(tasks):
+        path = summary_path(layout, seq_len, rank)
+        if path.is_file():
+            found.update(json.loads(path.read_text(encoding="utf-8")).get("retokenized", {}))
+    return found
 
 
 class ShardSeries:
@@ -90,13 +102,15 @@ class ShardSeries:
         )
         self.stats.add_documents(pool.sources[d] for d in np.flatnonzero(pool.copies).tolist())
 
-    def finish(self, layout: RunLayout) -> None:
-        """Write the last shard and the task's summary."""
+    def finish(self, layout: RunLayout, retokenized: Mapping[str, int]) -> None:
+        """Write the last shard and the task's summary (with the documents it tokenized again, by
+        reason: :func:`retokenized_documents`)."""
         self._write(final=True)
         summary = {
             "rank": self.rank,
             "shards": [f.model_dump() for f in self.files],
             "stats": self.stats.to_json(),
+            "retokenized": dict(sorted(retokenized.items())),
         }
         write_json(summary_path(layout, self.header.seq_len, self.rank), summary, indent=1)
 
@@ -165,10 +179,10 @@ class PackDocuments(PipelineStep):
         if len(pool):
             self._pack(pool.build(), series)
         for reason, count in sorted(retokenized.items()):
-            logger.info(f"re-tokenized {count} documents: {reason}")
+            logger.info(f"re-tokenized {plural(count, 'document')}: {reason}")
             self.stat_update("re-tokenized", value=count)
         for s in series:
-            s.finish(self.layout)
+            s.finish(self.layout, retokenized)
 
     def _pack(self, pool: DocumentPool, series: list[ShardSeries]) -> None:
         for s in series:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from longctx.core.tokenizer import document_specials, load_tokenizer, tokenizer_fingerprint
+from longctx.core.errors import ConfigError
+from longctx.core.layout import RunLayout
+from longctx.core.tokenizer import TokenizerFiles, document_specials, load_tokenizer, tokenizer_fingerprint
 from longctx.packer.config import PackConfig
 from longctx.packer.format import TokenizerInfo
 from longctx.pipeline.documents import FILE_TOKENIZER
@@ -42,6 +44,24 @@ def tokenizer_info(path: Path, cfg: PackConfig) -> TokenizerInfo:
         bos_id=specials.bos_id,
         pad_id=specials.pad_id if cfg.pad_token is not None else specials.eos_id,
     )
+
+
+def check_configured_tokenizer(configured: TokenizerFiles | None, run: RunLayout) -> None:
+    """Refuse a configured ``tokenizer.path`` (``configured``: its files) other than the run's
+    tokenizer, the one its documents were curated with and pack frames them with: a changed setting
+    would otherwise be ignored without a word. Nothing to check without one, or before curation."""
+    if configured is None or not run.tokenizer.is_file():
+        return
+    pairs = [(configured.tokenizer, run.tokenizer)]
+    if configured.config is not None:
+        pairs.append((configured.config, run.tokenizer_config))
+    for mine, theirs in pairs:
+        if not theirs.is_file() or tokenizer_fingerprint(mine) != tokenizer_fingerprint(theirs):
+            raise ConfigError(
+                f"tokenizer.path: {configured.origin} is not this run's tokenizer ({mine.name} differs from "
+                f"{theirs}, with which its documents were curated); point tokenizer.path at the run's or "
+                "leave it unset, or curate again with the new tokenizer"
+            )
 
 
 def task_encoder(path: Path, concurrent_tasks: int) -> TokenEncoder:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from longctx.core.text import plural
 from longctx.core.tokenizer import tokenizer_fingerprint
 from longctx.packer.format import SHARD_SUFFIX, ShardError, file_checksum, open_shard
 from longctx.packer.manifest import build_manifest, load_manifest
@@ -92,7 +93,12 @@ def _check_boundaries(columns: ShardColumns, file: str, limit: int) -> list[Viol
     for name in PROVENANCE:
         entries = pc.list_value_length(columns.table.column(name).combine_chunks()).fill_null(-1).to_numpy()
         found += [
-            Violation(file, r, name, f"has {entries[r]} entries for {segments[r]} segments")
+            Violation(
+                file,
+                r,
+                name,
+                f"has {plural(entries[r], 'entry', 'entries')} for {plural(segments[r], 'segment')}",
+            )
             for r in np.flatnonzero(entries != segments)[:limit].tolist()
         ]
     return found
@@ -258,7 +264,9 @@ def validate_folder(folder: Path, tokenizer: Path | None = None, limit: int = 10
             found.append(Violation(entry.file, None, "metadata", "header differs from the manifest's"))
         if meta.rows != entry.rows:
             found.append(
-                Violation(entry.file, None, "rows", f"{meta.rows} rows, the manifest says {entry.rows}")
+                Violation(
+                    entry.file, None, "rows", f"{plural(meta.rows, 'row')}, the manifest says {entry.rows}"
+                )
             )
         columns = ShardColumns(meta, table)
         found += list(check_rows(columns, entry.file, limit))

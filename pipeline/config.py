@@ -3,9 +3,9 @@ synthetic tasks. Built on the strict base of ``longctx.core.config``; the roof (
 puts it into the run config beside the other parts' sections.
 
 Input locations are local paths or fsspec URLs (``s3://bucket/books``, ``gs://...``, ``hf://...``),
-read through datatrove's data folders; a local path must exist when the config is loaded, a URL is
-checked when the run starts. ``storage_options`` (credentials, endpoints) are passed to fsspec and
-are never part of a run's recorded identity.
+read through datatrove's data folders; a local path must exist when ``longctx curate`` starts, a URL
+is checked when the run starts reading. ``storage_options`` (credentials, endpoints) are passed to
+fsspec and are never shown nor part of a run's recorded identity.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from longctx.core.config import ExecutorConfig, StrictModel
+from longctx.core.config import ExecutorConfig, StorageOptions, StrictModel, WorldCheck
 from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS, TaskKind
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
 DocumentKeepRule = Literal["longest", "not_vendored"]
-FileKeepRule = Literal["not_vendored", "longest", "shallowest"]
+FileKeepRule = Literal["upstream", "not_vendored", "longest", "shallowest"]
 
 
 def _folder_name(value: str) -> str:
@@ -34,15 +34,20 @@ def _folder_name(value: str) -> str:
     return value
 
 
-def _location(value: Any) -> Any:
-    """A local path (which must exist) or an fsspec URL, as a string."""
-    if value is None:
+def _location_text(value: Any) -> Any:
+    """A location given as a path object, as a string."""
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _missing_location(value: str | None) -> str | None:
+    """A local path must exist; an fsspec URL is checked when it is read."""
+    if value is None or "://" in value or Path(value).exists():
         return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if isinstance(value, str) and "://" not in value and not Path(value).exists():
-        raise ValueError(f"path does not exist: {value}")
-    return value
+    return f"path does not exist: {value}"
+
+
+LOCATION = WorldCheck(_missing_location)
+"""A local path (which must exist when a command uses the section) or an fsspec URL."""
 
 
 class SourceConfig(StrictModel):
@@ -59,8 +64,10 @@ class SourceConfig(StrictModel):
     kind: SourceKind = Field(
         description="the reader: a folder of books, papers or code repositories, or rows"
     )
-    path: str = Field(description="a local path or an fsspec URL (s3://, gs://, hf://...)")
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for a URL")
+    path: Annotated[str, LOCATION] = Field(
+        description="a local path or an fsspec URL (s3://, gs://, hf://...)"
+    )
+    storage_options: StorageOptions = Field(description="fsspec options for a URL")
     min_tokens: int | None = Field(
         default=None, ge=0, description="shortest document kept; default: curate.min_fraction_of_target"
     )
@@ -78,7 +85,7 @@ class SourceConfig(StrictModel):
         description="read only the first N units (rows: N per task), the rest recorded as skipped; -1: all",
     )
 
-    _location = field_validator("path", mode="before")(_location)
+    _location = field_validator("path", mode="before")(_location_text)
     _name = field_validator("name")(_folder_name)
 
     @model_validator(mode="after")
@@ -120,13 +127,15 @@ class FileDedupConfig(StrictModel):
     (``exact_duplicate``), or when the MinHash estimate of their word n-gram sets has a Jaccard
     similarity of at least ``jaccard`` or holds at least ``containment`` of the smaller file's
     n-grams (``near_duplicate``: an older vendored copy is mostly contained in its upstream). Of the
-    copies, the one ranked first by ``keep`` stays; the others are dropped from their repository's
-    document and listed in its ``duplicate_files``.
+    copies, the one ranked first by ``keep`` stays (``upstream``: the repository that declares the
+    file's package, not a copy with imports rewritten under a vendor prefix; see
+    :mod:`longctx.pipeline.keep`); the others are dropped from their repository's document and
+    listed in its ``duplicate_files``.
     """
 
     enabled: bool = Field(default=True, description="deduplicate code files across repositories")
     keep: list[FileKeepRule] = Field(
-        default_factory=lambda: ["not_vendored", "longest", "shallowest"],
+        default_factory=lambda: ["upstream", "not_vendored", "longest", "shallowest"],
         description="order of preference among copies of a file; ties end with the repository id and path",
     )
     jaccard: float = Field(
@@ -194,13 +203,13 @@ class SyntheticConfig(StrictModel):
 class CurateConfig(StrictModel):
     """Curation: read sources, filter by token length, remove exact and near duplicates."""
 
-    input: str | None = Field(
+    input: Annotated[str | None, LOCATION] = Field(
         default=None,
         description="a folder (local path or fsspec URL) with books/, papers/ and code/ "
         "subfolders, each read as its source",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options for input and output (credentials, endpoint_url...)"
+    storage_options: StorageOptions = Field(
+        description="fsspec options for input and output (credentials, endpoint_url...)"
     )
     output: str | None = Field(
         default=None,
@@ -226,4 +235,4 @@ class CurateConfig(StrictModel):
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig | None = None
 
-    _location = field_validator("input", mode="before")(_location)
+    _location = field_validator("input", mode="before")(_location_text)

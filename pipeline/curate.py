@@ -21,11 +21,12 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 With ``curate.output``, the finished curation is then published there (:mod:`longctx.pipeline.publish`);
 a job submitted to Slurm publishes when ``longctx curate`` is run again after it finished.
 
+A second ``curate`` on the same output while one runs is refused (:mod:`longctx.core.runlock`).
 Before any of it, and before anything is written, the run is checked: the output folder (not a
-file, writable), every source (it exists, locally or in object storage), the tokenizer (a file, a
-folder or a hub id) and the special tokens pack will frame documents with, and the run's identity
-(every setting that changes the output's bytes) against the one recorded in the output folder. A
-refused run changes nothing.
+file, writable, outside the input), every source (it exists, locally or in object storage), the
+tokenizer (a file, a folder or a hub id) and the special tokens pack will frame documents with, and
+the run's identity (every setting that changes the output's bytes) against the one recorded in the
+output folder. A refused run changes nothing.
 """
 
 from __future__ import annotations
@@ -39,18 +40,22 @@ from pathlib import Path
 from typing import Any
 
 from datatrove.data import DocumentsPipeline
+from datatrove.io import DataFolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig
 
 from longctx.core import remote
 from longctx.core.atomic import atomic_path, discard, write_json, write_table
 from longctx.core.config import ContextConfig, TokenizerConfig
+from longctx.core.engines import check_engine
 from longctx.core.errors import ConfigError
 from longctx.core.executors import Stage, concurrent_tasks, run_stages
 from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder, disk_fault
 from longctx.core.progress import stderr_to_file
-from longctx.core.run_record import check_same_run, config_hash
+from longctx.core.run_record import check_same_run, config_hash, recorded_inputs
+from longctx.core.runlock import run_lock
+from longctx.core.text import plural
 from longctx.core.tokenizer import (
     BOS_TOKEN,
     EOS_TOKEN,
@@ -66,6 +71,7 @@ from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolve
 from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
+from longctx.pipeline.inputs import check_inputs, list_inputs, mark_changes
 from longctx.pipeline.ledger import InputTally, LedgerWriter, check_file_counts, merge_ledger
 from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.publish import publish_curation
@@ -89,9 +95,10 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
     sources: list[SourceConfig] = []
     if curate.input is not None:
         folder = open_folder(curate.input, curate.storage_options)
-        if not folder.isdir(""):
-            raise ConfigError(f"curate.input: {curate.input} does not exist or is not a folder")
-        found = [sub for sub in INPUT_SUBFOLDERS if folder.isdir(sub)]
+        with remote.remote_errors(curate.input, "listing curate.input"):  # e.g. access denied
+            if not folder.isdir(""):
+                raise ConfigError(f"curate.input: {curate.input} does not exist or is not a folder")
+            found = [sub for sub in INPUT_SUBFOLDERS if folder.isdir(sub)]
         if not found:
             raise ConfigError(
                 f"curate.input: {curate.input} has none of the subfolders {', '.join(INPUT_SUBFOLDERS)}"
@@ -106,8 +113,11 @@ def resolve_sources(curate: CurateConfig, layout: RunLayout) -> list[SourceConfi
             for sub in found
         ]
     for number, source in enumerate(curate.sources):
-        if is_url(source.path) and not open_folder(source.path, source.storage_options).exists(""):
-            raise ConfigError(f"curate.sources.{number}.path: {source.path} does not exist")
+        if not is_url(source.path):
+            continue
+        with remote.remote_errors(source.path, f"listing curate.sources.{number}.path"):
+            if not open_folder(source.path, source.storage_options).exists(""):
+                raise ConfigError(f"curate.sources.{number}.path: {source.path} does not exist")
     sources += curate.sources
     if not sources:
         from longctx.pipeline.default_corpus import default_corpus_sources
@@ -225,11 +235,13 @@ def prepare_tokenizer(
     layout: RunLayout,
     sources: list[SourceConfig],
 ) -> Path:
-    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json``
-    beside it, when it has one): a copy of the given files, or a byte-level BPE trained on a sample
-    of every source (kept across reruns). Called only once the run's identity is checked."""
+    """Put the run's tokenizer at ``<output>/tokenizer.json`` (and its ``tokenizer_config.json`` and
+    ``chat_template.jinja`` beside it, when it has them): a copy of the given files, or a byte-level
+    BPE trained on a sample of every source (kept across reruns). Called only once the run's identity
+    is checked."""
     if files is not None:
-        for source, target in ((files.tokenizer, layout.tokenizer), (files.config, layout.tokenizer_config)):
+        given = (files.tokenizer, files.config, files.chat_template)
+        for source, target in zip(given, layout.tokenizer_files, strict=True):
             if source is None:
                 discard(target)
             elif not target.exists() or target.read_bytes() != source.read_bytes():
@@ -269,7 +281,9 @@ def _sample_texts(sources: list[SourceConfig], curate: CurateConfig, budget: int
 
 class FinalizeCuration(PipelineStep):
     """Single task: the merged ledger, checked against the inputs and against the files under every
-    folder source (``folder_sources``: name -> data folder), ``stats.json`` and ``stats.png``."""
+    folder source (``folder_sources``: name -> datatrove data folder, which holds its storage options
+    in its file system, where datatrove's JSON record of the step does not show them: never as a plain
+    mapping, which it would write out, credentials included), ``stats.json`` and ``stats.png``."""
 
     type = "🧾 - LEDGER"
     name = "🏁 Finalize"
@@ -278,7 +292,7 @@ class FinalizeCuration(PipelineStep):
         self,
         layout: RunLayout,
         run_info: dict[str, Any],
-        folder_sources: dict[str, Any],
+        folder_sources: dict[str, DataFolder],
         file_decisions: Path | None = None,
     ) -> None:
         super().__init__()
@@ -289,13 +303,13 @@ class FinalizeCuration(PipelineStep):
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         ledger = merge_ledger(self.layout.work / "ledger", self.layout.work / "inputs")
-        listed = {
-            name: count_files(list_tree(open_folder(*location)))
-            for name, location in self.folder_sources.items()
-        }
+        listed = {name: count_files(list_tree(folder)) for name, folder in self.folder_sources.items()}
         check_file_counts(ledger, listed)
+        ledger, update = mark_changes(self.layout, ledger)
         write_table(self.layout.ledger, ledger)
         summary = summarize_ledger(ledger) | {"run": self.run_info}
+        if update is not None:
+            summary["update"] = update
         if self.file_decisions is not None:
             summary["file_dedup"] = summarize_file_decisions(self.file_decisions, ledger)
         write_json(self.layout.stats, summary)
@@ -328,12 +342,12 @@ def run_fingerprint(
     tokenizer: dict[str, Any],
     specials: dict[str, Any],
 ) -> dict[str, Any]:
-    """What determines the output's bytes: resolved sources (without their storage options, which
-    hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
+    """What determines the output's bytes: resolved sources (their dump leaves out the storage options,
+    which hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
     and file-level deduplication), reader limits, the tokenizer (its bytes, or its training
     settings), the special tokens, and the task count."""
     return {
-        "sources": [json.loads(s.model_dump_json(exclude={"storage_options"})) for s in sources],
+        "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
         "dedup": json.loads(curate.dedup.model_dump_json()),
         "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,
@@ -347,12 +361,9 @@ def run_fingerprint(
 
 
 def bucket_tasks(curate: CurateConfig, num_buckets: int) -> int:
-    """Tasks of a MinHash bucket stage: locally the job's task count (each task searches several
-    buckets; a bucket costs less to search than a task to start); on Slurm and Ray, where tasks run
-    on machines of their own, one per bucket as datatrove does."""
-    if curate.executor.kind == "local":
-        return min(num_buckets, curate.executor.tasks)
-    return num_buckets
+    """Tasks of a MinHash bucket stage: the job's task count, at most one per bucket (each task
+    searches several buckets: a bucket costs less to search than a task to start, on a cluster too)."""
+    return min(num_buckets, curate.executor.tasks)
 
 
 def file_dedup_stages(
@@ -478,7 +489,7 @@ def build_stages(
     ]
     stages.append(("write", write, tasks))
     folder_sources = {
-        s.name: (s.path, dict(s.storage_options) or None) for s in sources if s.kind in FOLDER_KINDS
+        s.name: open_folder(s.path, s.storage_options) for s in sources if s.kind in FOLDER_KINDS
     }
     stages.append(("finalize", [FinalizeCuration(layout, run_info, folder_sources, file_decisions)], 1))
     if curate.synthetic is not None:
@@ -497,28 +508,58 @@ def run_curation(
     output: Path,
     specials: dict[str, Any] | None = None,
     verbose: bool = False,
+    update: bool = False,
 ) -> dict[str, Any] | None:
     """Run (or resume) curation into the run folder ``output``.
+
+    The run's input files are part of its identity (:mod:`longctx.pipeline.inputs`): when they
+    changed since the run started, it is refused, or with ``update`` curated anew over them.
 
     ``specials`` are the special-token settings the next job (pack) will frame documents with
     (``eos``, ``bos``, ``pad``; None or missing: what the tokenizer declares); they are checked
     before any work. Returns the summary written to ``stats.json`` once the stages have run (local
     and Ray executors); None when they were submitted to Slurm.
     """
+    check_engine(curate.executor, "curate.executor", verbose=verbose)
     output = Path(output)
-    layout = RunLayout(output, "curate")
     check_output_folder(output)
+    layout = RunLayout(output, "curate")
+    sources = resolve_sources(curate, layout)
+    check_outside_inputs(curate, sources, layout)  # before the lock, which would write there
+    check_no_credentials_for_slurm(curate)
+    with run_lock(layout.work, "curate"):  # one curation per output folder
+        return _run_curation(curate, context, tokenizer, layout, sources, specials, verbose, update)
+
+
+def _run_curation(
+    curate: CurateConfig,
+    context: ContextConfig,
+    tokenizer: TokenizerConfig,
+    layout: RunLayout,
+    sources: list[SourceConfig],
+    specials: dict[str, Any] | None,
+    verbose: bool,
+    update: bool,
+) -> dict[str, Any] | None:
+    """:func:`run_curation` of ``sources`` once the run holds the output folder's lock."""
+    output = layout.root
     if curate.output is not None:
         check_publish_destination(curate.output, layout, curate.storage_options)
-    sources = resolve_sources(curate, layout)
     files = find_tokenizer(tokenizer)
     resolved_specials = check_specials(files, dict(specials or {}))
     fingerprint = run_fingerprint(
         curate, context.target, sources, tokenizer_identity(tokenizer, files), resolved_specials
     )
+    embedded = curate.input is None and not curate.sources  # the run's own corpus: not an input
+    inputs = None
+    if not embedded:
+        recorded = recorded_inputs(layout) or []
+        inputs = list_inputs(sources, rehash={entry[0] for entry in recorded if entry[3]})
     try:
-        check_same_run(layout, fingerprint, layout.root, fresh=False)
-        if curate.input is None and not curate.sources:
+        check_same_run(layout, fingerprint, layout.root, fresh=False, inputs=inputs)
+        if inputs is not None:
+            check_inputs(layout, sources, inputs, update=update)
+        if embedded:
             from longctx.pipeline.default_corpus import build_default_corpus
 
             build_default_corpus(layout.default_corpus)
@@ -548,11 +589,51 @@ def run_curation(
         raise fault from None
     if curate.output is not None:
         sent = publish_curation(layout, curate.output, curate.storage_options)
-        print(
-            f"{curate.output}: {f'published {len(sent)} files' if sent else 'already published, unchanged'}",
-            flush=True,
-        )
+        done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
+        print(f"{curate.output}: {done}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
+
+
+def check_no_credentials_for_slurm(curate: CurateConfig) -> None:
+    """Refuse credentials in ``storage_options`` for a job submitted to Slurm: datatrove pickles the
+    job's steps, with their file systems and so the credentials, into ``executor.pik`` files in the
+    run folder for the Slurm tasks to load. Locally (and on Ray) they reach the workers in memory."""
+    if curate.executor.kind != "slurm":
+        return
+    given = [("curate.storage_options", curate.storage_options)]
+    given += [
+        (f"curate.sources.{n}.storage_options", s.storage_options) for n, s in enumerate(curate.sources)
+    ]
+    for key, options in given:
+        found = remote.credential_keys(options)
+        if found:
+            raise ConfigError(
+                f"{key}: {', '.join(found)} would be written to disk in the job datatrove submits to Slurm; "
+                "give the Slurm jobs their credentials through the environment (AWS_ACCESS_KEY_ID...) instead"
+            )
+
+
+def check_outside_inputs(curate: CurateConfig, sources: list[SourceConfig], layout: RunLayout) -> None:
+    """Refuse, before any work, an output folder (or a local ``curate.output``) that is an input
+    folder or lies inside one: the run would read what it writes, and its next run other inputs."""
+    outputs = [("output", layout.root)]
+    if curate.output is not None and not remote.is_remote(curate.output):
+        outputs.append(("curate.output", Path(curate.output.removeprefix("file://"))))
+    inputs = [(f"source {s.name!r}", s.path) for s in sources]
+    if curate.input is not None:
+        inputs.insert(0, ("curate.input", curate.input))
+    for what, location in inputs:
+        if is_url(location):
+            continue
+        folder = Path(location).resolve()
+        for key, path in outputs:
+            target = path.resolve()
+            if target == folder or folder in target.parents:
+                where = "is" if target == folder else "lies inside"
+                raise ConfigError(
+                    f"{key}: {path} {where} the input folder {location} ({what}); "
+                    f"choose another {key} outside the input"
+                )
 
 
 def check_publish_destination(url: str, layout: RunLayout, storage_options: dict[str, Any]) -> None:

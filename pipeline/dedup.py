@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.pipeline.writers.disk_base import DiskWriter
-from datatrove.utils.binaryio import read_tuples_from_file
 
 from longctx.core.atomic import write_table
+from longctx.pipeline.dedup_inputs import read_minhash_pairs, read_rank_index
 from longctx.pipeline.keep import document_rank
 from longctx.pipeline.parquet import read_parquet
 from longctx.pipeline.signatures import exact_hash
@@ -194,22 +193,8 @@ class DuplicateResolver(PipelineStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if world_size != 1:
             raise ValueError("DuplicateResolver runs as a single task")
-        tables = []
-        for path in sorted(self.index_folder.glob("*.parquet")):
-            table = read_parquet(path, INDEX_SCHEMA)
-            tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
-        index = (
-            pa.concat_tables(tables)
-            if tables
-            else INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
-        )
-        pairs: list[tuple[int, int, int, int]] = []
-        if self.dups_folder is not None:
-            # MinHash stage 2's pairs, read as its own cluster stage reads them
-            dups = get_datafolder(str(self.dups_folder))
-            for name in dups.list_files(glob_pattern="*.dups"):
-                with dups.open(name, "rb") as f:
-                    pairs.extend(read_tuples_from_file(f, "4I", lines_to_buffer=-1))
+        index = read_rank_index(self.index_folder, INDEX_SCHEMA)
+        pairs = read_minhash_pairs(self.dups_folder)
         facts = None
         if self.inputs_folder is not None:
             from longctx.pipeline.ledger import INPUTS_SCHEMA, read_parquet_folder

@@ -13,8 +13,10 @@ are deduplicated across repositories first, in three datatrove stages that resum
 3. ``file_resolve`` (1 task): :class:`FileDuplicateResolver` checks candidates against the full
    signatures (estimated Jaccard similarity, or containment of the smaller file in the larger), adds
    files with the same normalized text, and keeps, among copies in different repositories, the one
-   ranked first by the keep policy (:func:`~longctx.pipeline.keep.file_rank`). Every other copy is a
-   decision: ``(repo, path) -> duplicate_of (repo), of_path, kind``.
+   ranked first by the keep policy (:func:`~longctx.pipeline.keep.file_rank`; by default the
+   repository that declares the file's package or holds it at its import root first, a copy whose
+   imports were rewritten under a vendor prefix last: :mod:`longctx.pipeline.provenance`). Every
+   other copy is a decision: ``(repo, path) -> duplicate_of (repo), of_path, kind``.
 
 The repository reader then consults the decisions
 (:func:`~longctx.pipeline.file_decisions.load_file_decisions`): a file that
@@ -33,17 +35,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from datatrove.data import Document, DocumentsPipeline
-from datatrove.io import get_datafolder
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-from datatrove.utils.binaryio import read_tuples_from_file
 from datatrove.utils.hashing import HashConfig
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.config import FileDedupConfig
+from longctx.pipeline.dedup_inputs import read_minhash_pairs, read_rank_index
 from longctx.pipeline.file_decisions import FILE_DECISIONS_SCHEMA
 from longctx.pipeline.keep import file_rank
-from longctx.pipeline.parquet import read_parquet
+from longctx.pipeline.provenance import ELSEWHERE, declarations, provenance
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
 from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, permuted_minima, shingle_set
@@ -55,6 +56,7 @@ FILE_INDEX_SCHEMA = pa.schema(
         ("path", pa.string()),
         ("location", pa.string()),
         ("chars", pa.int64()),
+        ("provenance", pa.int8()),  # 0: the declared upstream ... 3: a copy with rewritten imports
         ("text_hash", pa.string()),
         ("ngrams", pa.int64()),  # distinct word n-grams; 0 when too short for MinHash
         ("signature", pa.list_(pa.uint32())),  # empty when too short for MinHash
@@ -76,8 +78,10 @@ def minhash_config(cfg: FileDedupConfig) -> MinhashConfig:
 
 class RepositoryFiles(PipelineStep):
     """Every file each repository's document would keep, as a document of its own (``id``:
-    ``{repository id}/{path}``; metadata ``repo``, ``rel``, ``location``). Repositories are listed
-    and shared among tasks exactly as the ``readers`` (code sources) will read them."""
+    ``{repository id}/{path}``; metadata ``repo``, ``rel``, ``location`` and ``provenance``: whether
+    the repository is the file's upstream, :func:`~longctx.pipeline.provenance.provenance`).
+    Repositories are listed and shared among tasks exactly as the ``readers`` (code sources) will
+    read them."""
 
     type = "📖 - READER"
     name = "🗂️ Repository files"
@@ -99,12 +103,18 @@ class RepositoryFiles(PipelineStep):
                 tree = Tree(reader.data_folder, unit.path, [e for e in entries if e.path.startswith(prefix)])
                 texts, _ = scan_repo(tree, reader.max_file_bytes, reader.vendored)
                 repo = reader.doc_id(unit.path)
+                declared = declarations(tree)
                 for rel, text in texts.items():
                     self.stat_update("files")
                     yield Document(
                         text=text,
                         id=f"{repo}/{rel}",
-                        metadata={"repo": repo, "rel": rel, "location": tree.url(rel)},
+                        metadata={
+                            "repo": repo,
+                            "rel": rel,
+                            "location": tree.url(rel),
+                            "provenance": provenance(rel, text, tree, declared),
+                        },
                     )
 
 
@@ -152,6 +162,7 @@ class FileSignatureIndex(MinhashDedupSignature):
             rows["path"].append(doc.metadata["rel"])
             rows["location"].append(doc.metadata["location"])
             rows["chars"].append(len(doc.text))
+            rows["provenance"].append(int(doc.metadata.get("provenance", ELSEWHERE)))
             rows["text_hash"].append(exact_hash(doc.text))
             rows["ngrams"].append(self._ngrams)
             rows["signature"].append(self._signature if self._ngrams else [])
@@ -201,9 +212,13 @@ def resolve_file_duplicates(
         for k, (r, i) in enumerate(zip(index.column("rank").to_pylist(), index.column("idx").to_pylist()))
     }
     ranks = [
-        file_rank(cfg.keep, repo=repo, rel=rel, location=loc, chars=chars)
-        for repo, rel, loc, chars in zip(
-            repos, paths, index.column("location").to_pylist(), index.column("chars").to_pylist()
+        file_rank(cfg.keep, repo=repo, rel=rel, location=loc, chars=chars, provenance=level)
+        for repo, rel, loc, chars, level in zip(
+            repos,
+            paths,
+            index.column("location").to_pylist(),
+            index.column("chars").to_pylist(),
+            index.column("provenance").to_pylist(),
         )
     ]
     parent = list(range(n))
@@ -296,18 +311,8 @@ class FileDuplicateResolver(PipelineStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if world_size != 1:
             raise ValueError("FileDuplicateResolver runs as a single task")
-        tables = []
-        for path in sorted(self.index_folder.glob("*.parquet")):
-            table = read_parquet(path, FILE_INDEX_SCHEMA)
-            tables.append(table.append_column("rank", pa.array([int(path.stem)] * len(table), pa.int64())))
-        empty = FILE_INDEX_SCHEMA.append(pa.field("rank", pa.int64())).empty_table()
-        index = pa.concat_tables(tables) if tables else empty
-        pairs: list[tuple[int, int, int, int]] = []
-        if self.dups_folder.is_dir():
-            dups = get_datafolder(str(self.dups_folder))
-            for name in dups.list_files(glob_pattern="*.dups"):
-                with dups.open(name, "rb") as f:
-                    pairs.extend(read_tuples_from_file(f, "4I", lines_to_buffer=-1))
+        index = read_rank_index(self.index_folder, FILE_INDEX_SCHEMA)
+        pairs = read_minhash_pairs(self.dups_folder)
         decisions = resolve_file_duplicates(index, pairs, self.cfg)
         self.stat_update("duplicate_files", value=decisions.num_rows)
         write_table(self.output_file, decisions)

@@ -8,11 +8,17 @@ the remaining ties by id, so the choice is deterministic and documented:
   ``_vendor/``, ``third_party/``, ``node_modules/``, ``forks/``, ``mirror/``, a folder named
   ``*-fork``...), i.e. the original rather than a copy kept inside another project;
 * ``shallowest`` (files only): the file fewer folders deep inside its repository, where a project
-  keeps its own code (``requests/api.py`` rather than ``src/pip/_vendor/requests/api.py``).
+  keeps its own code (``requests/api.py`` rather than ``src/pip/_vendor/requests/api.py``);
+* ``upstream`` (files only): the copy in the repository that declares the file's package
+  (``pyproject.toml``, ``setup.cfg`` or a literal ``name=`` in ``setup.py``, read, never run;
+  ``go.mod``, ``Cargo.toml``), then one held at its repository's import root, and last a copy whose
+  imports were rewritten under a vendor prefix (``pip._vendor.urllib3``): a vendored copy even where
+  its path does not say so (:mod:`longctx.pipeline.provenance`).
 
 Documents default to ``longest, not_vendored`` (``curate.dedup.keep``); code files default to
-``not_vendored, longest, shallowest`` (``curate.dedup.files.keep``): for files, where a copy lives
-says more than a few lines more or less.
+``upstream, not_vendored, longest, shallowest`` (``curate.dedup.files.keep``): for files, where a
+copy comes from and where it lives say more than a few lines more or less (a vendored copy is often
+the longer and shallower one, its imports rewritten, its package at the top of its folder).
 """
 
 from __future__ import annotations
@@ -55,13 +61,18 @@ def document_rank(rules: Sequence[str], *, doc_id: str, path: str, chars: int) -
     return (*key, doc_id)
 
 
-def file_rank(rules: Sequence[str], *, repo: str, rel: str, location: str, chars: int) -> tuple:
+def file_rank(
+    rules: Sequence[str], *, repo: str, rel: str, location: str, chars: int, provenance: int = 2
+) -> tuple:
     """Sort key of a code file among its copies: the smallest is kept. ``location`` is the file's
     full path or URL (vendored folders above the repository count too), ``rel`` its path inside
-    the repository."""
+    the repository, ``provenance`` its level (:func:`longctx.pipeline.provenance.provenance`: 0 for
+    the declared upstream, 3 for a copy with rewritten imports)."""
     key: list = []
     for rule in rules:
-        if rule == "longest":
+        if rule == "upstream":
+            key.append(provenance)
+        elif rule == "longest":
             key.append(-chars)
         elif rule == "not_vendored":
             key.append(vendored_depth(location))

@@ -16,7 +16,9 @@ change (Gutenberg boilerplate that could not be stripped safely, files removed a
 Every place that removes a document writes its ledger rows through a :class:`LedgerWriter`
 (datatrove's exclusion-writer hook), and the last stage writes a row for every kept document.
 :func:`merge_ledger` joins the parts and proves that every input has exactly one row, and
-:func:`check_file_counts` that the rows account for every file under each folder source.
+:func:`check_file_counts` that the rows account for every file under each folder source. The
+ledger written out also has a ``change`` column: what the run's last ``--update`` changed
+(:func:`longctx.pipeline.inputs.mark_changes`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.writers.parquet import ParquetWriter
 
 from longctx.core.atomic import write_table
+from longctx.core.text import plural
 from longctx.pipeline.parquet import read_parquet
 
 LEDGER_SCHEMA = pa.schema(
@@ -104,7 +107,7 @@ def ledger_note(meta: dict) -> str:
     if duplicates:
         origins = sorted({d["duplicate_of"] for d in duplicates})
         shown = ", ".join(origins[:3]) + (f" and {len(origins) - 3} more" if len(origins) > 3 else "")
-        notes.append(f"{len(duplicates)} files removed as duplicates of files of {shown}")
+        notes.append(f"{plural(len(duplicates), 'file')} removed as duplicates of files of {shown}")
     return "; ".join(notes)
 
 
@@ -161,17 +164,21 @@ def merge_ledger(parts_folder: Path, inputs_folder: Path) -> pa.Table:
     if len(set(input_ids)) != len(input_ids):
         seen: set[str] = set()
         repeated = sorted({i for i in input_ids if i in seen or seen.add(i)})
-        problems.append(f"{len(repeated)} input ids are not unique, e.g. {repeated[:3]}")
+        problems.append(
+            f"input ids are not unique: {plural(len(repeated), 'id')} repeated, e.g. {repeated[:3]}"
+        )
     if len(set(ledger_ids)) != len(ledger_ids):
         seen = set()
         repeated = sorted({i for i in ledger_ids if i in seen or seen.add(i)})
-        problems.append(f"{len(repeated)} documents have more than one ledger row, e.g. {repeated[:3]}")
+        problems.append(
+            f"{plural(len(repeated), 'document')} with more than one ledger row, e.g. {repeated[:3]}"
+        )
     missing = sorted(set(input_ids) - set(ledger_ids))
     if missing:
-        problems.append(f"{len(missing)} inputs have no ledger row, e.g. {missing[:3]}")
+        problems.append(f"{plural(len(missing), 'input')} without a ledger row, e.g. {missing[:3]}")
     unknown = sorted(set(ledger_ids) - set(input_ids))
     if unknown:
-        problems.append(f"{len(unknown)} ledger rows name no input, e.g. {unknown[:3]}")
+        problems.append(f"{plural(len(unknown), 'ledger row')} naming no input, e.g. {unknown[:3]}")
     if problems:
         raise LedgerMismatch("ledger does not add up: " + "; ".join(problems))
     return ledger
@@ -184,7 +191,7 @@ def check_file_counts(ledger: pa.Table, listed: dict[str, int]) -> None:
     for source, files in zip(ledger.column("source").to_pylist(), ledger.column("files").to_pylist()):
         counted[source] = counted.get(source, 0) + files
     wrong = [
-        f"{s}: {counted.get(s, 0)} files in the ledger, {n} under its folder"
+        f"{s}: {plural(counted.get(s, 0), 'file')} in the ledger, {n} under its folder"
         for s, n in sorted(listed.items())
         if counted.get(s, 0) != n
     ]

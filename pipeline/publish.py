@@ -5,7 +5,7 @@ and, once every stage has run, uploads what the next job needs to ``<url>/``, un
 as in the run folder::
 
     documents/<source>/*.parquet   the curated documents
-    tokenizer.json                 the run's tokenizer (and tokenizer_config.json, when it has one)
+    tokenizer.json                 the run's tokenizer (and tokenizer_config.json, chat_template.jinja)
     ledger.parquet, stats.json, stats.png
     curation.json                  the list of those files with their size and xxh3-128, uploaded last
 
@@ -65,7 +65,7 @@ def file_xxh3(path: Path) -> str:
 def curated_files(layout: RunLayout) -> list[Path]:
     """The files of a finished curation that are published: documents, tokenizer files, ledger and
     stats (not the input corpus, intermediate files, or what later jobs wrote)."""
-    singles = [layout.tokenizer, layout.tokenizer_config, layout.ledger, layout.stats, layout.plot]
+    singles = [*layout.tokenizer_files, layout.ledger, layout.stats, layout.plot]
     documents = (
         sorted(p for p in layout.documents.rglob("*") if p.is_file()) if layout.documents.is_dir() else []
     )

@@ -10,8 +10,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from longctx.core.buckets import bucket_floor
+from longctx.core.buckets import bucket_bounds, bucket_floor, bucket_of
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 
 COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
 
@@ -76,7 +77,7 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     ax_out.set_title("documents by outcome")
     ax_out.set_ylabel("documents")
     ax_out.legend()
-    buckets = sorted({int(b) for s in sources for b in summary["sources"][s]["length_histogram"]})
+    buckets = length_buckets(summary)
     width = 0.8 / max(1, len(sources))
     for i, s in enumerate(sources):
         hist = summary["sources"][s]["length_histogram"]
@@ -94,6 +95,15 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
         ax_len.legend()
     fig.tight_layout()
     write_figure(path, fig)
+
+
+def length_buckets(summary: dict[str, Any]) -> list[int]:
+    """Lower edges of every power-of-two bucket from the shortest kept document's to the longest's,
+    empty ones included, so that the histogram's x axis is a length scale without gaps."""
+    found = {int(b) for s in summary["sources"].values() for b in s["length_histogram"]}
+    if not found:
+        return []
+    return [bucket_bounds(k)[0] for k in range(bucket_of(min(found)), bucket_of(max(found)) + 1)]
 
 
 def _short(n: int) -> str:
@@ -121,11 +131,23 @@ def format_summary(summary: dict[str, Any]) -> str:
         reasons = ", ".join(f"{r}={n}" for r, n in s["reasons"].items()) or "-"
         lines.append(f"{line(name, s)}  {reasons}")
     lines.append(line("total", summary["totals"]))
+    update = summary.get("update")
+    if update:
+        units = update["units"]
+        parts = [
+            f"{len(units[kind])} {kind.replace('_', ' ')} ({', '.join(units[kind][:3])}"
+            f"{f' and {len(units[kind]) - 3} more' if len(units[kind]) > 3 else ''})"
+            for kind in ("added", "changed", "removed", "outcome_changed")
+            if units[kind]
+        ]
+        files = ", ".join(f"{len(v)} {k}" for k, v in update["files"].items() if v)
+        lines.append(f"update ({files} input files): units {'; '.join(parts) or 'unchanged'}")
     files = summary.get("file_dedup")
     if files:
         lines.append(
-            f"file-level dedup: {files['files_removed']} code files removed as copies of another "
+            f"file-level dedup: {plural(files['files_removed'], 'code file')} removed as copies of another "
             f"repository's ({files['exact']} exact, {files['near']} near); "
-            f"{files['repository_copies']} repositories were copies"
+            f"{plural(files['repository_copies'], 'repository', 'repositories')} "
+            f"{'was a copy' if files['repository_copies'] == 1 else 'were copies'}"
         )
     return "\n".join(lines)

@@ -37,8 +37,8 @@ import torch.distributed as dist
 import xxhash
 
 from longctx.core.atomic import TEMP_SUFFIX, commit, discard, temporary_path, write_json
-from longctx.core.errors import LongctxError
-from longctx.trainer.parallel import ParallelState, barrier
+from longctx.core.errors import LongctxError, OutputError
+from longctx.trainer.parallel import ParallelState, barrier, first_problem
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
@@ -121,6 +121,33 @@ def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
     return {"model": model_state, "optim": optim_state}
 
 
+def state_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the whole model and optimizer state a checkpoint holds (every rank's shards together;
+    a replicated copy counted once, as DCP writes it once): its size, less DCP's per-tensor overhead."""
+    from longctx.trainer.sharding import optimizer_tensors
+
+    tensors = [*model.parameters(), *optimizer_tensors(optimizer)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _disk_problem(err: BaseException, where: Path, needed: int, what: str) -> str | None:
+    """The one-line message of a disk fault (full, read-only...) met while writing ``what``; None
+    for any other error. DCP's :class:`CheckpointException` carries each failed rank's error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from longctx.core.preflight import space_fault
+
+    errors = (
+        [e for e, _ in getattr(err, "failures", {}).values()]
+        if isinstance(err, CheckpointException)
+        else [err]
+    )
+    for error in errors:
+        if isinstance(error, OSError) and (fault := space_fault(error, where, needed, what)) is not None:
+            return str(fault)
+    return None
+
+
 def save_checkpoint(
     root: Path,
     step: int,
@@ -134,28 +161,72 @@ def save_checkpoint(
 
     ``trainer_state`` (JSON: scheduler, data position, coverage, run settings) is written by rank 0.
     After the rename, intact checkpoints beyond the ``keep`` newest are removed.
+
+    A disk that cannot take the checkpoint is an :class:`OutputError` on every rank, naming the folder
+    and the space the checkpoint takes: before anything is written when too little is free
+    (:func:`state_tensor_bytes`), or when a write fails (a full disk, ``ENOSPC``). The ranks agree
+    on it through a collective after each part some of them write, so none is left waiting on
+    another; the partial checkpoint is removed, and the run resumes from the previous one.
     """
     import torch.distributed.checkpoint as dcp
 
+    from longctx.core.preflight import check_free_space
+
     final = checkpoint_folder(root, step)
     tmp = temporary_path(final)
+    needed = state_tensor_bytes(model, optimizer)
+    what = f"checkpoint step {step}"
+
+    def agree(problem: str | None) -> None:
+        """Raise the first rank's problem on every rank (the partial checkpoint removed first)."""
+        problem = first_problem(problem, state)
+        if problem is not None:
+            if state.is_main:
+                discard(tmp)
+            raise OutputError(problem)
+
+    def attempt(work: Callable[[], Any]) -> tuple[Any, str | None]:
+        """``work()`` and None, or None and the message of the disk fault it met."""
+        try:
+            return work(), None
+        except OSError as err:
+            problem = _disk_problem(err, root, needed, what)
+            if problem is None:
+                raise
+            return None, problem
+
+    def prepare() -> None:
+        check_free_space(root, needed, what)
+        discard(tmp)
+        (tmp / RNG_FOLDER).mkdir(parents=True)
+
     try:
-        if state.is_main:
-            discard(tmp)
-            (tmp / RNG_FOLDER).mkdir(parents=True)
-        barrier(state)
-        with warnings.catch_warnings():  # one process without a process group is what we mean: no warning
-            warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized, assuming")
-            dcp.save(
-                _state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER))
+        agree(attempt(prepare)[1] if state.is_main else None)
+        try:
+            with warnings.catch_warnings():  # one process without a process group is what we mean
+                warnings.filterwarnings("ignore", message=r"torch\.distributed is .*uninitialized, assuming")
+                dcp.save(
+                    _state_dicts(model, optimizer), storage_writer=dcp.FileSystemWriter(str(tmp / DCP_FOLDER))
+                )
+        except BaseException as err:  # DCP's CheckpointException, raised on every rank alike
+            problem = _disk_problem(err, root, needed, what)
+            if problem is None:
+                raise
+            raise OutputError(problem) from None
+
+        def own_files() -> dict[str, Any]:
+            rng_name = f"{RNG_FOLDER}/rank_{state.rank:05d}.pt"
+            torch.save(rng_state(), tmp / rng_name)
+            own = [rng_name] + sorted(
+                f"{DCP_FOLDER}/{p.name}" for p in (tmp / DCP_FOLDER).glob(f"__{state.rank}_*.distcp")
             )
-        rng_name = f"{RNG_FOLDER}/rank_{state.rank:05d}.pt"
-        torch.save(rng_state(), tmp / rng_name)
-        own = [rng_name] + sorted(
-            f"{DCP_FOLDER}/{p.name}" for p in (tmp / DCP_FOLDER).glob(f"__{state.rank}_*.distcp")
-        )
-        described = _gather({name: _describe(tmp, name) for name in own}, state)
-        if state.is_main:
+            return {name: _describe(tmp, name) for name in own}
+
+        described, problem = attempt(own_files)
+        agree(problem)
+        described = _gather(described, state)
+
+        def finish() -> None:
             write_json(tmp / TRAINER_STATE, trainer_state | {"step": step})
             files: dict[str, Any] = {}
             for part in described:
@@ -166,11 +237,12 @@ def save_checkpoint(
             commit(tmp, final)
             for old in [c for c in list_checkpoints(root) if c.step < step][max(0, keep - 1) :]:
                 shutil.rmtree(old.folder, ignore_errors=True)
+
+        agree(attempt(finish)[1] if state.is_main else None)
     except BaseException:
         if state.is_main:
             discard(tmp)
         raise
-    barrier(state)
     return final
 
 

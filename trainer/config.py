@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from longctx.core.config import StrictModel, must_exist
+from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCheck, missing_extra
 from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
@@ -19,7 +18,9 @@ from longctx.trainer.rope_keys import check_rope_scaling, takes_factor
 
 class TinyModelConfig(StrictModel):
     """A small random Llama-family model, for the demo and tests (no download needed). The keys mean
-    what they mean in a ``transformers`` ``LlamaConfig``."""
+    what they mean in a ``transformers`` ``LlamaConfig``: each head gets ``hidden_size /
+    num_attention_heads`` dimensions, which must be a whole, even number (RoPE rotates pairs), and
+    ``num_key_value_heads`` must divide ``num_attention_heads``."""
 
     hidden_size: int = Field(default=64, gt=0)
     intermediate_size: int = Field(default=172, gt=0)
@@ -28,17 +29,59 @@ class TinyModelConfig(StrictModel):
     num_key_value_heads: int = Field(default=2, gt=0)
     tie_word_embeddings: bool = True
 
+    @field_validator("num_attention_heads")
+    @classmethod
+    def _even_head_size(cls, value: int, info: ValidationInfo) -> int:
+        """Each head gets ``hidden_size / num_attention_heads`` dimensions, and RoPE rotates them in
+        pairs: the head size must be a whole, even number."""
+        hidden = info.data.get("hidden_size")
+        if hidden is None:
+            return value
+        if hidden % value:
+            raise ValueError(
+                f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({value}): each head gets "
+                "hidden_size / num_attention_heads dimensions"
+            )
+        if (hidden // value) % 2:
+            raise ValueError(
+                f"hidden_size / num_attention_heads = {hidden} / {value} = {hidden // value} is an odd head "
+                "size, and RoPE rotates pairs of dimensions: choose them so that the head size is even"
+            )
+        return value
+
+    @field_validator("num_key_value_heads")
+    @classmethod
+    def _whole_query_groups(cls, value: int, info: ValidationInfo) -> int:
+        """Grouped-query attention: every key/value head serves the same number of query heads."""
+        heads = info.data.get("num_attention_heads")
+        if heads is not None and heads % value:
+            raise ValueError(
+                f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({value}): each "
+                "key/value head serves a whole group of query heads"
+            )
+        return value
+
 
 class ModelSection(StrictModel):
     """The model to continue pretraining: a Hugging Face checkpoint folder (``config.json`` plus
-    safetensors; Llama, Mistral or Qwen2 layouts) or, when ``hf_path`` is null, a tiny random model.
+    safetensors) or, when ``hf_path`` is null, a tiny random Llama.
 
+    ``implementation`` says which code runs it: ``longctx``, this package's own Llama-family decoder
+    (Llama, Mistral and Qwen2 layouts); ``transformers``, the checkpoint's own transformers modeling
+    code with longctx's ring attention plugged into its attention interface (any RoPE decoder the
+    installed transformers has, e.g. Qwen3, OLMo 2, Phi-3, Granite; the ``transformers`` extra);
+    ``auto``, the own decoder where it reads the checkpoint, transformers otherwise.
     ``rope_scaling`` replaces the checkpoint's RoPE scaling, written the way Hugging Face configs
     declare it, e.g. ``{rope_type: yarn, factor: 4.0, original_max_position_embeddings: 8192}``.
     """
 
-    hf_path: Path | None = Field(
+    hf_path: Annotated[Path | None, MUST_EXIST] = Field(
         default=None, description="a Hugging Face checkpoint folder; null: the tiny random model"
+    )
+    implementation: Literal["auto", "longctx", "transformers"] = Field(
+        default="auto",
+        description="longctx: the own Llama/Mistral/Qwen2 decoder; transformers: the model's transformers "
+        "code with ring attention (the transformers extra); auto: longctx where it reads the checkpoint",
     )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
     rope_theta: float | None = Field(default=None, gt=0, description="RoPE base; default: the checkpoint's")
@@ -47,8 +90,6 @@ class ModelSection(StrictModel):
         description="rope_type linear, dynamic, ntk, yarn, llama3 or longrope with its keys; null: the "
         "checkpoint's",
     )
-
-    _exists = field_validator("hf_path")(must_exist)
 
     @field_validator("rope_scaling")
     @classmethod
@@ -59,15 +100,27 @@ class ModelSection(StrictModel):
 
 
 class OptimConfig(StrictModel):
-    """AdamW with linear warmup then cosine decay; continued-pretraining defaults."""
+    """AdamW with linear warmup then cosine decay; continued-pretraining defaults.
+
+    Every number must be finite (``.inf`` and ``.nan`` are refused at load, not met as a NaN loss
+    a step later); the betas lie in [0, 1), as AdamW's moment averages need."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     lr: float = Field(default=2e-5, gt=0, description="peak learning rate")
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1, description="final lr as a fraction of lr")
     warmup_steps: int = Field(default=10, ge=0, description="steps of linear warmup to lr")
-    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's betas, each in [0, 1)")
     eps: float = Field(default=1e-8, gt=0, description="AdamW's epsilon")
     weight_decay: float = Field(default=0.1, ge=0, description="AdamW's decoupled weight decay")
     grad_clip: float = Field(default=1.0, gt=0, description="largest gradient norm (clipped above it)")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError("AdamW's betas must each lie in [0, 1)")
+        return value
 
 
 class CoverageConfig(StrictModel):
@@ -116,18 +169,6 @@ class ExportConfig(StrictModel):
     )
 
 
-def _require_extra(module: str, extra: str) -> None:
-    """Refuse a setting whose optional dependency is not installed (checked without importing it)."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ValueError(
-            f"needs the {module} package, which is not installed: pip install 'longctx[{extra}]'"
-        )
-
-
 class WandbConfig(StrictModel):
     """A Weights & Biases run (``wandb.init``'s arguments). ``offline`` writes the run under
     ``<output>/train/wandb`` without any network access (``wandb sync`` uploads it later);
@@ -143,6 +184,14 @@ class WandbConfig(StrictModel):
     )
 
 
+def _tensorboard_missing(on: bool) -> str | None:
+    return missing_extra("tensorboard", "tensorboard") if on else None
+
+
+def _wandb_missing(wandb: WandbConfig | None) -> str | None:
+    return missing_extra("wandb", "wandb") if wandb is not None and wandb.mode != "disabled" else None
+
+
 class LogConfig(StrictModel):
     """Where training metrics go, and how often.
 
@@ -154,26 +203,45 @@ class LogConfig(StrictModel):
     """
 
     every: int = Field(default=10, gt=0, description="steps between metric records")
-    tensorboard: bool = Field(
+    tensorboard: Annotated[bool, WorldCheck(_tensorboard_missing)] = Field(
         default=False, description="also write TensorBoard events (the tensorboard extra)"
     )
-    wandb: WandbConfig | None = Field(
+    wandb: Annotated[WandbConfig | None, WorldCheck(_wandb_missing)] = Field(
         default=None, description="also send to Weights & Biases (the wandb extra)"
     )
 
-    @field_validator("tensorboard")
-    @classmethod
-    def _tensorboard_installed(cls, value: bool) -> bool:
-        if value:
-            _require_extra("tensorboard", "tensorboard")
-        return value
 
-    @field_validator("wandb")
-    @classmethod
-    def _wandb_installed(cls, value: WandbConfig | None) -> WandbConfig | None:
-        if value is not None and value.mode != "disabled":
-            _require_extra("wandb", "wandb")
-        return value
+class KernelsConfig(StrictModel):
+    """Which implementations compute the model (``longctx.trainer.kernel_choice``). Each choice that is
+    not installed or fails its start-up probe on the device falls back, with one line saying why.
+    Optional packages: ``pip install 'longctx[gpu]'`` (liger-kernel, flash-attn-4)."""
+
+    attention: Literal[
+        "auto",
+        "flash_attn4_varlen",
+        "flash_attn_varlen",
+        "torch_flash_varlen",
+        "torch_cudnn",
+        "torch_efficient",
+        "math",
+        "cpu_flash",
+    ] = Field(
+        default="auto",
+        description="the ring's block kernel. auto: on a GPU the first usable of FlashAttention-4, "
+        "FlashAttention-2 and PyTorch's flash varlen kernels, then PyTorch's memory-efficient kernel; on the "
+        "CPU PyTorch's flash kernel for CPU. Or one kernel pinned (torch_cudnn: cuDNN through SDPA)",
+    )
+    fused: Literal["auto", "liger", "none"] = Field(
+        default="auto",
+        description="RMSNorm, SwiGLU, RoPE and the loss (fused linear cross-entropy, no full logits) from "
+        "liger-kernel: liger, none (PyTorch's ops) or auto (liger where installed, on a GPU); the own "
+        "decoder only (train.model.implementation transformers uses PyTorch's ops)",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile each decoder block around its attention (not with selective "
+        "activation checkpointing; the own decoder only); caches under <output>/train/compile_cache",
+    )
 
 
 class GateConfig(StrictModel):
@@ -268,12 +336,9 @@ class TrainConfig(StrictModel):
         description="where shards given by URL are copied and checked before "
         "training; default <output>/cache",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict,
-        exclude=True,  # may hold credentials: never written to checkpoints or trackers
-        repr=False,
-        description="fsspec options (credentials, endpoint_url...) for a "
-        "train.shards or train.export.output URL",
+    storage_options: StorageOptions = Field(
+        description="fsspec options (credentials, endpoint_url...) for a train.shards or "
+        "train.export.output URL",
     )
     model: ModelSection = Field(default_factory=ModelSection)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -305,11 +370,14 @@ class TrainConfig(StrictModel):
         default="auto",
         description="auto: bf16 compute (fp32 master weights and reductions) on GPU, fp32 on CPU",
     )
-    activation_checkpointing: Literal["none", "full", "selective"] = Field(
-        default="none",
-        description="none: keep all activations; full: recompute each block in backward; selective: "
-        "recompute each block except its attention (true/false are accepted for full/none)",
+    activation_checkpointing: Literal["auto", "none", "selective", "full"] = Field(
+        default="auto",
+        description="what each block keeps for backward. none: everything; selective: the outputs of its "
+        "matmuls and attention (norms, RoPE and SwiGLU's pointwise work are recomputed); full: its input "
+        "(the whole block is recomputed); auto: the first of none, selective, full whose memory estimate "
+        "(longctx plan's) fits the device (true/false are accepted for full/none)",
     )
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     seed: int = Field(default=0, description="data order, held-out rows and the tiny model's initialization")
     comm_timeout_s: int = Field(
         default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"
@@ -458,6 +526,24 @@ def check_base_model(models: list[str], train: TrainConfig | None) -> None:
         raise ConfigError("eval.models: 'base' is the model of the train section, and this config has none")
 
 
+def _missing_model(models: list[str]) -> str | None:
+    """A model that is not a keyword must be a Hugging Face checkpoint folder."""
+    for model in models:
+        if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+            return (
+                f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
+                "(a folder with config.json)"
+            )
+    return None
+
+
+def _missing_local_shards(shards: str | None) -> str | None:
+    """A local shard folder must exist; a URL is checked when eval reads it."""
+    if shards is None or is_remote(shards) or Path(shards).exists():
+        return None
+    return f"path does not exist: {shards}"
+
+
 class EvalConfig(StrictModel):
     """``longctx eval``: loss by position on packed windows and the needle grid, for each model of
     ``models`` on the same windows and needles.
@@ -471,23 +557,20 @@ class EvalConfig(StrictModel):
     context length's bar) and ``short_context`` (the short-window loss ratio) use it.
     """
 
-    models: list[str] = Field(
+    models: Annotated[list[str], WorldCheck(_missing_model)] = Field(
         default_factory=lambda: list(MODEL_KEYWORDS),
         min_length=1,
         description="base, trained or Hugging Face checkpoint folders (--model overrides)",
     )
-    shards: str | None = Field(
+    shards: Annotated[str | None, WorldCheck(_missing_local_shards)] = Field(
         default=None,
         description="windows to score: a shard folder or an fsspec URL of one "
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "
         "first; default the training shards",
     )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict,
-        exclude=True,  # may hold credentials: never written to evaluation results
-        repr=False,
-        description="fsspec options (credentials, endpoint_url...) for an eval.shards "
-        "URL; default train.storage_options",
+    storage_options: StorageOptions = Field(
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default "
+        "train.storage_options",
     )
     rows: int = Field(
         default=8,
@@ -495,6 +578,12 @@ class EvalConfig(StrictModel):
         description="windows scored for loss by position: the held-out ones (train.holdout_rows) first",
     )
     seed: int = Field(default=0, description="which windows are scored when none are held out")
+    allow_training_windows: bool = Field(
+        default=False,
+        description="score windows training read when the training shards hold fewer than eval.rows "
+        "held-out ones (labelled as training windows in the results); refused otherwise when a model "
+        "this run trained is scored",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="as train.precision")
     needle: NeedleEvalConfig | None = Field(
         default_factory=NeedleEvalConfig, description="the needle grid; null: loss by position only"
@@ -513,23 +602,12 @@ class EvalConfig(StrictModel):
 
     @field_validator("shards", mode="before")
     @classmethod
-    def _local_shards_exist(cls, value: Any) -> Any:
-        """A local folder must exist when the config is loaded; a URL is checked when eval reads it."""
-        if isinstance(value, os.PathLike):
-            value = os.fspath(value)
-        if isinstance(value, str) and not is_remote(value):
-            must_exist(Path(value))
-        return value
+    def _path_text(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
 
     @field_validator("models")
     @classmethod
-    def _models_exist(cls, value: list[str]) -> list[str]:
-        for model in value:
-            if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
-                raise ValueError(
-                    f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint "
-                    "folder (a folder with config.json)"
-                )
+    def _distinct_models(cls, value: list[str]) -> list[str]:
         if len(set(value)) < len(value):
             raise ValueError(f"a model is listed twice: {value}")
         return value

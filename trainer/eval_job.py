@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -26,6 +27,7 @@ from longctx.core.atomic import new_numbered_folder, write_json, write_text
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import check_output_folder
 from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import (
@@ -42,7 +44,10 @@ from longctx.trainer.stage_plan import final_model, training_shards
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
     from longctx.packer.format import TokenizerInfo
+    from longctx.trainer.hf_model import HFCausalLM
     from longctx.trainer.short_context import GuardWindows
+
+T = TypeVar("T")
 
 
 def _haystack(documents: Path, limit_chars: int) -> list[str]:
@@ -76,7 +81,8 @@ class ModelSpec:
 
 def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
     """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist (a
-    staged run's is its last stage's model) and ``base`` needs the run's train section."""
+    staged run's is its last stage's model), ``base`` needs the run's train section, and every
+    checkpoint folder must be readable whole (``hf_io.check_model_folder``)."""
     check_base_model(models, train)
     specs = []
     trained = final_model(layout, train)
@@ -96,6 +102,12 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
             specs.append(ModelSpec("trained", str(trained), trained))
         else:
             specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
+    from longctx.trainer.hf_io import check_model_folder
+
+    for folder in [s.path for s in specs if s.path is not None] + (
+        [train.model.hf_path] if "base" in models and train and train.model.hf_path else []
+    ):
+        check_model_folder(folder)  # a truncated or damaged folder, in one line naming the file
     names = [s.label for s in specs]
     return [ModelSpec(s.source, s.source, s.path) if names.count(s.label) > 1 else s for s in specs]
 
@@ -123,13 +135,18 @@ def with_baseline(
 
 def load_model_spec(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
-) -> Transformer:
-    """The model of ``spec`` on ``device``: a checkpoint folder, or ``base`` built from ``train``."""
-    from longctx.trainer.build import build_model, fill_base_weights, model_config
-    from longctx.trainer.hf_io import load_model
+) -> Transformer | HFCausalLM:
+    """The model of ``spec`` on ``device``: a checkpoint folder (run by the implementation
+    ``train.model`` chooses for it), or ``base`` built from ``train``."""
+    from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
+    from longctx.trainer.hf_io import config_json, load_model
+    from longctx.trainer.hf_model import HFModelConfig, load_hf_model
     from longctx.trainer.parallel import ParallelState
 
-    if spec.path is not None:
+    if spec.path is not None:  # the implementation train.model chooses (see build.choose_implementation)
+        implementation = train.model.implementation if train is not None else "auto"
+        if isinstance(saved_model_config(config_json(spec.path), implementation), HFModelConfig):
+            return load_hf_model(spec.path, device=device)
         return load_model(spec.path, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
     config = model_config(train, context, vocab_size)
@@ -148,8 +165,19 @@ class Windows:
     shards: str | Path
     indices: list[int]
     held_out: int
-    """How many of :attr:`indices` training never saw (``train.holdout_rows``)."""
+    """How many of :attr:`indices` are windows training set aside (``train.holdout_rows``)."""
     rows: list[dict[str, torch.Tensor]]
+    training: int = 0
+    """How many of :attr:`indices` are windows training read (``eval.allow_training_windows``)."""
+
+    def caption(self) -> str:
+        """A line saying the scored windows include training windows ('' when none do)."""
+        if not self.training:
+            return ""
+        return (
+            f"{self.training} of these {len(self.indices)} windows are training windows "
+            "(eval.allow_training_windows): the trained model's loss on them is a training loss\n"
+        )
 
 
 @dataclass(frozen=True)
@@ -204,6 +232,7 @@ def run_eval(
     ``tokenizer.json``.
     """
     layout = RunLayout(output)
+    check_output_folders(eval, layout, train)
     specs = resolve_models(eval.models, layout, train)
     bar = bar_length(eval.effective, context.original) if eval.needle is not None else None
     listed = [s.label for s in specs]
@@ -235,35 +264,96 @@ def run_eval(
     return _result(folder)
 
 
+def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> None:
+    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or shard cache, when the windows
+    come from a URL) is a file, read-only or cannot be created: one line naming the path."""
+    check_output_folder(layout.eval, key="output")
+    shards = eval.shards or (train.shards if train else None)
+    if shards is not None and is_remote(shards):
+        cache = train.cache if train and train.cache else None
+        check_output_folder(cache or layout.cache, key="train.cache" if cache else "output")
+
+
 def choose_windows(
     eval: EvalConfig, layout: RunLayout, target: int, train: TrainConfig | None, tokenizer: Path | None
 ) -> Windows:
-    """``eval.rows`` windows of ``eval.shards`` (default: the training shards): the windows
-    training held out first (when these are its shards), then the first ones of epoch 0's order."""
+    """``eval.rows`` windows of ``eval.shards`` (default: the training shards): when these are the
+    training windows (the same folder, or shards with the same files and checksums elsewhere), the
+    ones training held out; other shards' windows in epoch 0's order of ``eval.seed``.
+
+    Too few held-out windows are refused (``ConfigError``) when a model this run trained is scored,
+    since its loss on windows it trained on is not a held-out loss, unless
+    ``eval.allow_training_windows`` lets training windows fill the rest, counted in
+    :attr:`Windows.training` and labelled as such in the results."""
     from longctx.packer.dataset import PackedDataset
 
-    trained_on = _location(layout.training_shards(train.shards if train else None, target))
-    shards = _location(eval.shards) if eval.shards else trained_on
-    holdout = train.holdout_rows if train and shards == trained_on else 0
+    trained_on = layout.training_shards(train.shards if train else None, target)
+    shards = eval.shards or trained_on
+    storage = eval.storage_options or (train.storage_options if train else None)
+    training_windows = _same_windows(shards, trained_on, storage, train.storage_options if train else None)
+    holdout = train.holdout_rows if train and training_windows else 0
     # the held-out draw depends on the training seed: use it, so these are the rows training skipped
-    seed = train.seed if train and holdout else eval.seed
+    seed = train.seed if train and training_windows else eval.seed
     dataset = PackedDataset(
-        shards,
+        _location(shards),
         tokenizer=tokenizer,
         seed=seed,
         holdout_rows=holdout,
         cache=(train.cache if train else None) or layout.cache,
-        storage_options=eval.storage_options or (train.storage_options if train else None),
+        storage_options=storage,
     )
     held_out = dataset.heldout_rows()[: eval.rows]
-    if len(held_out) < eval.rows:
-        print(
-            f"warning: only {len(held_out)} held-out windows (train.holdout_rows); scoring "
-            f"{eval.rows - len(held_out)} training windows too",
-            flush=True,
+    missing = eval.rows - len(held_out) if training_windows else 0
+    if missing and not eval.allow_training_windows and _scores_a_model_trained_here(eval.models, layout):
+        options = [f"lower eval.rows to {len(held_out)}"] if held_out else []
+        options += [
+            "set train.holdout_rows (before training)",
+            "point eval.shards at windows training did not see",
+            "set eval.allow_training_windows: true to score training windows, labelled as such",
+        ]
+        raise ConfigError(
+            f"eval.rows = {eval.rows}, but {shards} are the training windows and hold {len(held_out)} that "
+            f"training did not see (train.holdout_rows = {holdout}): the trained model would be scored on "
+            f"windows it trained on; {', '.join(options[:-1])} or {options[-1]}"
         )
     indices = held_out + [int(i) for i in dataset.order(0)[: eval.rows - len(held_out)]]
-    return Windows(dataset, shards, indices, len(held_out), [dataset[i] for i in indices])
+    windows = Windows(
+        dataset, shards, indices, len(held_out), [dataset[i] for i in indices], training=missing
+    )
+    if missing:
+        print(windows.caption(), end="", flush=True)
+    return windows
+
+
+def _same_windows(shards: str | Path, trained_on: str | Path, storage: Any, train_storage: Any) -> bool:
+    """Whether ``shards`` hold the training windows: the same folder or URL (however spelled), or a
+    copy of it (a manifest listing the same files with the same checksums)."""
+    from longctx.core.errors import LongctxError
+    from longctx.packer.manifest import load_manifest
+
+    if _comparable(shards) == _comparable(trained_on):
+        return True
+    try:
+        theirs = load_manifest(trained_on, train_storage)
+        ours = load_manifest(shards, storage)
+    except (LongctxError, OSError):
+        return False  # the training shards are gone (or unreadable): nothing to compare with
+    return ours.shards == theirs.shards
+
+
+def _comparable(shards: str | Path) -> str | Path:
+    """A URL without its trailing slash, a local folder resolved (relative or through a link)."""
+    return str(shards).rstrip("/") if is_remote(shards) else Path(shards).resolve()
+
+
+def _scores_a_model_trained_here(models: list[str], layout: RunLayout) -> bool:
+    """Whether ``eval.models`` names a model this run trained: ``trained``, or a folder under
+    ``<output>/train`` (an export of a checkpoint)."""
+    train = layout.train.resolve()
+    return any(
+        model == "trained" or (model != "base" and Path(model).resolve().is_relative_to(train))
+        for model in models
+    )
 
 
 def choose_short_windows(
@@ -340,9 +430,7 @@ def score_models(
     context: ContextConfig,
 ) -> Scores:
     """Load each model in turn (one at a time in memory) and score it on the windows, the needles
-    (one progress bar over models x lengths x depths x samples) and the guard's short windows."""
-    from tqdm import tqdm
-
+    and the guard's short windows (one progress bar over all of them, :class:`EvalProgress`)."""
     from longctx.trainer.build import use_bf16
     from longctx.trainer.evaluate import loss_by_position, score_needles
     from longctx.trainer.short_context import window_loss
@@ -353,31 +441,40 @@ def score_models(
     losses: dict[str, list[dict[str, Any]]] = {}
     answers: dict[str, list[Any]] = {}
     short: dict[str, dict[str, Any]] = {}
-    total = len(specs) * len(needles.examples) if needles is not None else 0
-    bar = tqdm(total=total, desc="needles", unit="prompt", dynamic_ncols=True, disable=not total)
+    guard_windows = guard.windows.windows if guard is not None and guard.windows is not None else None
+    progress = EvalProgress(
+        len(specs),
+        len(windows.rows) + (len(guard_windows) if guard_windows is not None else 0),
+        len(needles.examples) if needles else 0,
+    )
     try:
         for spec in specs:
-            bar.write(f"evaluating {spec.label} ({spec.source})", file=sys.stdout)  # above the bar
+            progress.write(f"evaluating {spec.label} ({spec.source})")
             model = load_model_spec(spec, train, context, vocab_size, device)
             losses[spec.label] = loss_by_position(
-                model, windows.rows, context.original, windows.dataset.seq_len, device, bf16
+                model,
+                progress.track(windows.rows, spec.label, "windows"),
+                context.original,
+                windows.dataset.seq_len,
+                device,
+                bf16,
             )
-            if guard is not None and guard.windows is not None:
-                short[spec.label] = window_loss(model, guard.windows.windows, device, bf16)
+            if guard_windows is not None:
+                short[spec.label] = window_loss(
+                    model, progress.track(guard_windows, spec.label, "short windows"), device, bf16
+                )
             if needles is not None:
-                bar.set_postfix(model=spec.label)
                 answers[spec.label] = score_needles(
                     model,
                     needles.tokenizer,
-                    needles.examples,
+                    progress.track(needles.examples, spec.label, "needles"),
                     device,
                     needles.config.max_new_tokens,
                     needles.eos,
-                    on_result=lambda _: bar.update(1),
                 )
             del model
     finally:
-        bar.close()
+        progress.close()
     labels = {s.label: s.source for s in specs}
     return Scores(labels, losses, answers, short)
 
@@ -397,6 +494,39 @@ def short_context_report(guard: Guard | None, scores: Scores) -> dict[str, Any] 
         "baseline": scores.baseline,
         "models": [{"label": label, **r, "ratio": ratios[label]} for label, r in scores.short.items()],
     }
+
+
+class EvalProgress:
+    """A progress bar over every model's windows (loss by position, and the guard's short ones) and
+    needles (``models x (windows + needles)``, the needles being lengths x depths x kinds x samples),
+    on stderr as training's is, and quiet where
+    stderr is not a terminal."""
+
+    def __init__(
+        self, models: int, windows: int, needles: int, *, file: Any = None, enabled: bool | None = None
+    ):
+        from tqdm import tqdm
+
+        self.total = models * (windows + needles)
+        disable = None if enabled is None else not enabled  # None: off unless stderr is a terminal
+        self.bar = tqdm(
+            total=self.total, desc="eval", unit="item", dynamic_ncols=True, file=file, disable=disable
+        )
+
+    def track(self, items: Iterable[T], model: str, part: str) -> Iterator[T]:
+        """``items``, one step of the bar each, labelled with the model and the part it scores."""
+        self.bar.set_postfix_str(f"{model}: {part}", refresh=False)
+        for item in items:
+            yield item
+            self.bar.update(1)
+
+    def write(self, line: str) -> None:
+        """Print ``line`` on stdout above the bar."""
+        self.bar.write(line, file=sys.stdout)
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def write_evaluation(
@@ -446,13 +576,14 @@ def write_evaluation(
                 "shards": str(windows.shards),
                 "rows": windows.indices,
                 "held_out_rows": windows.held_out,
+                "training_rows": windows.training,
                 "models": [
                     {"label": label, "model": sources[label], "buckets": table}
                     for label, table in scores.losses.items()
                 ],
             },
         )
-        table = format_loss_table(scores.losses, original)
+        table = windows.caption() + format_loss_table(scores.losses, original)
         if short is not None:
             table += "\n" + format_short_context(short)
         write_text(tmp / "loss_by_position.txt", table + "\n")

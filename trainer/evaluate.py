@@ -15,7 +15,7 @@ and needles (a line or a panel per model).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from longctx.core.figures import new_figure, write_figure
+from longctx.core.text import plural
 from longctx.pipeline.synthetic.checkers import answer_settled as answer_settled  # the exact-answer rule
 from longctx.pipeline.synthetic.checkers import generation_settled, score_generation
 from longctx.pipeline.synthetic.checkers import score_answer as score_answer
@@ -146,17 +147,15 @@ def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
 def score_needles(
     model: Transformer,
     tokenizer,
-    examples: Sequence[NeedleExample],
+    examples: Iterable[NeedleExample],
     device: torch.device,
     max_new_tokens: int = 16,
     stop_ids: Sequence[int] = (),
-    on_result: Callable[[NeedleResult], None] | None = None,
 ) -> list[NeedleResult]:
     """Greedy decoding on each example, scored by its kind's checker
     (:func:`~longctx.pipeline.synthetic.checkers.score_generation`). Decoding stops at a token of
     ``stop_ids``, after :func:`generation_budget` tokens, or as soon as the score is settled
-    (:func:`~longctx.pipeline.synthetic.checkers.generation_settled`). ``on_result`` is called with
-    each result as it is scored (a progress bar)."""
+    (:func:`~longctx.pipeline.synthetic.checkers.generation_settled`)."""
     results = []
     for item in examples:
         example = item.example
@@ -180,8 +179,6 @@ def score_needles(
             score,
         )
         results.append(result)
-        if on_result is not None:
-            on_result(result)
     return results
 
 
@@ -265,7 +262,9 @@ def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Pat
             for j in range(len(lengths)):
                 ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
     samples = max((r.sample for r in every), default=0) + 1
-    fig.suptitle(f"needle retrieval: greedy decoding reproduces the value ({samples} samples per cell)")
+    fig.suptitle(
+        f"needle retrieval: greedy decoding reproduces the value ({plural(samples, 'sample')} per cell)"
+    )
     if image is not None:
         fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     write_figure(path, fig)

@@ -5,21 +5,26 @@ flash and memory-efficient kernels never build the tokens x tokens score matrix)
 and values are kept, and each new token then attends to the cache alone: one token's worth of work
 per layer instead of recomputing the whole prefix.
 
-:class:`KVCache` plugs into :class:`~longctx.trainer.model.Transformer` as its attention (it is a
-``BindableAttention``): the decoder calls the bound attention once per layer, in order, so the
-cache knows which layer a call belongs to without the model knowing about caches.
+:class:`KVCache` plugs into :class:`~longctx.trainer.model.Transformer` (or a transformers model on
+the ring attention path, ``hf_model.HFCausalLM``) as its attention (it is a ``BindableAttention``):
+the decoder calls the bound attention once per layer, in order, so the cache knows which layer a
+call belongs to without the model knowing about caches.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from longctx.trainer.model import RowAttention, Transformer
+
+if TYPE_CHECKING:
+    from longctx.trainer.hf_model import HFCausalLM
 
 
 class KVCache:
@@ -53,8 +58,9 @@ class KVCache:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:
         return self.bind(q_index, q_segment)(q, k, v)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """``q`` ``[new, heads, dim]``, ``k``/``v`` ``[new, kv_heads, dim]`` of one layer."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None = None) -> Tensor:
+        """``q`` ``[new, heads, dim]``, ``k``/``v`` ``[new, kv_heads, dim]`` of one layer; the scores
+        are scaled by ``softmax_scale`` (default ``1 / sqrt(dim)``)."""
         layer, start, new = self._layer, self.length, k.shape[0]
         if start + new > self.capacity:
             raise ValueError(
@@ -66,21 +72,24 @@ class KVCache:
         self._keys[layer, start : start + new] = k
         self._values[layer, start : start + new] = v
         self._layer, self._new = layer + 1, new
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         if start == 0:
-            return _causal_attention(q, k, v)
-        return _attention_to_cache(q, self._keys[layer, : start + new], self._values[layer, : start + new])
+            return _causal_attention(q, k, v, scale)
+        return _attention_to_cache(
+            q, self._keys[layer, : start + new], self._values[layer, : start + new], scale
+        )
 
 
-def _causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def _causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """Causal attention of a whole sequence: PyTorch's fused kernels (flash / memory-efficient), which
     take 4-D inputs ``[1, heads, tokens, dim]`` with as many key as query heads."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))
-    return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True)[0].transpose(0, 1)
+    return F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale)[0].transpose(0, 1)
 
 
-def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor, scale: float) -> Tensor:
     """The last ``len(q)`` tokens attend to ``keys``/``values`` (which end with theirs), causally.
 
     A few queries against a long cache: plain matrix products over grouped-query heads, without
@@ -89,7 +98,7 @@ def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     new, heads, dim = q.shape
     kv_heads = keys.shape[1]
     qg = q.reshape(new, kv_heads, heads // kv_heads, dim).to(keys.dtype)
-    scores = torch.einsum("nkgd,tkd->kgnt", qg, keys) / dim**0.5
+    scores = torch.einsum("nkgd,tkd->kgnt", qg, keys) * scale
     if new > 1:  # query i sits at position start + i and sees keys 0 .. start + i
         start = keys.shape[0] - new
         positions = torch.arange(keys.shape[0], device=q.device)
@@ -103,7 +112,7 @@ def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def cached_attention(model: Transformer, capacity: int) -> Iterator[KVCache]:
+def cached_attention(model: Transformer | HFCausalLM, capacity: int) -> Iterator[KVCache]:
     """Swap ``model``'s attention for a :class:`KVCache` for the duration of the block."""
     original = model.attention
     cache = KVCache(model.config.num_hidden_layers, capacity)
@@ -116,7 +125,7 @@ def cached_attention(model: Transformer, capacity: int) -> Iterator[KVCache]:
 
 @torch.no_grad()
 def greedy_generate(
-    model: Transformer,
+    model: Transformer | HFCausalLM,
     prompt: Sequence[int],
     max_new_tokens: int,
     device: torch.device,

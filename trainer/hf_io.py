@@ -16,12 +16,14 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from longctx.core.atomic import atomic_path
+from longctx.core.errors import LongctxError
 from longctx.trainer.model import Attention, ModelConfig, Transformer
 
 CONFIG_NAME = "config.json"
@@ -31,12 +33,61 @@ DEFAULT_MAX_SHARD_SIZE = "5GB"
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 
 
-def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
-    """The :class:`ModelConfig` of the checkpoint in ``directory`` (its ``config.json``)."""
+class ModelFolderError(LongctxError):
+    """A Hugging Face checkpoint folder that cannot be read: a missing, unreadable or truncated file."""
+
+
+def check_model_folder(directory: str | os.PathLike[str]) -> None:
+    """Refuse, in one line naming the file, a checkpoint folder whose ``config.json`` is missing or
+    unreadable (what it says is for the implementation that reads it: ``build.check_training_model``),
+    whose index names missing shards, or whose safetensors files do not hold what their
+    headers describe (a truncated copy): safetensors checks that when it opens a file, which reads
+    only the header. Run before any weight is read, so a damaged folder is not met halfway."""
+    root = Path(directory)
+    config = root / CONFIG_NAME
+    try:
+        settings = config_json(root)
+    except FileNotFoundError:
+        raise ModelFolderError(
+            f"{config} is missing: {root} is not a Hugging Face checkpoint folder"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelFolderError(f"{config} cannot be read ({err})") from None
+    if not isinstance(settings, dict):
+        raise ModelFolderError(f"{config}: not a JSON object")
+    try:
+        files = weight_files(root)
+    except json.JSONDecodeError as err:
+        raise ModelFolderError(f"{root / INDEX_NAME} cannot be read ({err})") from None
+    except (OSError, ValueError) as err:
+        raise ModelFolderError(str(err)) from None
+    for file in files:
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except SafetensorError as err:
+            reason = str(err).removeprefix("Error while deserializing header: ")
+            raise ModelFolderError(
+                f"{file}: not a complete safetensors file ({reason}); the folder is damaged: export or copy "
+                "it again"
+            ) from None
+    try:
+        _stored_names(files)
+    except ValueError as err:
+        raise ModelFolderError(f"{root}: {err}") from None
+
+
+def config_json(directory: str | os.PathLike[str]) -> dict:
+    """The ``config.json`` dict of the checkpoint in ``directory``."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {directory}")
-    return ModelConfig.from_hf(json.loads(path.read_text()))
+    return json.loads(path.read_text())
+
+
+def load_config(directory: str | os.PathLike[str]) -> ModelConfig:
+    """The :class:`ModelConfig` of the checkpoint in ``directory`` (its ``config.json``)."""
+    return ModelConfig.from_hf(config_json(directory))
 
 
 def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
@@ -71,7 +122,7 @@ def weight_files(directory: str | os.PathLike[str]) -> list[Path]:
     raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
 
 
-def _skipped(name: str, config: ModelConfig) -> bool:
+def _skipped(name: str, config: Any) -> bool:
     """Stored tensors the model has no parameter for, by design (see the module docstring)."""
     return name.endswith("rotary_emb.inv_freq") or (config.tie_word_embeddings and name == "lm_head.weight")
 
@@ -99,8 +150,12 @@ def local_region(param: Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
-def load_weights(model: Transformer, directory: str | os.PathLike[str]) -> None:
+def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> None:
     """Copy the checkpoint's tensors in ``directory`` into ``model``'s parameters (converting dtype).
+
+    ``model`` has Hugging Face parameter names and a ``config`` with ``model_type`` and
+    ``tie_word_embeddings``: a :class:`Transformer` or a transformers model on the ring attention
+    path (``hf_model.HFCausalLM``).
 
     Every parameter must be present with its exact shape and no unknown tensor may be stored;
     all names and shapes are checked before anything is copied. Each parameter receives only the
@@ -162,6 +217,24 @@ _SAFETENSORS_FLOATS = {
 }
 
 
+def materialize(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    """Allocate a meta-device ``model``'s parameters on ``device`` (``to_empty``; in ``dtype`` when
+    given), uninitialized, keeping tied parameters one object (parameters are swapped in place, not
+    replaced) and buffers (a transformers model's RoPE frequencies) their values."""
+    buffers = {name: buffer.detach().clone() for name, buffer in model.named_buffers()}
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        if dtype is not None:
+            model.to(dtype)
+        model.to_empty(device=device)  # leaves buffers uninitialized too
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
+
+
 def load_model(
     directory: str | os.PathLike[str],
     *,
@@ -182,7 +255,7 @@ def load_model(
         config.check_context_length(seq_len)
     with torch.device("meta"):
         model = Transformer(config, attention=attention, activation_checkpointing=activation_checkpointing)
-    model = model.to(dtype).to_empty(device=device)
+    materialize(model, device, dtype)
     load_weights(model, directory)
     return model
 

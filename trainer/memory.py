@@ -31,11 +31,18 @@ A step has two peaks, and the estimate is the larger (:attr:`RankMemory.total`):
 * **optimizer step**: weights, gradients, moments and the temporary AdamW's multi-tensor update makes of
   the second moments' square roots, ``20 P / S``.
 
+What a block keeps is counted tensor by tensor, and on the CPU the count equals, byte for byte, the
+storages a block's forward leaves alive for its backward, in every mode and for the three precisions
+(float32; bf16 autocast over float32 weights; bf16 weights), tests/trainer/test_checkpointing.py.
 Measured on one H200 (``tests/benchmarks/gpu_suite.py``, a 1.1B Llama-shaped model, one unsharded process,
-reports under ``tests/benchmarks/results/``): the peak allocated memory is 0.92x this estimate with full
-checkpointing at 32K-256K tokens (1.00x at 16K, where the optimizer step is the peak), 0.91-0.98x with
-selective checkpointing at 16K-128K, 1.04-1.06x without checkpointing at 8K-16K. The earlier model, which
-kept the residual stream in bf16 and every gradient at the peak, was exceeded by up to 1.57x (256K).
+reports under ``tests/benchmarks/results/``, 2026-11-30, before selective checkpointing became the per-op
+policy of ``longctx.trainer.checkpointing``): the peak allocated memory was 0.92x this estimate with full
+checkpointing at 32K-256K tokens (1.00x at 16K, where the optimizer step is the peak) and 1.04-1.06x
+without checkpointing at 8K-16K. The earlier model, which kept the residual stream in bf16 and every
+gradient at the peak, was exceeded by up to 1.57x (256K).
+
+``auto`` (:func:`choose_checkpointing`) takes the cheapest mode whose estimate fits: none (nothing
+recomputed), then selective (pointwise work recomputed), then full (the whole block recomputed).
 
 A device also needs room for the CUDA context, communication buffers, kernel workspaces and allocator
 fragmentation, which this model does not derive: a setting fits when the estimate stays below
@@ -44,6 +51,7 @@ fragmentation, which this model does not derive: a setting fits when the estimat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from longctx.core.errors import ConfigError
@@ -79,7 +87,11 @@ RESERVED_BYTES = 2 * 1024**3
 HEADROOM_FRACTION = 0.10
 """Share of device memory kept free for allocator fragmentation and transient buffers."""
 
-ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
+"""What a decoder block keeps for backward, from the most memory (and least recomputation) to the least."""
+
+CHECKPOINTING_SETTINGS = ("auto", *ACTIVATION_CHECKPOINTING)
+"""Values of ``train.activation_checkpointing``: a mode, or ``auto`` (:func:`choose_checkpointing`)."""
 
 
 def logits_chunk_tokens(vocab_size: int) -> int:
@@ -130,23 +142,22 @@ def held_bytes_per_token(
     compute_bytes: int = ACTIVATION_BYTES,
     residual_bytes: int = ACTIVATION_BYTES,
 ) -> float:
-    """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode.
+    """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode
+    (``longctx.trainer.checkpointing``).
 
-    ``full``: its input, ``r h``; ``selective``: its input, the rotated queries and keys, the values, the
-    attention output twice (see :func:`saved_bytes_per_token`), ``c(3q + 2k)``, and the fp32
-    log-sum-exp ``4a`` (the attention, the costly part, is not recomputed); ``none``: everything its
-    backward reads (:func:`saved_bytes_per_token`).
+    ``full``: its input, ``r h``; ``selective``: its input and the outputs of its matmuls and of its
+    attention: q, k, v ``c(q + 2k)``, the attention output ``cq`` and fp32 log-sum-exp ``4a``, the output
+    projection ``ch``, gate and up ``2ci``, down ``ch``; in all ``r h + c(2q + 2k + 2h + 2i) + 4a``;
+    ``none``: everything its backward reads (:func:`saved_bytes_per_token`).
     """
+    h = model.hidden_size
     if mode == "none":
         return saved_bytes_per_token(model, compute_bytes, residual_bytes)
     if mode == "full":
-        return float(residual_bytes * model.hidden_size)
+        return float(residual_bytes * h)
     if mode == "selective":
-        return (
-            residual_bytes * model.hidden_size
-            + compute_bytes * (3 * model.q_dim + 2 * model.kv_dim)
-            + 4.0 * model.num_heads
-        )
+        matmuls_and_attention = 2 * model.q_dim + 2 * model.kv_dim + 2 * h + 2 * model.intermediate_size
+        return residual_bytes * h + compute_bytes * matmuls_and_attention + 4.0 * model.num_heads
     raise ConfigError(
         f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, got {mode!r}"
     )
@@ -155,24 +166,22 @@ def held_bytes_per_token(
 def saved_bytes_per_token(
     model: ModelShape, compute_bytes: int = ACTIVATION_BYTES, residual_bytes: int = ACTIVATION_BYTES
 ) -> float:
-    """Bytes per token a block's forward saves for its backward: :func:`activation_bytes_per_token`'s
-    accounting in the compute dtype, with the RMSNorms' inputs and outputs (``4h``) in the residual
-    stream's dtype, and two copies this model keeps beyond it:
+    """Bytes per token a block's forward saves for its backward (:func:`activation_bytes_per_token`'s
+    accounting, tensor by tensor for this model):
 
-    * the attention output twice (``cq``): the ring keeps its own, in the ring's token order, and the
-      output projection keeps its input, in the row's order;
-    * when the residual stream is wider than the compute dtype (bf16 autocast), the compute-dtype casts
-      of the normed inputs of the five input projections, q, k, v, gate and up (``5ch``): autocast casts
-      an activation anew for every matmul that reads it.
+    * each of the two RMSNorms: its input in float32 (``x.float()``, a copy when the residual stream is
+      bf16), its normalized value in the residual dtype and a float32 statistic, ``4h + rh + 4``;
+    * the inputs of the five input projections (q, k, v, gate, up): the two norms' outputs when the
+      residual stream has the compute dtype (``2ch``), else the compute-dtype casts bf16 autocast makes
+      for every matmul that reads them (``5ch``);
+    * the rotated queries and keys, the values and the attention output ``c(2q + 2k)`` (the output
+      projection's input is the attention output itself) and the fp32 log-sum-exp ``4a``;
+    * the MLP's gate, up, SiLU and gated product ``4ci``.
     """
     h = model.hidden_size
-    saved = (
-        compute_bytes * (3 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size)
-        + 4.0 * model.num_heads
-    )
-    saved += residual_bytes * 4 * h
-    if residual_bytes > compute_bytes:
-        saved += compute_bytes * 5 * h
+    saved = compute_bytes * (2 * model.q_dim + 2 * model.kv_dim + 4 * model.intermediate_size)
+    saved += 4.0 * model.num_heads + 2 * (4 * h + residual_bytes * h + 4)
+    saved += compute_bytes * (5 if residual_bytes > compute_bytes else 2) * h
     return saved
 
 
@@ -294,6 +303,72 @@ def gib(value: float) -> str:
     return f"{value / 1024**3:.1f} GiB"
 
 
+def choose_checkpointing(
+    model: ModelShape,
+    length: int,
+    cp: int,
+    device_bytes: float | None,
+    *,
+    state_shards: int = 1,
+    compute_bytes: int = ACTIVATION_BYTES,
+    residual_bytes: int | None = None,
+) -> str:
+    """``auto``: the first of :data:`ACTIVATION_CHECKPOINTING` (none, selective, full) whose estimate
+    (:func:`rank_memory`, same arguments) fits a device of ``device_bytes``. ``full`` when none fits (then
+    :func:`check_fits` refuses with the breakdown) or when the device's memory is unknown (None)."""
+    if device_bytes is None:
+        return "full"
+    for mode in ACTIVATION_CHECKPOINTING:
+        memory = rank_memory(
+            model,
+            length,
+            cp,
+            state_shards=state_shards,
+            activation_checkpointing=mode,
+            compute_bytes=compute_bytes,
+            residual_bytes=residual_bytes,
+        )
+        if fits(memory, device_bytes):
+            return mode
+    return "full"
+
+
+def describe_choice(mode: str, memory: RankMemory, device_bytes: float | None) -> str:
+    """What ``auto`` chose and why: ``selective (estimate 57.3 GiB of 124.0 GiB usable)``."""
+    if device_bytes is None:
+        return f"{mode} (the device's memory is unknown; estimate {gib(memory.total)})"
+    return f"{mode} (estimate {gib(memory.total)} of {gib(usable_bytes(device_bytes))} usable)"
+
+
+def checkpointing_that_fits(
+    setting: str,
+    model: ModelShape,
+    length: int,
+    cp: int,
+    device_bytes: float | None,
+    *,
+    state_shards: int,
+    compute_bytes: int,
+    residual_bytes: int,
+    where: str,
+    settings: str,
+    report: Callable[[str], None] | None = None,
+) -> str:
+    """The mode ``train.activation_checkpointing`` asks for (``auto``: :func:`choose_checkpointing`, and
+    ``report`` is given one line saying what it chose); raises :class:`ConfigError` (:func:`check_fits`)
+    when its estimate does not fit a device of ``device_bytes`` (None: unknown, nothing checked)."""
+    widths = {"state_shards": state_shards, "compute_bytes": compute_bytes, "residual_bytes": residual_bytes}
+    mode = setting
+    if setting == "auto":
+        mode = choose_checkpointing(model, length, cp, device_bytes, **widths)
+    memory = rank_memory(model, length, cp, activation_checkpointing=mode, **widths)
+    if setting == "auto" and report is not None:
+        report(f"activation checkpointing auto: {describe_choice(mode, memory, device_bytes)}")
+    if device_bytes is not None:
+        check_fits(memory, device_bytes, where=where, settings=f"{settings}, activation checkpointing {mode}")
+    return mode
+
+
 def check_fits(memory: RankMemory, device_bytes: float, *, where: str, settings: str) -> None:
     """Raise :class:`ConfigError` with the per-rank breakdown and what to change when ``memory``
     does not fit a device of ``device_bytes``."""
@@ -305,5 +380,5 @@ def check_fits(memory: RankMemory, device_bytes: float, *, where: str, settings:
         f"the run does not fit {where}: about {gib(memory.total)} per rank ({breakdown}) against "
         f"{gib(usable_bytes(device_bytes))} usable of {gib(device_bytes)}, with {settings}. "
         "Shard the state over more ranks (more processes), raise train.cp (fewer tokens per rank), or set "
-        "train.activation_checkpointing to selective or full; check with longctx plan --gpu-memory"
+        "train.activation_checkpointing to auto, selective or full; check with longctx plan --gpu-memory"
     )

@@ -58,12 +58,17 @@ class MeshShape:
         return 2 * cp
 
     @staticmethod
+    def window_splits(length: int, cp: int) -> bool:
+        """Whether windows of ``length`` tokens split into :meth:`chunks_per_window` equal chunks."""
+        return cp >= 1 and length > 0 and length % MeshShape.chunks_per_window(cp) == 0
+
+    @staticmethod
     def check_window(length: int, cp: int, *, length_key: str, cp_key: str) -> None:
         """Raise :class:`ConfigError` (a ``ValueError``) unless windows of ``length`` tokens split
         into :meth:`chunks_per_window` equal chunks for ``cp`` ranks. ``length_key`` and ``cp_key``
         name the two settings in the message (``context.target``, ``train.cp``...)."""
         chunks = MeshShape.chunks_per_window(cp)
-        if cp >= 1 and length > 0 and length % chunks == 0:
+        if MeshShape.window_splits(length, cp):
             return
         other_cp = f", or a {cp_key} that divides {length // 2}" if length > 0 and length % 2 == 0 else ""
         raise ConfigError(

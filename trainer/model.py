@@ -33,9 +33,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
+from longctx.trainer.checkpointing import run_block
+from longctx.trainer.fused import EAGER, EagerOps
 from longctx.trainer.hf_config import ModelConfig
 from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
-from longctx.trainer.rope import apply_rotary, inverse_frequencies, rotary_cos_sin
+from longctx.trainer.rope import inverse_frequencies, rotary_cos_sin
 
 # Attention interface ---------------------------------------------------------------------------------------
 
@@ -102,6 +104,9 @@ def bind_row(attention: Attention, q_index: Tensor, q_segment: Tensor) -> RowAtt
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich, arXiv:1910.07467), normalized in float32."""
 
+    ops: EagerOps = EAGER
+    """Its implementation (``longctx.trainer.fused``), set for the whole model by ``Transformer.use_ops``."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -109,13 +114,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalize the last dimension; the result has ``x``'s dtype, scaled by ``weight``."""
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class SwiGLU(nn.Module):
     """The gated MLP ``down(silu(gate(x)) * up(x))`` (Shazeer, arXiv:2002.05202)."""
+
+    ops: EagerOps = EAGER
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
@@ -125,11 +130,13 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to ``[..., hidden]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.ops.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class SelfAttention(nn.Module):
     """Grouped-query self-attention with RoPE; the attention itself is delegated per row."""
+
+    ops: EagerOps = EAGER
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -145,14 +152,18 @@ class SelfAttention(nn.Module):
     def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rotated queries and keys, and values: ``[B, T, heads, head_dim]`` each."""
         batch, tokens, _ = x.shape
-        q = apply_rotary(self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(batch, tokens, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, tokens, self.n_kv_heads, self.head_dim)
-        return q, k, v
+        return *self.ops.rotary(q, k, cos, sin), v
 
     @staticmethod
     def attend(q: Tensor, k: Tensor, v: Tensor, rows: Sequence[RowAttention]) -> Tensor:
-        """Row-by-row attention; the output is ``[B, T, heads * head_dim]``."""
+        """Row-by-row attention; the output is ``[B, T, heads * head_dim]``. For one row (the trainer's
+        micro-batch) it is a view of the attention's output, so that the output projection keeps the
+        tensor the attention keeps for its backward rather than a copy of it."""
+        if len(rows) == 1:
+            return rows[0](q[0], k[0], v[0]).unsqueeze(0).flatten(-2)
         out = torch.stack([attend(q[b], k[b], v[b]) for b, attend in enumerate(rows)])
         return out.flatten(-2)
 
@@ -164,42 +175,46 @@ class SelfAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
-    With ``selective`` (activation checkpointing ``"selective"``) the block keeps only its input,
-    the attention's inputs (rotated q, k, v) and its output for backward; the norms, projections and
-    the MLP are recomputed, the attention (the costly part at long context, and a ring exchange
-    under context parallelism) is not.
+    ``checkpointing`` (``none``, ``selective`` or ``full``) is what the block keeps for backward; see
+    ``longctx.trainer.checkpointing``.
     """
 
-    def __init__(self, config: ModelConfig, *, selective: bool = False) -> None:
+    def __init__(self, config: ModelConfig, *, checkpointing: str = "none") -> None:
         super().__init__()
         self.self_attn = SelfAttention(config)
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.selective = selective
+        self.checkpointing = checkpointing_mode(checkpointing)
 
-    def _attention_inputs(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def attention_inputs(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The block before its attention: rotated queries and keys, and values."""
         return self.self_attn.project(self.input_layernorm(x), cos, sin)
 
-    def _after_attention(self, x: Tensor, attended: Tensor) -> Tensor:
+    def after_attention(self, x: Tensor, attended: Tensor) -> Tensor:
+        """The block after its attention: output projection, residual, MLP, residual."""
         x = x + self.self_attn.o_proj(attended)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def compile_halves(self, backend: str = "inductor") -> None:
+        """Run :meth:`attention_inputs` and :meth:`after_attention` compiled (``torch.compile`` with
+        ``backend``); the attention between them (the ring's exchanges and plan) stays out of every graph.
+        The graphs are shared by every layer (the same code; parameters are graph inputs)."""
+        self.attention_inputs = torch.compile(self.attention_inputs, backend=backend)
+        self.after_attention = torch.compile(self.after_attention, backend=backend)
+
+    def block(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
+        """The whole block, without checkpointing."""
+        return self.after_attention(x, SelfAttention.attend(*self.attention_inputs(x, cos, sin), rows))
+
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, rows: Sequence[RowAttention]) -> Tensor:
-        """Apply the block to ``[B, T, hidden]``."""
-        if self.selective and torch.is_grad_enabled():
-            q, k, v = checkpoint(self._attention_inputs, x, cos, sin, use_reentrant=False)
-            return checkpoint(
-                self._after_attention, x, SelfAttention.attend(q, k, v, rows), use_reentrant=False
-            )
-        return self._after_attention(x, SelfAttention.attend(*self._attention_inputs(x, cos, sin), rows))
+        """Apply the block to ``[B, T, hidden]``, keeping for backward what :attr:`checkpointing` says."""
+        return run_block(self.block, self.checkpointing, x, cos, sin, rows)
 
 
 def checkpointing_mode(value: str | bool) -> str:
-    """What a decoder block keeps for backward. ``none``: everything. ``full``: only its input; the
-    whole block, attention included, is recomputed in backward. ``selective``: its input and the
-    attention's inputs and output; the rest of the block is recomputed, the attention is not.
-    ``True``/``False`` (the old switch) mean full/none."""
+    """What a decoder block keeps for backward (``longctx.trainer.checkpointing``): ``none``, ``selective``
+    or ``full``. ``True``/``False`` (the old switch) mean full/none."""
     if isinstance(value, bool):
         return "full" if value else "none"
     if value not in ACTIVATION_CHECKPOINTING:
@@ -215,13 +230,13 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig, *, activation_checkpointing: str | bool = "none") -> None:
         super().__init__()
         self.activation_checkpointing = checkpointing_mode(activation_checkpointing)
-        selective = self.activation_checkpointing == "selective"
         weight = torch.empty(config.vocab_size, config.hidden_size)
         if not weight.is_meta:  # nn.Embedding's own init on the meta device would import torch._dynamo
             nn.init.normal_(weight)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, selective=selective) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, checkpointing=self.activation_checkpointing)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -229,10 +244,7 @@ class Decoder(nn.Module):
         """Final normalized hidden states ``[B, T, hidden]``; checkpointed layers recompute in backward."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            if self.activation_checkpointing == "full" and torch.is_grad_enabled():
-                x = checkpoint(layer, x, cos, sin, rows, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin, rows)
+            x = layer(x, cos, sin, rows)
         return self.norm(x)
 
 
@@ -251,13 +263,15 @@ class Transformer(nn.Module):
 
     ``attention`` defaults to :class:`RingAttention` with no group (local).
     ``activation_checkpointing`` is a mode of :func:`checkpointing_mode`; recomputation uses
-    ``torch.utils.checkpoint``, non-reentrant.
+    ``torch.utils.checkpoint``, non-reentrant (``longctx.trainer.checkpointing``).
     Parameters are created with PyTorch's default initialization; call :meth:`init_weights` for the
     usual normal init.
 
     The loss is part of :meth:`forward` (pass ``labels``) rather than a separate call, so that a
     model sharded with FSDP2 gathers its output projection once, in the forward it hooks.
     """
+
+    ops: EagerOps = EAGER
 
     def __init__(
         self,
@@ -275,6 +289,26 @@ class Transformer(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+
+    def use_ops(self, ops: EagerOps) -> None:
+        """Compute norms, SwiGLU, RoPE and the loss with ``ops`` (``longctx.trainer.fused``) everywhere."""
+        for module in self.modules():
+            if isinstance(module, (Transformer, RMSNorm, SwiGLU, SelfAttention)):
+                module.ops = ops
+
+    @property
+    def decoder_layers(self) -> list[nn.Module]:
+        """The decoder blocks, in order (FSDP2 shards each)."""
+        return list(self.model.layers)
+
+    @property
+    def input_embedding(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @property
+    def tied(self) -> bool:
+        """Whether the output projection is the input embedding."""
+        return self.lm_head is None
 
     @property
     def output_weight(self) -> Tensor:
@@ -347,36 +381,21 @@ class Transformer(nn.Module):
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
     ) -> Tensor:
         """Next-token cross-entropy of every token (float32, ``labels``' shape, 0 where ``labels`` is
-        ``ignore_index``), differentiable.
-
-        Logits are computed in float32 at most ``chunk_tokens`` tokens at a time (default
-        ``longctx.trainer.memory.logits_chunk_tokens``); when the input takes more than one chunk, each chunk
-        is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]`` logits is alive.
-        Summing gives the loss of this rank's tokens, which the caller normalizes by the token count
-        of the whole (data- and context-parallel) batch.
-        """
-        flat_hidden = hidden.reshape(-1, hidden.shape[-1])
-        flat_labels = labels.reshape(-1)
-        if flat_labels.numel() != flat_hidden.shape[0]:
-            raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+        ``ignore_index``), differentiable; see :func:`chunked_cross_entropy`. With liger-kernel's ops
+        (:meth:`use_ops`) its fused linear cross-entropy computes it instead."""
+        flat_hidden, flat_labels = _flat_tokens(hidden, labels)
         weight = self.output_weight
-        chunk = chunk_tokens or logits_chunk_tokens(weight.shape[0])
-        if flat_labels.numel() <= chunk:
-            losses = _chunk_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
-            return losses if labels.dim() == 1 else losses.view(labels.shape)
-        parts = [
-            checkpoint(
-                _chunk_cross_entropy,
-                flat_hidden[start : start + chunk],
-                weight,
-                flat_labels[start : start + chunk],
-                ignore_index,
-                use_reentrant=False,
-            )
-            for start in range(0, flat_labels.numel(), chunk)
-        ]
-        losses = torch.cat(parts)
-        return losses if labels.dim() == 1 else losses.view(labels.shape)
+        fused = self.ops.linear_cross_entropy(flat_hidden, weight, flat_labels, ignore_index)
+        if fused is not None:
+            return fused if labels.dim() == 1 else fused.view(labels.shape)
+        return chunked_cross_entropy(
+            hidden,
+            labels,
+            partial(F.linear, weight=weight),
+            vocab_size=weight.shape[0],
+            chunk_tokens=chunk_tokens,
+            ignore_index=ignore_index,
+        )
 
     def cross_entropy_sum(
         self, hidden: Tensor, labels: Tensor, *, chunk_tokens: int | None = None, ignore_index: int = -100
@@ -387,6 +406,57 @@ class Transformer(nn.Module):
         ).sum()
 
 
-def _chunk_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, ignore_index: int) -> Tensor:
-    logits = F.linear(hidden, weight).float()
+def chunked_cross_entropy(
+    hidden: Tensor,
+    labels: Tensor,
+    logits_of: Callable[[Tensor], Tensor],
+    *,
+    vocab_size: int,
+    chunk_tokens: int | None = None,
+    ignore_index: int = -100,
+) -> Tensor:
+    """Next-token cross-entropy of every token (float32, or float64 for float64 logits; ``labels``'
+    shape, 0 where ``labels`` is ``ignore_index``), differentiable, for hidden states whose logits
+    ``logits_of`` computes.
+
+    Logits are computed in float32 (float64 stays) at most ``chunk_tokens`` tokens at a time (default
+    ``longctx.trainer.memory.logits_chunk_tokens`` of ``vocab_size``); when the input takes more than one
+    chunk, each chunk is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]``
+    logits is alive. Summing gives the loss of this rank's tokens, which the caller normalizes by the
+    token count of the whole (data- and context-parallel) batch.
+    """
+    flat_hidden, flat_labels = _flat_tokens(hidden, labels)
+    chunk = chunk_tokens or logits_chunk_tokens(vocab_size)
+    if flat_labels.numel() <= chunk:
+        losses = _chunk_cross_entropy(flat_hidden, flat_labels, logits_of, ignore_index)
+        return losses if labels.dim() == 1 else losses.view(labels.shape)
+    parts = [
+        checkpoint(
+            _chunk_cross_entropy,
+            flat_hidden[start : start + chunk],
+            flat_labels[start : start + chunk],
+            logits_of,
+            ignore_index,
+            use_reentrant=False,
+        )
+        for start in range(0, flat_labels.numel(), chunk)
+    ]
+    losses = torch.cat(parts)
+    return losses if labels.dim() == 1 else losses.view(labels.shape)
+
+
+def _flat_tokens(hidden: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    """``[tokens, hidden]`` hidden states and ``[tokens]`` labels (``ValueError`` when the counts differ)."""
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_labels = labels.reshape(-1)
+    if flat_labels.numel() != flat_hidden.shape[0]:
+        raise ValueError(f"labels {tuple(labels.shape)} do not match hidden states {tuple(hidden.shape)}")
+    return flat_hidden, flat_labels
+
+
+def _chunk_cross_entropy(
+    hidden: Tensor, labels: Tensor, logits_of: Callable[[Tensor], Tensor], ignore_index: int
+) -> Tensor:
+    logits = logits_of(hidden)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     return F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="none")

@@ -170,6 +170,17 @@ def all_reduce_min(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
     return tensor
 
 
+def first_problem(problem: str | None, state: ParallelState) -> str | None:
+    """The first rank's problem (a one-line message, or None for none) as every rank sees it: a
+    collective in place of a barrier after work some ranks may fail, so that all of them raise the
+    same error together instead of the others waiting on a rank that is gone."""
+    if state.world_group is None:
+        return problem
+    problems: list[str | None] = [None] * state.world_size
+    dist.all_gather_object(problems, problem, group=state.world_group)
+    return next((p for p in problems if p is not None), None)
+
+
 def barrier(state: ParallelState) -> None:
     if state.world_group is not None:
         dist.barrier(group=state.world_group)

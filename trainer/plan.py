@@ -21,23 +21,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ConfigError
+from longctx.trainer.fit import Change, Layout, smallest_changes
 from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_count, train_flops_per_token  # noqa: F401
 from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
     ACTIVATION_BYTES,
     ACTIVATION_CHECKPOINTING,
+    CHECKPOINTING_SETTINGS,
     GRAD_ACCUM_BYTES,
     WEIGHT_AND_MOMENT_BYTES_PER_PARAM,
     RankMemory,
     activation_bytes_per_token,
+    choose_checkpointing,
     fits,
     kv_block_bytes,
     rank_memory,
+    usable_bytes,
 )
 from longctx.trainer.mesh import MeshShape
 
@@ -272,6 +277,9 @@ class RunSettings:
     mfu: float = 0.4
     gpu_memory_bytes: float | None = None
     """Device memory each setting is checked against (``longctx.trainer.memory.fits``); None: no check."""
+    dp_replicate: int = 1
+    """Replicas of the sharded state (HSDP): the GPUs a larger cp or more GPUs need come in multiples
+    of ``cp x dp_replicate`` (:mod:`longctx.trainer.fit`)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -280,6 +288,7 @@ class RunSettings:
             "achieved FLOP/s": self.achieved_flops,
             "state shards": self.state_shards,
             "peak FLOP/s": self.peak_flops,
+            "replicas": self.dp_replicate,
         }
         if self.gpu_memory_bytes is not None:
             positive["GPU memory"] = self.gpu_memory_bytes
@@ -296,9 +305,14 @@ class RunSettings:
             raise ConfigError(
                 f"token budget and GPU count must be positive, got {self.tokens} and {self.gpus}"
             )
-        if self.activation_checkpointing not in ACTIVATION_CHECKPOINTING:
+        if self.gpu_memory_bytes is not None and usable_bytes(self.gpu_memory_bytes) <= 0:
             raise ConfigError(
-                f"activation checkpointing must be one of {', '.join(ACTIVATION_CHECKPOINTING)}, "
+                f"GPU memory of {self.gpu_memory_bytes / 1e9:g} GB leaves nothing for training once the "
+                "reserve for the CUDA context and the headroom are set aside (a bare number is GB)"
+            )
+        if self.activation_checkpointing not in CHECKPOINTING_SETTINGS:
+            raise ConfigError(
+                f"activation checkpointing must be one of {', '.join(CHECKPOINTING_SETTINGS)}, "
                 f"got {self.activation_checkpointing!r}"
             )
 
@@ -316,23 +330,46 @@ class LengthPlan:
     kv_cache_bytes: dict[str, float]
     """KV cache for one sequence, per :data:`KV_CACHE_FORMATS` format."""
     ring: RingStep
+    activation_checkpointing: str
+    """The mode :attr:`memory` is for: the setting's, or what ``auto`` chose (``memory.choose_checkpointing``:
+    the cheapest that fits ``RunSettings.gpu_memory_bytes``; full without a memory to check against)."""
     memory: RankMemory
     train_flops_per_token: float
     train_seconds: float | None
     fits: bool | None
     """Whether :attr:`memory` fits ``RunSettings.gpu_memory_bytes`` (None when no memory was given)."""
+    changes: list[Change]
+    """When it does not fit: the smallest change of each kind that would (``longctx.trainer.fit``)."""
+
+
+def layout_of(settings: RunSettings) -> Layout:
+    """The settings a change may touch: the GPUs are ``settings.gpus``, else one ring per replica."""
+    return Layout(
+        cp=settings.cp,
+        gpus=settings.gpus or settings.cp * settings.dp_replicate,
+        dp_replicate=settings.dp_replicate,
+        activation_checkpointing=settings.activation_checkpointing,
+        shards=settings.state_shards,
+    )
+
+
+def _checkpointing(model: ModelShape, length: int, settings: RunSettings) -> str:
+    """``settings.activation_checkpointing`` at ``length``, ``auto`` resolved as training resolves it."""
+    mode = settings.activation_checkpointing
+    if mode == "auto":
+        mode = choose_checkpointing(
+            model, length, settings.cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
+        )
+    return mode
 
 
 def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
     """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
     MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
     wall = None
+    mode = _checkpointing(model, length, settings)
     memory = rank_memory(
-        model,
-        length,
-        settings.cp,
-        state_shards=settings.state_shards,
-        activation_checkpointing=settings.activation_checkpointing,
+        model, length, settings.cp, state_shards=settings.state_shards, activation_checkpointing=mode
     )
     if settings.tokens is not None and settings.gpus is not None:
         wall = train_seconds(
@@ -343,6 +380,10 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
             peak_flops=settings.peak_flops,
             mfu=settings.mfu,
         )
+    fit = fits(memory, settings.gpu_memory_bytes) if settings.gpu_memory_bytes is not None else None
+    changes = []
+    if fit is False and settings.gpu_memory_bytes is not None:
+        changes = smallest_changes(model, length, layout_of(settings), settings.gpu_memory_bytes)
     return LengthPlan(
         length=length,
         layer=layer_flops(model, length),
@@ -358,10 +399,12 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
             link_bytes_per_s=settings.link_bytes_per_s,
             achieved_flops=settings.achieved_flops,
         ),
+        activation_checkpointing=mode,
         memory=memory,
         train_flops_per_token=train_flops_per_token(model, length),
         train_seconds=wall,
-        fits=fits(memory, settings.gpu_memory_bytes) if settings.gpu_memory_bytes is not None else None,
+        fits=fit,
+        changes=changes,
     )
 
 
@@ -412,7 +455,7 @@ def plan_stage(
         length,
         settings.cp,
         state_shards=settings.state_shards,
-        activation_checkpointing=settings.activation_checkpointing,
+        activation_checkpointing=_checkpointing(model, length, settings),
     )
     step = train_seconds(
         model, length, tokens=rows * length, gpus=gpus, peak_flops=settings.peak_flops, mfu=settings.mfu
@@ -458,7 +501,8 @@ def parse_lengths(text: str) -> list[int]:
 
 
 _BYTE_UNITS = {
-    "": 1.0,
+    "": 1e9,  # a bare number is GB
+    "B": 1.0,
     "K": 1e3,
     "M": 1e6,
     "G": 1e9,
@@ -468,20 +512,36 @@ _BYTE_UNITS = {
     "GI": 2.0**30,
     "TI": 2.0**40,
 }
+_MEMORY_SIZE = re.compile(
+    r"^\s*(\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE
+)
+MAX_GPU_MEMORY_BYTES = 1e15
+"""Larger than any accelerator's memory (1 PB): a bigger ``--gpu-memory`` is a typo, or bytes meant as GB."""
 
 
 def parse_bytes(text: str) -> float:
-    """A memory size: ``80GB`` = 80e9 bytes, ``80GiB`` = 80 x 2^30; a bare number is bytes."""
-    stripped = text.strip().upper().removesuffix("B")
-    digits = stripped.rstrip("KMGTI")
-    unit = stripped[len(digits) :]
-    try:
-        number = float(digits)
-    except ValueError:
-        number = math.nan
-    if unit not in _BYTE_UNITS or not math.isfinite(number) or number <= 0:
-        raise ConfigError(f"bad memory size {text!r}: expected e.g. 80GB (1e9 bytes) or 80GiB (2^30 bytes)")
-    return number * _BYTE_UNITS[unit]
+    """A GPU's memory: ``80GB`` or ``80G`` = 80e9 bytes, ``80GiB`` = 80 x 2^30, ``81559MiB`` (as
+    ``nvidia-smi`` reports it), ``8e10B`` in bytes; a bare number is GB (1e9 bytes), as GPUs are sold
+    (an "80 GB" card holds at least 80e9 bytes, so a setting that fits 80 fits it).
+
+    Raises :class:`ConfigError` for anything else, for a size that is not positive, and for one
+    above :data:`MAX_GPU_MEMORY_BYTES`.
+    """
+    match = _MEMORY_SIZE.match(text)
+    number = float(match.group(1)) if match else 0.0
+    if match is None or number <= 0:
+        raise ConfigError(
+            f"bad memory size {text!r}: expected a positive number of GB (80, 80GB or 141G: 1e9 bytes), "
+            "or one with a unit: 80GiB (2^30 bytes), 81559MiB, 8e10B (bytes)"
+        )
+    unit = (match.group(2) or "").upper() or match.group(3).upper()
+    value = number * _BYTE_UNITS[unit]
+    if value > MAX_GPU_MEMORY_BYTES:
+        raise ConfigError(
+            f"memory size {text!r} is {value:.3g} bytes, more than any GPU holds; a bare number is GB "
+            "(write 80 or 80GB for 80e9 bytes)"
+        )
+    return value
 
 
 def parse_count(text: str) -> float:

@@ -11,6 +11,7 @@ import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from longctx.trainer.fit import MAX_GPUS
 from longctx.trainer.flops import ModelShape, layer_flops, matmul_param_count, param_count
 from longctx.trainer.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
 from longctx.trainer.plan import (
@@ -98,6 +99,7 @@ def _rows(settings: RunSettings) -> list[tuple[str, Callable[[LengthPlan], str]]
             lambda p: human_bytes(p.memory.model_states),
         ),
         ("rank: gathered parameters (FSDP)", lambda p: human_bytes(p.memory.gathered_params)),
+        ("activation checkpointing", lambda p: p.activation_checkpointing),
         (
             f"rank: activations (checkpointing {settings.activation_checkpointing})",
             lambda p: human_bytes(p.memory.activations),
@@ -178,6 +180,7 @@ def format_report(model: ModelShape, settings: RunSettings, plans: Sequence[Leng
             text.rjust(width) for text, width in zip(row[1:], widths[1:], strict=True)
         ]
         lines.append("  ".join(cells).rstrip())
+    lines += _changes(settings, plans)
     return "\n".join(lines)
 
 
@@ -214,6 +217,26 @@ def format_stages(stages: Sequence[StagePlan], settings: RunSettings, gpus: int,
     return "\n".join(lines)
 
 
+def _changes(settings: RunSettings, plans: Sequence[LengthPlan]) -> list[str]:
+    """A line per length that does not fit: the smallest change of each kind that would."""
+    if settings.gpu_memory_bytes is None or all(p.fits for p in plans):
+        return []
+    lines = [""]
+    for p in plans:
+        if p.fits:
+            continue
+        where = f"{human_length(p.length)} does not fit {human_bytes(settings.gpu_memory_bytes)} per GPU"
+        if not p.changes:
+            lines.append(
+                f"{where}, and no change of checkpointing, cp or GPUs (up to {MAX_GPUS:,}) makes it fit"
+            )
+            continue
+        options = [f"{c.describe()} ({human_bytes(c.total_bytes)} per rank)" for c in p.changes]
+        joined = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+        lines.append(f"{where}; it would with {joined}")
+    return lines
+
+
 def csv_rows(
     model: ModelShape, settings: RunSettings, plans: Sequence[LengthPlan]
 ) -> list[dict[str, object]]:
@@ -245,6 +268,7 @@ def csv_rows(
                 "ring_bwd_comm_s": p.ring.backward_comm_s,
                 "ring_min_block_tokens": p.ring.min_block_tokens,
                 "ring_comm_hidden": int(p.ring.hidden),
+                "activation_checkpointing": p.activation_checkpointing,
                 "rank_model_state_bytes": p.memory.model_states,
                 "rank_gathered_param_bytes": p.memory.gathered_params,
                 "rank_activation_bytes": p.memory.activations,
@@ -256,7 +280,13 @@ def csv_rows(
             }
         )
         if p.fits is not None:
-            row.update({"gpu_memory_bytes": settings.gpu_memory_bytes, "fits": int(p.fits)})
+            row.update(
+                {
+                    "gpu_memory_bytes": settings.gpu_memory_bytes,
+                    "fits": int(p.fits),
+                    "fits_with": "; ".join(c.describe() for c in p.changes),
+                }
+            )
         if p.train_seconds is not None:
             row.update(
                 {

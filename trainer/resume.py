@@ -6,6 +6,9 @@
   new run's checkpoint rotation would later delete it.
 - **Settings**: a checkpoint is only resumed by a run that reads the same data in the same order and
   trains the same model (:func:`check_settings`); the world size and the mesh may change.
+- **A finished run** (its newest checkpoint at ``train.steps`` or beyond, and the final model
+  written): nothing to do; :func:`finished_run` finds it, and ``longctx train`` says where the
+  results are instead of starting ranks that would train no step and export the model again.
 - **Metrics** (``metrics.jsonl``, one line per logged step): resuming from step ``k`` keeps every
   line of steps up to ``k`` byte for byte; the lines of steps after ``k``, written by the earlier run
   after its last checkpoint and about to be trained again, move to ``metrics.superseded.jsonl``
@@ -21,8 +24,35 @@ from typing import Any
 
 from longctx.core.atomic import write_text
 from longctx.core.errors import ConfigError
+from longctx.core.layout import RunLayout, StageLayout
 
 SUPERSEDED = "metrics.superseded.jsonl"
+
+
+def finished_run(layout: RunLayout | StageLayout, steps: int) -> int | None:
+    """The step a finished training run in ``layout`` reached, or None when there is training (or the
+    final export) left to do: finished means the final model is written and the newest checkpoint is
+    at ``steps`` or beyond and intact (every file matches its manifest entry, checksums included, as
+    resuming from it would check; a damaged one is left to the resume, which reports it)."""
+    from longctx.trainer.checkpoint import damage, list_checkpoints
+    from longctx.trainer.parallel import ParallelState
+
+    if not (layout.final_model / "config.json").is_file():
+        return None
+    newest = next(iter(list_checkpoints(layout.checkpoints)), None)
+    if newest is None or newest.step < steps or damage(newest.folder, ParallelState.single()) is not None:
+        return None
+    return newest.step
+
+
+def describe_finished(layout: RunLayout, step: int, steps: int) -> str:
+    """What ``longctx train`` prints for a finished run: where its results are, and how to go on."""
+    beyond = f" (train.steps is {steps})" if step > steps else ""
+    return (
+        f"training already finished at step {step}{beyond}; nothing to do\n"
+        f"final model: {layout.final_model}\nmetrics: {layout.metrics}\ncheckpoints: {layout.checkpoints}\n"
+        "raise train.steps (--steps) to train further, or train into another output folder"
+    )
 
 
 def check_settings(folder: Path, saved: dict[str, Any], expected: dict[str, Any]) -> None:

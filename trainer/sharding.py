@@ -1,7 +1,8 @@
 """FSDP2 for the decoder: every block and the root sharded over the mesh, gradients summed exactly.
 
-``fully_shard`` is applied to each decoder block, to the embedding when it is not tied to the output
-projection, and to the root (which then owns the final norm, the output projection and a tied
+``fully_shard`` is applied to each decoder block (the own decoder's, or a transformers model's
+``_no_split_modules`` blocks), to the embedding when it is not tied to the output projection, and to
+the root (which then owns the final norm, the output projection and a tied
 embedding), over ``dp_shard x cp`` ranks; with ``dp_replicate > 1`` the 2-D mesh replicates the shards
 (HSDP). The ranks of one ring hold the same weights, so they shard them too, as torchtitan does.
 
@@ -15,12 +16,16 @@ it has no PREMUL_SUM). On 2.6/2.7 the average stays and :func:`shard_model` retu
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from longctx.trainer.model import Transformer
 from longctx.trainer.parallel import ParallelState
+
+if TYPE_CHECKING:
+    from longctx.trainer.hf_model import HFCausalLM
+    from longctx.trainer.model import Transformer
 
 
 def _fsdp():
@@ -47,18 +52,20 @@ def mixed_precision(bf16: bool, *, cast_inputs: bool = True):
     return policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=cast_inputs)
 
 
-def shard_model(model: Transformer, state: ParallelState, *, bf16: bool) -> float:
-    """Shard ``model`` in place over ``state.fsdp_mesh``; returns the loss multiplier for exact sums
-    (1.0, or the world size on torch < 2.8, see the module docstring)."""
+def shard_model(model: Transformer | HFCausalLM, state: ParallelState, *, bf16: bool) -> float:
+    """Shard ``model`` (the own decoder or a transformers model, through their ``decoder_layers``,
+    ``input_embedding`` and ``tied``) in place over ``state.fsdp_mesh``; returns the loss multiplier
+    for exact sums (1.0, or the world size on torch < 2.8, see the module docstring)."""
     fsdp = _fsdp()
     mesh = state.fsdp_mesh
-    for layer in model.model.layers:
+    tied = model.tied
+    for layer in model.decoder_layers:
         fsdp.fully_shard(
             layer, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16, cast_inputs=False)
         )
-    if model.lm_head is not None:  # a tied embedding must live in one group: the root's
+    if not tied:  # a tied embedding must live in one group: the root's
         fsdp.fully_shard(
-            model.model.embed_tokens, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16)
+            model.input_embedding, mesh=mesh, reshard_after_forward=True, mp_policy=mixed_precision(bf16)
         )
     # The root's parameters (final norm, output projection) are used at the end of forward and first in
     # backward: keeping them gathered in between saves one all-gather per micro-batch.

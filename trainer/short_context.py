@@ -218,13 +218,14 @@ def guard_windows(
 
 @torch.no_grad()
 def window_loss(
-    model: Transformer, windows: Sequence[ShortWindow], device: torch.device, bf16: bool = False
+    model: Transformer, windows: Iterable[ShortWindow], device: torch.device, bf16: bool = False
 ) -> dict[str, Any]:
     """``model``'s mean next-token loss over ``windows`` (token-weighted): ``{"mean_loss",
     "tokens", "windows"}``; ``mean_loss`` is None when no window has a token to predict."""
     model.eval()
-    total, tokens = 0.0, 0
+    total, tokens, count = 0.0, 0, 0
     for window in windows:
+        count += 1
         ids = torch.tensor(window.ids, device=device)
         n = ids.numel()
         positions = torch.arange(n, device=device)
@@ -233,7 +234,7 @@ def window_loss(
             hidden = model(ids, positions, positions, torch.zeros_like(positions), rope_seq_len=n)
         total += float(token_losses(model, hidden, labels).double().sum())
         tokens += n - 1
-    return {"mean_loss": total / tokens if tokens else None, "tokens": tokens, "windows": len(windows)}
+    return {"mean_loss": total / tokens if tokens else None, "tokens": tokens, "windows": count}
 
 
 def loss_ratios(losses: Mapping[str, float | None], baseline: str) -> dict[str, float | None]:

@@ -113,6 +113,21 @@ def stage_context(context: ContextConfig, stage: Stage) -> ContextConfig:
     return context.model_copy(update={"target": stage.seq_len})
 
 
+def export_paths(train: TrainConfig, layout: RunLayout, stage: int | None) -> RunLayout | StageLayout:
+    """Where ``longctx train --export STEP [--stage K]`` reads checkpoints and writes: ``train/``, or
+    stage ``stage``'s folder (a staged run must name one)."""
+    stages = resolve_stages(train, layout)
+    if not stages:
+        if stage is not None:
+            raise ConfigError("--stage names a stage of train.stages, and this config has none")
+        return layout
+    if stage is None or not 1 <= stage <= len(stages):
+        raise ConfigError(
+            f"train.stages: name the stage whose checkpoint to export with --stage K (1 to {len(stages)})"
+        )
+    return stages[stage - 1].layout
+
+
 def final_model(layout: RunLayout, train: TrainConfig | None) -> Path:
     """The run's trained model: the last stage's export in a staged run, else ``train/final``."""
     if train is not None and train.stages:

@@ -41,6 +41,7 @@ from longctx.trainer.gates import (
     recorded_gate,
 )
 from longctx.trainer.parallel import ParallelState
+from longctx.trainer.resume import finished_run
 from longctx.trainer.stage_plan import Stage, resolve_stages, stage_context, stage_train_config
 from longctx.trainer.train import StageStart, TrainJob, TrainResult, train_job, training_session
 
@@ -72,6 +73,42 @@ def stage_finished(stage: Stage) -> bool:
     latest = latest_checkpoint(stage.layout.checkpoints)
     done = latest is not None and latest.step >= stage.steps
     return done and (stage.layout.final_model / "config.json").is_file()
+
+
+def finished_stages(
+    train: TrainConfig, layout: RunLayout, settings: GateSettings
+) -> list[StageOutcome] | None:
+    """Every stage of a finished staged run with its recorded gate, or None when training, an export
+    or a gate is left to do: finished means each stage is, by ``resume.finished_run``'s rule in its
+    folder, and each gate has a result recorded for the stage's last step and ``settings`` that
+    passed (or failed under ``on_gate_fail: continue``; a failed gate that stops the run is not
+    finished: started again, the run stops again with its line)."""
+    outcomes = []
+    for stage in resolve_stages(train, layout):
+        if finished_run(stage.layout, stage.steps) is None:
+            return None
+        gate = recorded_gate(stage, settings) if stage.gate is not None else None
+        if stage.gate is not None and (gate is None or (not gate.passed and train.on_gate_fail == "stop")):
+            return None
+        outcomes.append(StageOutcome(stage, None, gate))
+    return outcomes
+
+
+def describe_finished_stages(outcomes: list[StageOutcome]) -> str:
+    """What ``longctx train`` prints for a finished staged run: each stage's results and gate, the
+    trained model, and how to go on."""
+    lines = ["training already finished: every stage of train.stages is trained; nothing to do"]
+    for outcome in outcomes:
+        stage = outcome.stage
+        lines.append(f"{stage.describe()}: model {stage.layout.final_model}; metrics {stage.layout.metrics}")
+        if outcome.gate is not None:
+            verdict = "passed" if outcome.gate.passed else "FAILED (train.on_gate_fail: continue)"
+            lines.append(f"  gate {verdict}: {outcome.gate.summary()}")
+    lines += [
+        f"final model: {outcomes[-1].stage.layout.final_model}",
+        "add steps or stages to train.stages to train further, or train into another output folder",
+    ]
+    return "\n".join(lines)
 
 
 def _start(previous: Stage | None, stage: Stage) -> StageStart:

@@ -11,7 +11,8 @@ which never deletes a record), TensorBoard is told to purge them (``purge_step``
 run (its id is kept in the run folder), where steps it has already seen are not logged twice.
 
 TensorBoard (``torch.utils.tensorboard``) and W&B are optional extras, imported only when
-configured; the config already refuses them when they are not installed (``LogConfig``).
+configured; ``longctx train`` refuses them before it starts when they are not installed (the checks
+of ``LogConfig``, run by ``longctx.jobs.check``).
 """
 
 from __future__ import annotations
@@ -32,16 +33,25 @@ def scalars(record: Mapping[str, Any], prefix: str = "train/") -> dict[str, floa
     """The numbers of a metrics record as ``{tag: value}`` for scalar trackers.
 
     Top-level metrics become ``train/<name>``, a nested mapping ``<name>/<key>`` (so loss by position
-    is its own group: ``loss_by_position/1024``); the steps are the x axis (:func:`tracker_step`), not
-    metrics, and ``None`` (no value this step) is left out. A staged run's ``stage`` is a metric, so
-    the stage boundaries show on the run's plots.
+    is its own group: ``loss_by_position/01024``, the bucket's start); numeric keys are zero-padded to
+    the widest of their mapping, so that the trackers' text order is the numeric one. The steps are
+    the x axis (:func:`tracker_step`), not metrics, and ``None`` (no value this step) is left out. A
+    staged run's ``stage`` is a metric, so the stage boundaries show on the run's plots.
     """
     out: dict[str, float] = {}
     for key, value in record.items():
         if key in ("step", "global_step") or value is None:
             continue
         if isinstance(value, Mapping):
-            out.update({f"{key}/{k}": float(v) for k, v in value.items() if v is not None})
+            names = [str(k) for k in value]
+            width = max((len(n) for n in names if n.isdigit()), default=0)
+            out.update(
+                {
+                    f"{key}/{n.zfill(width) if n.isdigit() else n}": float(v)
+                    for n, v in zip(names, value.values(), strict=True)
+                    if v is not None
+                }
+            )
         elif isinstance(value, (int, float)):
             out[prefix + key] = float(value)
     return out

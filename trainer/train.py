@@ -30,9 +30,18 @@ from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout, StageLayout
+from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
-from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
+from longctx.trainer.build import (
+    AnyModelConfig,
+    TrainedModel,
+    build_model,
+    fill_base_weights,
+    model_config,
+    saved_model_config,
+    use_bf16,
+)
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -49,16 +58,14 @@ from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.flops import training_flops
 from longctx.trainer.hf_io import stored_dtype
-from longctx.trainer.memory import check_fits, rank_memory
+from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.model import ModelConfig, Transformer
 from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
-from longctx.trainer.runlock import run_lock
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
-from longctx.trainer.stage_plan import Stage, resolve_stages
+from longctx.trainer.stage_plan import Stage, export_paths
 from longctx.trainer.tracking import Tracker
 
 
@@ -75,7 +82,7 @@ class TrainResult:
     """This rank's and the whole model's parameter and optimizer-state bytes (see :func:`state_bytes`)."""
 
 
-def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def state_bytes(model: TrainedModel, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of parameters and optimizer state: this rank's shards (``*_local``) and the whole
     (``*_total``)."""
     params = list(model.parameters())
@@ -88,7 +95,7 @@ def state_bytes(model: Transformer, optimizer: torch.optim.Optimizer) -> dict[st
     }
 
 
-def check_vocabulary(config: ModelConfig, vocab_size: int, folder: str | Path) -> None:
+def check_vocabulary(config: AnyModelConfig, vocab_size: int, folder: str | Path) -> None:
     """Refuse shards whose token ids may not fit the model's embedding."""
     if vocab_size > config.vocab_size:
         raise ConfigError(
@@ -119,31 +126,27 @@ def memory_name(device: torch.device) -> str:
 
 
 def check_memory(
-    tcfg: TrainConfig, config: ModelConfig, seq_len: int, state: ParallelState, bf16: bool
-) -> None:
-    """Refuse a run whose memory estimate (``longctx plan``'s) exceeds the device's memory."""
-    device_bytes = device_memory(state.device)
-    if device_bytes is None:
-        return
-    estimate = rank_memory(
+    tcfg: TrainConfig, config: AnyModelConfig, seq_len: int, state: ParallelState, bf16: bool
+) -> str:
+    """The activation checkpointing mode to build with (``memory.checkpointing_that_fits``: ``auto``
+    resolved); refuses a run whose memory estimate (``longctx plan``'s) exceeds the device's memory.
+    A transformers model is estimated by its dense shape (``HFModelConfig.shape``), an approximation."""
+    return checkpointing_that_fits(
+        tcfg.activation_checkpointing,
         config.shape,
         seq_len,
         state.cp_size,
+        device_memory(state.device),
         state_shards=state.shape.shard_size,
-        activation_checkpointing=tcfg.activation_checkpointing,
         compute_bytes=2 if bf16 else 4,
         residual_bytes=(2 if bf16 else 4) if state.sharded else 4,
-    )
-    check_fits(
-        estimate,
-        device_bytes,
         where=memory_name(state.device),
-        settings=f"{state.shape.describe()}, {seq_len}-token windows, activation checkpointing "
-        f"{tcfg.activation_checkpointing}",
+        settings=f"{state.shape.describe()}, {seq_len}-token windows",
+        report=(lambda line: print(line, flush=True)) if state.is_main else None,
     )
 
 
-def make_optimizer(model: Transformer, tcfg: TrainConfig) -> torch.optim.AdamW:
+def make_optimizer(model: TrainedModel, tcfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on norms and biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -185,13 +188,13 @@ def train(
 @contextlib.contextmanager
 def training_session(train: TrainConfig, output: Path) -> Iterator[ParallelState]:
     """This job's process group (started here unless the caller already did, and then shut down)
-    and the output folder's run lock (one run per output folder, ``trainer/runlock.py``)."""
+    and the output folder's run lock (one run per output folder, ``core/runlock.py``)."""
     import torch.distributed as dist
 
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        with run_lock(RunLayout(output).train):
+        with run_lock(RunLayout(output).train, "train"):
             yield state
     finally:
         shutdown(owned)
@@ -237,7 +240,7 @@ class _Run:
 
     layout: RunLayout
     rows: StepRows
-    model: Transformer
+    model: TrainedModel
     loss_multiplier: float
     optimizer: torch.optim.AdamW
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -253,7 +256,7 @@ class _Run:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(job: TrainJob, config: ModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+def _settings(job: TrainJob, config: AnyModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
     """What a resumed run must share with the checkpoint: data, order and model (not the mesh); for a
     stage, also the stage and the checkpoint it started from."""
     tcfg = job.train
@@ -282,10 +285,12 @@ def _setup(job: TrainJob, state: ParallelState) -> _Run:
     rows = _open_rows(job, state)
     _check_rows(job, rows, state)
     bf16 = use_bf16(job.train.precision, state.device)
-    config = _checked_model_config(job, rows, state, bf16)
+    config, checkpointing = _checked_model_config(job, rows, state, bf16)
     meta = _settings(job, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
-    run = _build_run(job, state, rows, config, meta, bf16, start=resume_from is None)
+    run = _build_run(
+        job, state, rows, config, meta, bf16, checkpointing=checkpointing, start=resume_from is None
+    )
     if resume_from is not None:
         _restore(run, resume_from, state)
     return run
@@ -329,15 +334,17 @@ def _check_rows(job: TrainJob, rows: StepRows, state: ParallelState) -> None:
             print(f"warning (train.coverage.allow_short): {err}", flush=True)
 
 
-def _checked_model_config(job: TrainJob, rows: StepRows, state: ParallelState, bf16: bool) -> ModelConfig:
+def _checked_model_config(
+    job: TrainJob, rows: StepRows, state: ParallelState, bf16: bool
+) -> tuple[AnyModelConfig, str]:
     """The model to train, once its embedding covers the shards' vocabulary, its attention the
-    windows, and the memory estimate the device."""
+    windows, and the memory estimate the device; and the activation checkpointing mode it fits with
+    (``train.activation_checkpointing``, ``auto`` resolved)."""
     header = rows.dataset.shards.manifest.header
     config = model_config(job.train, job.context, header.tokenizer.vocab_size)
     check_vocabulary(config, header.tokenizer.vocab_size, rows.dataset.shards.source)
     config.check_context_length(rows.seq_len)
-    check_memory(job.train, config, rows.seq_len, state, bf16)
-    return config
+    return config, check_memory(job.train, config, rows.seq_len, state, bf16)
 
 
 def _resume_checkpoint(job: TrainJob, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
@@ -355,16 +362,24 @@ def _build_run(
     job: TrainJob,
     state: ParallelState,
     rows: StepRows,
-    config: ModelConfig,
+    config: AnyModelConfig,
     meta: dict[str, Any],
     bf16: bool,
     *,
+    checkpointing: str,
     start: bool,
 ) -> _Run:
     """The sharded model, its optimizer, schedule and coverage tracker, at step 0; with ``start``,
     the weights (and optimizer state) the run starts from (:func:`_start_weights`)."""
     tcfg = job.train
-    built = build_model(config, state, activation_checkpointing=tcfg.activation_checkpointing, bf16=bf16)
+    built = build_model(
+        config,
+        state,
+        activation_checkpointing=checkpointing,
+        bf16=bf16,
+        kernels=tcfg.kernels,
+        compile_cache=job.layout.compile_cache,
+    )
     optimizer = make_optimizer(built.model, tcfg)
     if start:
         _start_weights(job, built.model, optimizer, state)
@@ -383,7 +398,7 @@ def _build_run(
 
 
 def _start_weights(
-    job: TrainJob, model: Transformer, optimizer: torch.optim.AdamW, state: ParallelState
+    job: TrainJob, model: TrainedModel, optimizer: torch.optim.AdamW, state: ParallelState
 ) -> None:
     """The base model's weights, or a later stage's start: the previous stage's last checkpoint's
     weights and, with ``keep_optimizer``, its AdamW moments under this stage's hyperparameters (the
@@ -516,7 +531,7 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
     return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
 
 
-def _export(model: Transformer, job: TrainJob, state: ParallelState, folder: Path) -> Path:
+def _export(model: TrainedModel, job: TrainJob, state: ParallelState, folder: Path) -> Path:
     """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
     to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
     written = export_model(
@@ -695,14 +710,16 @@ def export_checkpoint(
     stage: int | None = None,
 ) -> Path:
     """``longctx train --export STEP [--stage K]``: write checkpoint ``step`` (of stage ``stage`` in a
-    staged run) as a Hugging Face folder under ``<output>/train/export/`` (the stage's ``export/``) at
-    any world size: the checkpoint is resharded onto this job's mesh."""
+    staged run) as a Hugging Face folder under ``<output>/train/export/`` (the stage's ``export/``), at
+    any world size: the model is sharded over every rank of this job (no ring: exporting runs no
+    attention, so ``train.cp`` and ``train.dp_replicate`` do not apply) and DCP reshards the checkpoint
+    onto it, whatever mesh wrote it."""
     import torch.distributed as dist
 
     layout = RunLayout(output)
-    paths = _export_paths(train, layout, stage)
+    paths = export_paths(train, layout, stage)
     owned = not (dist.is_available() and dist.is_initialized())
-    state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
+    state = init_parallel(1, train.comm_timeout_s)
     try:
         folder = checkpoint_folder(paths.checkpoints, step)
         if not folder.is_dir():
@@ -711,27 +728,12 @@ def export_checkpoint(
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
         saved = read_trainer_state(folder)
-        config = ModelConfig.from_hf(saved["meta"]["model"])
+        config = saved_model_config(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
         return _export(built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step))
     finally:
         shutdown(owned)
-
-
-def _export_paths(train: TrainConfig, layout: RunLayout, stage: int | None) -> RunLayout | StageLayout:
-    """Where ``--export`` reads checkpoints and writes: ``train/``, or stage ``stage``'s folder."""
-
-    stages = resolve_stages(train, layout)
-    if not stages:
-        if stage is not None:
-            raise ConfigError("--stage names a stage of train.stages, and this config has none")
-        return layout
-    if stage is None or not 1 <= stage <= len(stages):
-        raise ConfigError(
-            f"train.stages: name the stage whose checkpoint to export with --stage K (1 to {len(stages)})"
-        )
-    return stages[stage - 1].layout
 
 
 def _tracker_state(tracker: CoverageTracker) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="folder (local path or fsspec URL such as s3://bucket/corpus) with books/, papers/, code/ "
         "subfolders (overrides curate.input)",
     )
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local run folder (overrides output); --publish uploads to a URL")
     parser.add_argument(
         "--publish",
         metavar="URL",
@@ -39,30 +39,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--workers", type=int, help="tasks run at once locally (overrides curate.executor.workers)"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="curate the run again when its input files changed since it started (added, removed or "
+        "rewritten files; otherwise refused), marking the changes in the ledger's change column",
+    )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="run nothing: show which tasks of the run are done (and on Slurm, which of its jobs are queued)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.layout import RunLayout
     from longctx.pipeline.stats import format_summary
 
+    output = local_path(
+        args.output,
+        "--output",
+        "the run folder is local; add --publish URL (curate.output) to upload the finished curation there",
+    )
     cfg = load_config(
         args.config,
         {
             "curate.input": args.input,
-            "output": str(args.output) if args.output else None,
+            "output": str(output) if output else None,
             "curate.output": args.publish,
             "curate.executor.tasks": args.tasks,
             "curate.executor.workers": args.workers,
         },
     )
+    if args.status:
+        return show_status(RunLayout(cfg.output, "curate").work, what="curation")
     start = time.monotonic()
-    summary = jobs.curate(cfg, verbose=args.verbose)
+    summary = jobs.curate(cfg, verbose=args.verbose, update=args.update)
     if summary is None:
-        print(f"curation submitted; results will be in {cfg.output}")
+        print(
+            f"results will be in {cfg.output}; once the jobs have finished, run the same command again "
+            f"to print the summary{' and publish' if cfg.curate.output else ''} (or resubmit what failed); "
+            f"`longctx curate --config {args.config} --status` shows which tasks are done"
+        )
         return 0
     layout = RunLayout(cfg.output)
     print()
@@ -75,4 +98,17 @@ def run(args: argparse.Namespace) -> int:
     # the command ends here: the interpreter's last collections need not scan what is alive now
     # (the job's modules and data; ~0.3 s of the ~0.7 s this process took to exit)
     gc.freeze()
+    return 0
+
+
+def show_status(*works: Path, what: str) -> int:
+    """``--status``: where the job recorded in each of ``works`` stands (see longctx.core.jobstate)."""
+    from longctx.core.jobstate import job_state
+
+    for work in works:
+        state = job_state(work)
+        print(f"{work}:")
+        print("\n".join(state.lines()))
+        if state.complete:
+            print(f"every task is done; run the command without --status to finish the {what}")
     return 0

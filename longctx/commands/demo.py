@@ -20,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("--config", type=Path, help="YAML config (default: the packaged demo config)")
-    parser.add_argument("--output", type=Path, help="output folder (overrides output)")
+    parser.add_argument("--output", help="local output folder (overrides output)")
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs")
     parser.add_argument(
         "--print-config",
@@ -33,6 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
+    from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.demo import packaged_config, run_demo
 
@@ -41,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
             print(path.read_text(encoding="utf-8"), end="")
         return 0
     with packaged_config() if args.config is None else contextlib.nullcontext(args.config) as config_path:
-        cfg = load_config(config_path, {"output": str(args.output) if args.output else None})
+        output = local_path(args.output, "--output", "the demo writes a local run folder")
+        cfg = load_config(config_path, {"output": str(output) if output else None})
+        jobs.check(cfg, *jobs.SECTIONS)  # every stage's sections, before the first stage starts
         run_demo(cfg, config_path, verbose=args.verbose)
     return 0

@@ -21,12 +21,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "eval.short_context, its loss on held-out short windows as a ratio to eval.baseline's. Models "
             "(eval.models, default: base trained): 'base' is the model training starts from (train.model), "
             "'trained' is <output>/train/final (a staged run's last stage's), anything else a Hugging Face "
-            "checkpoint folder (Llama, Mistral, Qwen2)."
+            "checkpoint folder (Llama, Mistral and Qwen2 run on longctx's decoder, other RoPE decoders on "
+            "their transformers code: train.model.implementation)."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with an eval section")
     parser.add_argument(
-        "--output", type=Path, help="run folder (overrides output); results go to <output>/eval/<NNN>"
+        "--output", help="local run folder (overrides output); results go to <output>/eval/<NNN>"
     )
     parser.add_argument(
         "--model",
@@ -40,12 +41,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
 
-    cfg = load_config(
-        args.config, {"output": str(args.output) if args.output else None, "eval.models": args.model}
-    )
+    output = local_path(args.output, "--output", "evaluations are written into the local run folder")
+    cfg = load_config(args.config, {"output": str(output) if output else None, "eval.models": args.model})
     if cfg.eval is None:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)

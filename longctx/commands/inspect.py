@@ -38,9 +38,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "violations",
     )
     parser.add_argument(
-        "--show", type=int, metavar="ROW", help="decode row ROW with its segments and provenance marked"
+        "--show",
+        type=int,
+        metavar="ROW",
+        help="decode row ROW with its segments and provenance marked (instead of the summary)",
     )
-    parser.add_argument("--plot", type=Path, metavar="FILE.png", help="write the histograms as a figure")
+    parser.add_argument("--plot", metavar="FILE.png", help="write the histograms as a figure (a local file)")
     parser.add_argument(
         "--tokenizer",
         type=Path,
@@ -52,7 +55,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-errors", type=int, default=20, help="violations reported by --validate")
     parser.add_argument(
         "--cache",
-        type=Path,
         help="where a PATH given as a URL is copied and checked (default $LONGCTX_CACHE or ~/.cache/longctx)",
     )
     parser.set_defaults(func=run)
@@ -130,6 +132,7 @@ def _open(target: Path) -> _Opened:
 
 
 def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int) -> bool:
+    from longctx.core.text import plural
     from longctx.packer.validate import validate_file, validate_folder
 
     violations = (
@@ -140,26 +143,25 @@ def _validate(target: Path, label: str, tokenizer: Path | None, max_errors: int)
     for violation in violations:
         print(f"INVALID {violation}")
     if violations:
-        print(f"{label}: {len(violations)} violation(s) shown (at most --max-errors={max_errors})")
+        print(f"{label}: {plural(len(violations), 'violation')} shown (at most --max-errors={max_errors})")
         return False
     print(f"{label}: valid (every invariant holds)")
     return True
 
 
-def _show(opened: _Opened, row: int, tokenizer_path: Path | None, max_chars: int) -> None:
+def _show(opened: _Opened, label: str, row: int, tokenizer_path: Path | None, max_chars: int) -> None:
     from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
     from longctx.packer.report import format_row
 
     if not 0 <= row < opened.rows:
-        raise IndexError(f"--show {row}: out of range, there are {opened.rows} rows")
+        raise IndexError(f"--show {row}: out of range, the rows are 0..{opened.rows - 1}")
     tokenizer = None
     if tokenizer_path is not None:
         if tokenizer_fingerprint(tokenizer_path) == opened.header.tokenizer.sha256:
             tokenizer = load_tokenizer(tokenizer_path)
         else:
             print(f"{tokenizer_path} is not the shards' tokenizer; showing token ids", file=sys.stderr)
-    print()
-    print(format_row(opened.row(row), row, tokenizer, max_chars))
+    print(format_row(opened.row(row), row, tokenizer, max_chars, where=label))
 
 
 def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
@@ -172,24 +174,29 @@ def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
     if args.validate and not _validate(target, label, tokenizer_path, args.max_errors):
         return 1
     opened = _open(target)
-    shards = tqdm(
-        opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr
-    )
-    stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
-    summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
-    print(format_manifest(summary, title=label))
-    if args.plot:
-        plot_manifest(summary, args.plot)
-        print(f"histograms written to {args.plot}")
+    if args.show is None or args.plot:  # --show alone prints the row only, without reading every shard
+        shards = tqdm(
+            opened.shards, total=len(opened.entries), desc="reading shards", unit="shard", file=sys.stderr
+        )
+        stats = stats_from_shards(shards, opened.header.seq_len, opened.header.original_context)
+        summary = build_manifest(opened.header, opened.config, opened.entries, stats, None)
+        if args.show is None:
+            print(format_manifest(summary, title=label))
+        if args.plot:
+            plot_manifest(summary, args.plot)
+            print(f"histograms written to {args.plot}")
     if args.show is not None:
-        _show(opened, args.show, tokenizer_path, args.max_chars)
+        _show(opened, label, args.show, tokenizer_path, args.max_chars)
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.core.remote import is_remote
     from longctx.packer.format import ShardError
 
+    args.plot = local_path(args.plot, "--plot", "write the figure to a local file")
+    args.cache = local_path(args.cache, "--cache", "the cache is a local folder")
     status = 0
     if is_remote(args.path):
         targets = _remote_targets(args.path, args.cache)

@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--config", type=Path, required=True, help="YAML config with a pack section (see configs/)"
     )
     parser.add_argument(
-        "--output", type=Path, help="run folder holding documents/ and tokenizer.json (overrides output)"
+        "--output", help="local run folder holding documents/ and tokenizer.json (overrides output)"
     )
     parser.add_argument(
         "--input",
@@ -48,31 +48,53 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=int, help="tasks run at once locally (overrides pack.executor.workers)"
     )
     parser.add_argument("--verbose", action="store_true", help="show datatrove's task logs on the console")
+    parser.add_argument(
+        "--status",
+        action="store_true",
+        help="run nothing: show which tasks of the run are done (and on Slurm, which of its jobs are queued)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from longctx import jobs
+    from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.layout import RunLayout
     from longctx.packer.mix import format_fractions
     from longctx.packer.report import format_manifest
 
+    output = local_path(
+        args.output,
+        "--output",
+        "the run folder is local; add --publish URL (pack.output) to upload the shards there, and "
+        "--input URL (pack.input) packs a curation published there",
+    )
     cfg = load_config(
         args.config,
         {
-            "output": str(args.output) if args.output else None,
+            "output": str(output) if output else None,
             "pack.output": args.publish,
             "pack.input": args.input,
             "pack.executor.tasks": args.tasks,
             "pack.executor.workers": args.workers,
         },
     )
+    if args.status:
+        from longctx.commands.curate import show_status
+
+        work = RunLayout(cfg.output, "pack").work
+        passes = sorted(p for p in work.glob("*") if p.is_dir()) if work.is_dir() else []
+        return show_status(*(passes or [work]), what="packing")
     start = time.monotonic()
     manifests = jobs.pack(cfg, verbose=args.verbose)
     layout = RunLayout(cfg.output)
     if manifests is None:
-        print(f"packing submitted; shards will be in {layout.shards}")
+        print(
+            f"shards will be in {layout.shards}; once the jobs have finished, run the same command again to "
+            f"print the manifests{' and publish' if cfg.pack and cfg.pack.output else ''} (or resubmit what "
+            f"failed); `longctx pack --config {args.config} --status` shows which tasks are done"
+        )
         return 0
     for seq_len, manifest in manifests.items():
         print()

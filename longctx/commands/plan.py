@@ -64,13 +64,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--activation-checkpointing",
         nargs="?",
         const="full",
-        choices=["none", "full", "selective"],
-        help="activations kept per rank (train.activation_checkpointing): none, full (the flag alone) or "
-        "selective (default none)",
+        choices=["auto", "none", "selective", "full"],
+        help="activations kept per rank (train.activation_checkpointing): none, selective, full (the flag "
+        "alone) or auto, the first of them that fits --gpu-memory (default none)",
     )
     parser.add_argument(
         "--gpu-memory",
-        help="memory of one GPU, e.g. 80GB (1e9 bytes) or 80GiB: says whether each length fits",
+        help="memory of one GPU: a bare number is GB (80 = 80GB = 80e9 bytes, as GPUs are sold); 80GiB "
+        "(2^30 bytes), 81559MiB (as nvidia-smi says) and 8e10B work too. Says whether each length fits and, "
+        "when it does not, the smallest change that would: activation checkpointing, a larger --cp, or more "
+        "--gpus",
     )
     parser.add_argument("--tokens", help="token budget for the wall-clock estimate, e.g. 20B (needs --gpus)")
     parser.add_argument("--gpus", type=int, help="GPUs of the run, for the wall-clock estimate")
@@ -83,11 +86,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--mfu", type=float, default=0.4, help="model FLOPs utilization for the wall-clock (default 0.4)"
     )
-    parser.add_argument("--csv", type=Path, help="also write the table here, one row per length")
+    parser.add_argument("--csv", help="also write the table to this local file, one row per length")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.commands import local_path
     from longctx.core.errors import ConfigError
     from longctx.trainer.mesh import MeshShape
     from longctx.trainer.plan import (
@@ -101,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from longctx.trainer.plan_report import format_report, format_stages, write_csv
 
+    csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
     if model_spec is None:
@@ -132,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
         peak_flops=args.peak_tflops * 1e12,
         mfu=args.mfu,
         gpu_memory_bytes=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
+        dp_replicate=replicas,
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))
@@ -147,15 +153,15 @@ def run(args: argparse.Namespace) -> int:
             for stage in stages  # type: ignore[attr-defined]
         ]
         print("\n" + format_stages(staged, settings, gpus, args.gpus is not None))
-    if args.csv is not None:
-        write_csv(args.csv, model, settings, plans)
-        print(f"\nwrote {args.csv}")
+    if csv is not None:
+        write_csv(csv, model, settings, plans)
+        print(f"\nwrote {csv}")
     return 0
 
 
 def _config_defaults(path: Path) -> dict[str, object]:
     """What a run config says about the plan: model, length, cp, replicas, activation checkpointing."""
-    from longctx.config import load_config
+    from longctx.config import check_world, load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
     from longctx.trainer.stage_plan import resolve_stages
@@ -163,6 +169,7 @@ def _config_defaults(path: Path) -> dict[str, object]:
     cfg = load_config(path)
     if cfg.train is None:
         raise ConfigError(f"{path} has no 'train' section")
+    check_world(cfg, ["train.model"])
     defaults: dict[str, object] = {
         "lengths": str(cfg.context.target),
         "cp": cfg.train.cp,

@@ -29,11 +29,14 @@ EntryKind = Literal["file", "dir", "symlink", "other", "unreadable"]
 class Entry:
     """One entry of a listing: ``path`` relative to the listed folder (``/``-separated), its kind
     (``file``: a regular file; ``dir``; ``symlink``: a link to anything, never followed; ``other``:
-    FIFOs, sockets, devices; ``unreadable``: a folder that could not be listed) and its size."""
+    FIFOs, sockets, devices; ``unreadable``: a folder that could not be listed), its size, and what
+    the file system said of its modification time and content (a run's record of its inputs)."""
 
     path: str
     kind: EntryKind
     size: int = 0
+    mtime: str = ""  # the modification time the listing gave, as text ("" when it gave none)
+    etag: str = ""  # a content tag the store gave (S3's ETag, GCS's md5Hash), "" when none
 
     @property
     def name(self) -> str:
@@ -57,6 +60,23 @@ def _kind(info: dict) -> EntryKind:
     return {"file": "file", "directory": "dir"}.get(info.get("type", ""), "other")
 
 
+def _mtime(info: dict) -> str:
+    """The modification time in a file system's ``info`` (local ``mtime``, S3 ``LastModified``, GCS
+    ``updated``...), as text."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        if info.get(key) is not None:
+            value = info[key]
+            return value.isoformat() if hasattr(value, "isoformat") else repr(value)
+    return ""
+
+
+def _etag(info: dict) -> str:
+    for key in ("ETag", "etag", "md5Hash", "content_md5"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return ""
+
+
 def list_tree(folder: DataFolder, sub: str = "") -> list[Entry]:
     """Every entry under ``sub`` of ``folder`` (recursively, sorted by path, ``sub`` excluded).
 
@@ -75,7 +95,7 @@ def list_tree(folder: DataFolder, sub: str = "") -> list[Entry]:
         for name, info in list(dirs.items()) + list(files.items()):
             rel = posixpath.join(dirpath, name) if dirpath else name
             if found.get(rel, Entry(rel, "file")).kind != "unreadable":
-                found[rel] = Entry(rel, _kind(info), int(info.get("size") or 0))
+                found[rel] = Entry(rel, _kind(info), int(info.get("size") or 0), _mtime(info), _etag(info))
     prefix = f"{sub.rstrip('/')}/" if sub else ""
     return sorted(
         (e for e in found.values() if e.path.startswith(prefix) and e.path != "."), key=lambda e: e.path

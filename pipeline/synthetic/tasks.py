@@ -94,6 +94,7 @@ __all__ = [
     "derive_seed",
     "make_grid",
 ]
+from longctx.core.text import plural
 
 _DOC_SEPARATOR = "\n\n"
 # Where a new sentence or line starts: after . ! or ? (and closing quotes or brackets) plus
@@ -530,7 +531,7 @@ def build_example(
     if target < 1:
         raise ValueError(
             f"context_tokens={context_tokens} leaves no room for haystack text: the instruction, "
-            f"question and {len(task.needles)} needle(s) of {kind} take about {fixed} tokens"
+            f"question and {plural(len(task.needles), 'needle')} of {kind} take about {fixed} tokens"
         )
     if len(gathered.ends) < target:
         raise ValueError(

@@ -1,6 +1,6 @@
 """What finding Python imports costs in code curation, and how much of it an exact method could save.
 
-``python_imports`` (``pipeline/readers/code_order.py``) parses every Python file with ``ast.parse`` and
+``python_imports`` (``pipeline/readers/code_order/python.py``) parses every Python file with ``ast.parse`` and
 returns ``[]`` for a file that does not parse. Any method that returns exactly the same must still
 run CPython's parser over the whole file (an error anywhere, even in a function body, means ``[]``),
 so the parser alone is the floor of an exact method. Measured in one run, ``--reps`` interleaved
@@ -43,9 +43,9 @@ from pathlib import Path
 from bench_curate import CODE_PACKAGES
 from benchtools import Samples
 
-from longctx.pipeline.readers import code_order
 from longctx.pipeline.readers.code_order import (
     PythonImport,
+    dependencies,
     file_dependencies,
     load_time_imports,
     python_imports,
@@ -116,13 +116,13 @@ def reference(source: str) -> list[PythonImport]:
 
 def dependencies_with_reference(packages: dict[str, dict[str, str]]) -> None:
     """``file_dependencies`` of every package with :func:`reference` finding the imports."""
-    shipped = code_order.python_imports
-    code_order.python_imports = reference
+    shipped = dependencies.python_imports
+    dependencies.python_imports = reference
     try:
         for name, files in packages.items():
             file_dependencies(files, name)
     finally:
-        code_order.python_imports = shipped
+        dependencies.python_imports = shipped
 
 
 def parse_floor(texts: list[str]) -> None:

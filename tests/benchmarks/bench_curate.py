@@ -30,7 +30,11 @@ against the tokenizer's (what a curation of gigabytes runs at) and the size from
 0.75x.
 
     .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4]
-        [--one-line-mb 50]
+        [--input corpus|mixed] [--one-line-mb 50]
+
+``--input mixed`` grows the code with the books and papers (installed Python packages as
+repositories, see :func:`build_input`): an input unlike the shared corpus alone, on which code
+order, file-level deduplication and many small files weigh in the marginal cost too.
 """
 
 from __future__ import annotations
@@ -78,13 +82,19 @@ CODE_PACKAGES = (
 # --- inputs ----------------------------------------------------------------------------------------
 
 
-def build_input(corpus: Path, dest: Path, copies: int = 1) -> Path:
-    """``dest`` with ``books/`` and ``papers/`` copied from the corpus and ``code/`` holding some
-    standard-library packages, one repository each. With ``copies`` > 1, each book and paper also
-    comes ``copies - 1`` more times with the words of every line shuffled (:func:`shuffled_copy`):
-    the same words and characters to tokenize, but no n-grams in common, so that no copy is a
-    duplicate and curation keeps and stores them all (a larger input than the corpus, on which
-    fixed costs such as process start weigh less)."""
+def build_input(corpus: Path, dest: Path, copies: int = 1, kind: str = "corpus") -> Path:
+    """``dest`` with ``books/`` and ``papers/`` copied from the corpus and ``code/`` holding code
+    repositories, one folder each. With ``copies`` > 1, each book and paper also comes ``copies - 1``
+    more times with the words of every line shuffled (:func:`shuffled_copy`): the same words and
+    characters to tokenize, but no n-grams in common, so that no copy is a duplicate and curation
+    keeps and stores them all (a larger input than the corpus, on which fixed costs such as process
+    start weigh less).
+
+    ``kind`` says what the code is: ``corpus``, some standard-library packages (:data:`CODE_PACKAGES`,
+    the same at every size, so the extra megabytes of a larger size are books and papers only);
+    ``mixed``, about ``copies`` x :data:`MIXED_CODE_BYTES` of installed Python packages
+    (:func:`mixed_repositories`), so that code grows with the books and papers and every extra megabyte
+    is about a third code."""
     import sysconfig
 
     for sub in ("books", "papers"):
@@ -96,6 +106,10 @@ def build_input(corpus: Path, dest: Path, copies: int = 1) -> Path:
                     dest / sub / f"{path.stem}_copy{copy}{path.suffix}",
                     random.Random(f"{path.name}{copy}"),
                 )
+    if kind == "mixed":
+        for repo in mixed_repositories(copies * MIXED_CODE_BYTES):
+            shutil.copytree(repo, dest / "code" / repo.name, ignore=_not_source, symlinks=True)
+        return dest
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for name in CODE_PACKAGES:
         if (stdlib / name).is_dir():
@@ -105,6 +119,87 @@ def build_input(corpus: Path, dest: Path, copies: int = 1) -> Path:
                 ignore=shutil.ignore_patterns("__pycache__", "test", "tests"),
             )
     return dest
+
+
+MIXED_CODE_BYTES = 8_000_000
+"""Bytes of source files per copy in the ``mixed`` input."""
+MIXED_REPO_BYTES = (20_000, 6_000_000)
+"""The sizes of source (in bytes) of the packages the ``mixed`` input takes as repositories: no
+package so large that one document holds most of a task's work (``torch``, ``transformers``)."""
+MIXED_LEFT_OUT = frozenset(
+    {"site-packages", "test", "idlelib", "pip", "setuptools", "httpcore2", "httpx2", "multiprocess"}
+)
+"""Folders the ``mixed`` input never takes: the interpreter's own site-packages and tests, and
+packages that are (or vendor) copies of others (file-level deduplication would drop their files
+before curation tokenizes them, but not before the bare tokenizer does)."""
+
+
+def _source_names(folder: Path, names: list[str]) -> set[str]:
+    """The entries of ``folder`` a repository copy leaves out: tests, caches, and files that the
+    code reader would skip by their name or size (binaries, large data)."""
+    from longctx.pipeline.readers.code import DEFAULT_MAX_FILE_BYTES, name_skip_reason, size_skip_reason
+
+    def skipped(name: str) -> bool:
+        path = folder / name
+        if path.is_dir():
+            return False
+        return bool(
+            name_skip_reason(name) or size_skip_reason(name, path.lstat().st_size, DEFAULT_MAX_FILE_BYTES)
+        )
+
+    return {name for name in names if name in ("__pycache__", "test", "tests") or skipped(name)}
+
+
+def _not_source(folder: str, names: list[str]) -> set[str]:
+    return _source_names(Path(folder), names)
+
+
+def source_bytes(package: Path) -> int:
+    """The bytes of the files a repository copy of ``package`` takes (see :func:`_source_names`)."""
+    total = 0
+    for folder, dirs, files in os.walk(package):
+        dropped = _source_names(Path(folder), dirs + files)
+        dirs[:] = [d for d in dirs if d not in dropped]
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files if f not in dropped)
+    return total
+
+
+def mixed_repositories(budget: int) -> list[Path]:
+    """Installed Python packages read as code repositories (never imported or run): the standard
+    library's top-level packages and those of this environment's site-packages whose source is within
+    :data:`MIXED_REPO_BYTES`, in a fixed shuffled order (one name once), taken until their source
+    reaches ``budget`` bytes. A larger budget takes the same packages first, then more."""
+    import sysconfig
+
+    seen: set[str] = set()
+    candidates: list[Path] = []
+    for root in (Path(sysconfig.get_paths()["stdlib"]), Path(sysconfig.get_paths()["purelib"])):
+        for path in sorted(root.iterdir()):
+            name = path.name
+            if (
+                not path.is_dir()
+                or path.is_symlink()
+                or name in seen
+                or name in MIXED_LEFT_OUT
+                or name.startswith(("_", "."))
+                or "." in name
+                or "-" in name
+            ):
+                continue
+            seen.add(name)
+            candidates.append(path)
+    random.Random(0).shuffle(candidates)
+    taken, total = [], 0
+    for path in candidates:
+        if total >= budget:
+            break
+        size = source_bytes(path)
+        if MIXED_REPO_BYTES[0] <= size <= MIXED_REPO_BYTES[1]:
+            taken.append(path)
+            total += size
+    if total < budget:
+        sys.exit(f"bench: the installed packages hold {total} bytes of source, fewer than the {budget} asked")
+    return taken
 
 
 def shuffled_copy(source: Path, dest: Path, rng: random.Random) -> None:
@@ -137,17 +232,22 @@ def curate_config(input_dir: Path, output: Path, tokenizer: Path | None, tasks: 
 
 def reader_texts(input_dir: Path, work: Path) -> list[str]:
     """The texts curation tokenizes: every readable document the readers produce."""
+    return [text for _, text in reader_documents(input_dir, work)]
+
+
+def reader_documents(input_dir: Path, work: Path) -> list[tuple[str, str]]:
+    """``(source, text)`` of every readable document the readers produce."""
     from longctx.config import parse_config
     from longctx.core.layout import RunLayout
     from longctx.pipeline.curate import make_reader, resolve_sources
 
     cfg = parse_config(curate_config(input_dir, work / "probe", None, 1))
-    texts = []
+    documents = []
     for source in resolve_sources(cfg.curate, RunLayout(work / "probe", "curate")):
         for doc in make_reader(source, cfg.curate).run(None, 0, 1):
             if not doc.metadata.get("skip_reason"):
-                texts.append(doc.text)
-    return texts
+                documents.append((source.name, doc.text))
+    return documents
 
 
 def train_tokenizer(texts: list[str], path: Path, vocab: int) -> Path:
@@ -266,22 +366,33 @@ def write_texts(texts: list[str], path: Path) -> Path:
     return path
 
 
-def prepare_size(corpus: Path, work: Path, copies: int) -> tuple[Path, Path, list[Path], int, int]:
+def prepare_size(
+    corpus: Path, work: Path, copies: int, kind: str = "corpus"
+) -> tuple[Path, Path, list[Path], int, int, str]:
     """The input folder for ``copies`` (see :func:`build_input`), the file of the texts its readers
     produce, that file in two halves (split by length with curation's own split of its inputs among
-    tasks, ``assign_by_size``; made here so that the timed children import nothing for it), and the
-    texts' characters and UTF-8 bytes."""
+    tasks, ``assign_by_size``; made here so that the timed children import nothing for it), the
+    texts' characters and UTF-8 bytes, and what they are (MB per source)."""
     from longctx.pipeline.readers.listing import assign_by_size
 
-    input_dir = build_input(corpus, work / f"input{copies}", copies)
-    texts = reader_texts(input_dir, work)
+    input_dir = build_input(corpus, work / f"input{copies}", copies, kind)
+    documents = reader_documents(input_dir, work)
+    texts = [text for _, text in documents]
+    by_source: dict[str, float] = {}
+    for source, text in documents:
+        by_source[source] = by_source.get(source, 0.0) + len(text.encode("utf-8")) / 1e6
+    repos = len(list((input_dir / "code").iterdir()))
+    what = ", ".join(f"{name} {mb:.1f} MB" for name, mb in by_source.items()) + (
+        f" ({repos} repositories of {'installed packages' if kind == 'mixed' else 'the standard library'})"
+    )
     texts_file = write_texts(texts, work / f"texts{copies}.arrow")
     owners = assign_by_size([len(t) for t in texts], 2)
     halves = [
         write_texts([t for t, o in zip(texts, owners) if o == k], work / f"texts{copies}_half{k}.arrow")
         for k in range(2)
     ]
-    return input_dir, texts_file, halves, sum(map(len, texts)), sum(len(t.encode("utf-8")) for t in texts)
+    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    return input_dir, texts_file, halves, sum(map(len, texts)), n_bytes, what
 
 
 def record(rows: dict[str, dict[str, list[float]]], name: str, cpu: float, wall: float) -> None:
@@ -403,6 +514,13 @@ def main() -> int:
         help="books and papers this many times (copies with shuffled words; see build_input); "
         "several values measure each size and the marginal cost between the smallest and largest",
     )
+    parser.add_argument(
+        "--input",
+        choices=("corpus", "mixed"),
+        default="corpus",
+        help="the code beside the books and papers: a few standard-library packages, the same at every "
+        "size (corpus), or installed packages that grow with --copies (mixed; see build_input)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument(
@@ -426,7 +544,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_curate_"))
     try:
         sizes = sorted(set(args.copies))
-        inputs = {copies: prepare_size(args.corpus, work, copies) for copies in sizes}
+        inputs = {copies: prepare_size(args.corpus, work, copies, args.input) for copies in sizes}
         texts = pa.ipc.open_file(inputs[sizes[0]][1]).read_all().column("text").to_pylist()
         tokenizer = train_tokenizer(texts, work / "tokenizer.json", args.vocab)
         del texts
@@ -440,7 +558,7 @@ def main() -> int:
         # hits every contender alike
         for rep in range(args.reps):
             for copies in sizes:
-                input_dir, texts_file, halves, _, _ = inputs[copies]
+                input_dir, texts_file, halves, _, _, _ = inputs[copies]
 
                 cpu, wall, out = run_child(
                     py + ["tokenize", str(texts_file), str(tokenizer)], one, one_thread
@@ -483,11 +601,11 @@ def main() -> int:
             load = f.read().split()[:3]
         megabytes: dict[int, float] = {}
         for copies in sizes:
-            _, _, _, n_chars, n_bytes = inputs[copies]
+            _, _, _, n_chars, n_bytes, what = inputs[copies]
             print(
-                f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB (books and papers of "
-                f"{args.corpus}{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}, "
-                f"stdlib code), {tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
+                f"\ntext: {n_chars / 1e6:.1f} M chars, {n_bytes / 1e6:.1f} MB: {what}; books and papers of "
+                f"{args.corpus}{f' and {copies - 1} shuffled copies of each' if copies > 1 else ''}; "
+                f"{tokens[copies] / 1e6:.2f} M tokens, byte-level BPE vocab {args.vocab}; "
                 f"load average {' '.join(load)}"
             )
             megabytes[copies] = n_bytes / 1e6

@@ -9,6 +9,7 @@ The two-task run's extra CPU over the one-task run is what keeps two tasks from 
 fast. Medians [min-max] of ``--reps`` interleaved repetitions.
 
     .venv/bin/python tests/benchmarks/bench_curate_stages.py [--reps 3] [--corpus DIR] [--copies 4]
+        [--input corpus|mixed]
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ def main() -> int:
         default=1,
         help="books and papers this many times, as bench_curate.py --copies builds them",
     )
+    parser.add_argument("--input", choices=("corpus", "mixed"), default="corpus", help="as bench_curate.py's")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     require_corpus(args.corpus, "bench_curate_stages")
@@ -118,7 +120,7 @@ def main() -> int:
     become_subreaper("bench_curate_stages")
     work = Path(tempfile.mkdtemp(prefix="bench_stages_"))
     try:
-        input_dir = build_input(args.corpus, work / "input", args.copies)
+        input_dir = build_input(args.corpus, work / "input", args.copies, args.input)
         tokenizer = train_tokenizer(reader_texts(input_dir, work), work / "tokenizer.json", 8192)
         runs: dict[int, list[dict[str, tuple[float, float]]]] = {1: [], 2: []}
         for rep in range(args.reps):

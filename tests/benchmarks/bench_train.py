@@ -15,7 +15,12 @@
    32000) on 8192-token windows (``--shape``, ``--seq-len``). transformers masks the packed documents with an
    explicit mask (SDPA's masked kernel), longctx with its document-masked varlen kernel: the ratio is what a
    user switching loops gets, kernels included.
-2. **Loading memory.** Peak host memory (resident set, and its private part) per rank while 4 gloo
+2. **Implementations.** The same step cost (``--implementations``) of ``longctx train`` on the same
+   Llama checkpoint and rows with ``train.model.implementation: longctx`` (the own decoder) and
+   ``transformers`` (transformers' ``LlamaForCausalLM`` with ring attention through its attention
+   interface), alternated in each repetition; both must give the same losses (relative 1e-4 in fp32).
+   ``auto`` takes the own decoder for the families it reads when it is the faster one.
+3. **Loading memory.** Peak host memory (resident set, and its private part) per rank while 4 gloo
    ranks load a checkpoint of about 100M parameters into their FSDP2 shards, the way ``longctx train``
    does (meta device, ``fully_shard``, each rank reading its safetensors slices), against a naive load
    (every rank builds the whole model and reads every tensor, then shards), against the checkpoint's
@@ -24,7 +29,7 @@
 Several repetitions; medians and spreads (min-max); ratios against the baselines measured in the same run.
 
     .venv/bin/python tests/benchmarks/bench_train.py [--repeats 5] [--load-repeats 2] [--skip-steps]
-        [--skip-memory]
+        [--skip-memory] [--implementations]
 
 On a GPU machine without datatrove (which packing needs), pack the windows here and carry them::
 
@@ -119,14 +124,16 @@ def make_windows(root: Path, seq_len: int) -> Path:
     return root
 
 
-def train_config(root: Path, output: Path, model: Path, steps: int, seq_len: int, device: str) -> dict:
+def train_config(
+    root: Path, output: Path, model: Path, steps: int, seq_len: int, device: str, implementation: str = "auto"
+) -> dict:
     return {
         "output": str(output),
         "context": {"original": 512, "target": seq_len},
         "tokenizer": {"path": str(root / "tokenizer.json")},
         "train": {
             "shards": str(root / "shards" / f"seq{seq_len}"),
-            "model": {"hf_path": str(model)},
+            "model": {"hf_path": str(model), "implementation": implementation},
             "steps": steps,
             "precision": "bf16" if device == "cuda" else "fp32",
             "optim": dict(OPTIM),
@@ -143,7 +150,13 @@ def sync(device: str) -> None:
 
 
 def trainer_run(
-    root: Path, model: Path, steps: int, scratch: Path, seq_len: int, device: str
+    root: Path,
+    model: Path,
+    steps: int,
+    scratch: Path,
+    seq_len: int,
+    device: str,
+    implementation: str = "auto",
 ) -> tuple[float, float, list[float]]:
     """CPU and wall seconds of one whole ``longctx train`` run of ``steps`` steps, and its losses."""
     from longctx import jobs
@@ -151,7 +164,7 @@ def trainer_run(
 
     output = scratch / f"run{steps}"
     shutil.rmtree(output, ignore_errors=True)
-    cfg = parse_config(train_config(root, output, model, steps, seq_len, device))
+    cfg = parse_config(train_config(root, output, model, steps, seq_len, device, implementation))
     sync(device)
     wall, cpu = time.perf_counter(), time.process_time()
     result = jobs.train(cfg, progress=False)
@@ -277,6 +290,48 @@ def bench_steps(args: argparse.Namespace, scratch: Path) -> None:
     print(
         f"same work: losses of the first {len(compared)} steps agree to {loss_gap:.1e} "
         "(relative) in every repetition"
+    )
+
+
+def bench_implementations(args: argparse.Namespace, scratch: Path) -> None:
+    """Per-step cost of the own decoder and of transformers' Llama with ring attention, in one run."""
+    seq_len, device = args.seq_len, args.device
+    root = args.windows or make_windows(scratch / "data", seq_len)
+    shape = SHAPES[args.shape or ("gpu" if device == "cuda" else "demo")]
+    model = save_llama(scratch / "llama", shape)
+    short, long = args.short_steps, args.short_steps + args.extra_steps
+    names = ("longctx", "transformers")
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    loss_gap = 0.0
+    if device == "cuda":  # the process's first run pays CUDA's start: untimed
+        trainer_run(root, model, short, scratch, seq_len, device)
+    for _ in range(args.repeats):
+        losses = {}
+        for name in names:
+            cpu_short, wall_short, _ = trainer_run(root, model, short, scratch, seq_len, device, name)
+            cpu_long, wall_long, losses[name] = trainer_run(root, model, long, scratch, seq_len, device, name)
+            cpu[name].append((cpu_long - cpu_short) / args.extra_steps)
+            wall[name].append((wall_long - wall_short) / args.extra_steps)
+        compared = list(zip(*losses.values()))[: COMPARED_BF16_STEPS if device == "cuda" else None]
+        loss_gap = max(loss_gap, max(abs(a - b) / abs(b) for a, b in compared))
+    if loss_gap > (3e-2 if device == "cuda" else 1e-4):
+        raise SystemExit(
+            f"the two implementations do not train alike (largest relative loss gap {loss_gap:.2e})"
+        )
+    where = torch.cuda.get_device_name() + ", bf16 autocast" if device == "cuda" else "CPU, fp32"
+    print(
+        f"\n== implementations: Llama {shape}, {seq_len}-token packed windows, one row per step, {where}, "
+        f"{torch.get_num_threads()} thread(s); {args.repeats} repetitions, median (min-max)"
+    )
+    print(f"{'':36}{'CPU s/step':>28}{'wall s/step':>28}")
+    for name in names:
+        print(f"{'implementation ' + name:36}{spread(cpu[name]):>28}{spread(wall[name]):>28}")
+    ratio_cpu = [a / b for a, b in zip(cpu["transformers"], cpu["longctx"])]
+    ratio_wall = [a / b for a, b in zip(wall["transformers"], wall["longctx"])]
+    print(f"{'ratio (transformers / longctx)':36}{spread(ratio_cpu):>28}{spread(ratio_wall):>28}")
+    print(
+        f"same work: losses of {len(compared)} steps agree to {loss_gap:.1e} (relative) in every repetition"
     )
 
 
@@ -453,6 +508,11 @@ def main() -> int:
     parser.add_argument("--load-repeats", type=int, default=2)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--skip-steps", action="store_true")
+    parser.add_argument(
+        "--implementations",
+        action="store_true",
+        help="only compare train.model.implementation longctx and transformers (step cost)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--seq-len", type=int, default=2048, help="window length of the step benchmark")
     parser.add_argument(
@@ -485,6 +545,10 @@ def main() -> int:
     print(f"load: {os.getloadavg()[0]:.1f} (1 min) on {os.cpu_count()} cores; torch {torch.__version__}")
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         scratch = Path(tmp)
+        if args.implementations:
+            bench_implementations(args, scratch)
+            print(f"\nload at the end: {os.getloadavg()[0]:.1f} (1 min)")
+            return 0
         if not args.skip_steps:
             bench_steps(args, scratch)
         if not args.skip_memory and args.device == "cpu":  # the loading benchmark runs gloo ranks

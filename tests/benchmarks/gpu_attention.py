@@ -17,15 +17,16 @@ backward, pairs counted with the causal and document masks) of ``ring_attention`
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from gpu_kernels import run_kernel_exactness
 from gpu_measure import (
     Deadline,
     free_memory,
@@ -245,16 +246,39 @@ def ring_virtual_zigzag(
 
 
 # Exactness -------------------------------------------------------------------------------------------------
+PACKAGES = {"flash_attn_varlen": "flash-attn (2.x)", "flash_attn4_varlen": "flash-attn-4 (flash_attn.cute)"}
+"""Backends that need a package of their own (the only acceptable reason to skip a backend)."""
+
+
 def not_installed(backend: str) -> bool:
-    """Whether ``backend`` needs a package this machine lacks (the only acceptable reason to skip it)."""
-    return backend == "flash_attn_varlen" and importlib.util.find_spec("flash_attn") is None
+    """Whether ``backend`` needs a package this machine lacks or cannot import (flash-attn-4 without its
+    CuTe DSL libraries, say). flash-attn-4 installs ``flash_attn.cute`` without ``flash_attn/__init__.py``,
+    so the presence of ``flash_attn`` says nothing about FlashAttention-2."""
+    if backend not in PACKAGES:
+        return False
+    from longctx.trainer.attention import cuda_kernels
+
+    ops = (
+        cuda_kernels._flash_attn4_ops
+        if backend == "flash_attn4_varlen"
+        else cuda_kernels._flash_attn_varlen_ops
+    )
+    return ops() is None
 
 
 def unavailable_reason(backend: str, exc: Exception) -> str:
     """Why a pinned backend cannot run here, in one line."""
     if not_installed(backend):
-        return "flash-attn is not installed"
+        return f"{PACKAGES[backend]} is not installed or does not import"
     return f"{type(exc).__name__}: {exc}"
+
+
+def rejection_status(settings, backend: str) -> str:
+    """How a backend that cannot run is recorded: unavailable (its package is missing), rejected (an
+    experimental kernel, reported without failing the run), or a failure."""
+    if not_installed(backend):
+        return "unavailable"
+    return "rejected" if backend in settings.experimental_backends else "FAIL"
 
 
 def probe_kernels(settings, emit: Emit) -> list[str]:
@@ -275,7 +299,7 @@ def probe_kernels(settings, emit: Emit) -> list[str]:
                 try:
                     select_kernels(settings.device, dtype, head_dim, heads, kv_heads, backend)
                 except (RuntimeError, ValueError) as exc:
-                    status = "unavailable" if not_installed(backend) else "FAIL"
+                    status = rejection_status(settings, backend)
                     emit({**case, "status": status, "reason": unavailable_reason(backend, exc)})
                     if status == "FAIL":
                         failures.append(
@@ -338,7 +362,7 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
                 try:
                     kernels = select_kernels(device, dtype, head_dim, heads, kv_heads, backend)
                 except (RuntimeError, ValueError) as exc:
-                    status = "unavailable" if not_installed(backend) else "FAIL"
+                    status = rejection_status(settings, backend)
                     if status == "FAIL":
                         failures.append(f"{dtype} {layout} {backend}: rejected")
                     emit(
@@ -383,6 +407,8 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
             del inputs, expected
             free_memory(device)
             estimate_s = 1.2 * (time.perf_counter() - layout_started)
+    other = run_kernel_exactness(settings, deadline, emit)
+    failures += other["failures"]
     return {
         "tokens": tokens,
         "heads": heads,
@@ -391,8 +417,9 @@ def run_exactness(settings, deadline: Deadline, emit: Emit) -> dict:
         "auto_kernel_chain": chains,
         "checked": checked,
         "skipped_layouts": skipped,
+        "fused_and_compiled_checked": not other["skipped"],
         "failures": failures,
-        "passed": not failures and checked > 0 and skipped == 0,
+        "passed": not failures and checked > 0 and skipped == 0 and not other["skipped"],
     }
 
 
@@ -404,13 +431,18 @@ def matmul_tflops(device: torch.device, size: int, dtype: torch.dtype) -> float:
     return 2 * size**3 / (summary_ms(times)["median_ms"] * 1e-3) / 1e12
 
 
-def sdpa_callables(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, device: torch.device):
-    """Causal flash-backend SDPA forward and forward+backward on heads-first copies of the inputs.
+def sdpa_callables(
+    q: Tensor, k: Tensor, v: Tensor, dout: Tensor, device: torch.device, backend: str = "flash"
+):
+    """Causal SDPA forward and forward+backward on heads-first copies of the inputs, with the ``flash`` or
+    ``cudnn`` backend (``torch.nn.attention.SDPBackend``).
 
-    Uses SDPA's native grouped-query support where the flash backend takes it, else keys and values
+    Uses SDPA's native grouped-query support where the backend takes it, else keys and values
     repeated to the query heads (outside the timed region); returns the two callables and which way.
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
 
     def heads_first(x: Tensor) -> Tensor:
         return x.detach().transpose(0, 1).unsqueeze(0).contiguous().requires_grad_()
@@ -422,7 +454,7 @@ def sdpa_callables(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, device: torch.
         dout.transpose(0, 1).unsqueeze(0).contiguous(),
     )
     gqa = "native"
-    context = sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    context = sdpa_kernel([chosen])
     try:
         with context:
             F.scaled_dot_product_attention(
@@ -434,7 +466,7 @@ def sdpa_callables(q: Tensor, k: Tensor, v: Tensor, dout: Tensor, device: torch.
         kh, vh = (x.detach().repeat_interleave(group, dim=1).requires_grad_() for x in (kh, vh))
 
     def forward() -> Tensor:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        with sdpa_kernel([chosen]):
             return F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa == "native")
 
     def forward_backward() -> tuple:
@@ -448,8 +480,30 @@ def _rate(flops: float, times: list[float]) -> dict:
     return {**stats, "tflops": flops / (stats["median_ms"] * 1e-3) / 1e12}
 
 
-def measure_length(settings, tokens: int, emit: Emit) -> dict:
-    """Ours on one document and on many, and SDPA on one document, at one length; the summary row."""
+def usable_backends(settings) -> list[str]:
+    """The ring kernels of ``settings.speed_backends`` that run here (a missing package or a rejected
+    probe leaves one out; the exactness section says why)."""
+    usable = []
+    for backend in settings.speed_backends:
+        try:
+            select_kernels(
+                settings.device,
+                settings.speed_dtype,
+                settings.head_dim,
+                settings.heads,
+                settings.kv_heads,
+                backend,
+            )
+        except (RuntimeError, ValueError):
+            continue
+        usable.append(backend)
+    return usable
+
+
+def measure_length(settings, tokens: int, emit: Emit, backends: Sequence[str] = ()) -> dict:
+    """Ours on one document and on many (the automatic chain, and each of ``backends`` pinned, at the lengths
+    of ``settings.speed_backend_tokens``), and SDPA (flash; cuDNN where it runs) on one document, at one
+    length; the summary row."""
     device, dtype = settings.device, settings.speed_dtype
     heads, kv_heads, head_dim = settings.heads, settings.kv_heads, settings.head_dim
     warmup, reps = settings.speed_reps(tokens)
@@ -463,6 +517,7 @@ def measure_length(settings, tokens: int, emit: Emit) -> dict:
         "many_documents": random_lengths(tokens, 1, 2 * settings.speed_mean_document, random.Random(tokens)),
     }
     measured: dict[str, dict] = {}
+    pinned_rates: dict[str, dict] = {}
     for layout, lengths in layouts.items():
         segments = segments_of(lengths).to(device)
         plan_ms = time_ms(lambda s=segments: build_ring_plan(index, s), device, warmup=0, reps=1)[0]
@@ -472,8 +527,8 @@ def measure_length(settings, tokens: int, emit: Emit) -> dict:
             forward, time_ms(lambda p=plan: ring_attention(q, k, v, p), device, warmup=warmup, reps=reps)
         )
 
-        def forward_backward(p=plan) -> tuple:
-            return torch.autograd.grad(ring_attention(q, k, v, p), (q, k, v), dout)
+        def forward_backward(p=plan, backend: str = "auto") -> tuple:
+            return torch.autograd.grad(ring_attention(q, k, v, p, backend=backend), (q, k, v), dout)
 
         fwd_bwd = _rate(TRAIN_FACTOR * forward, time_ms(forward_backward, device, warmup=warmup, reps=reps))
         measured[layout] = {"forward": fwd, "forward_backward": fwd_bwd}
@@ -482,23 +537,57 @@ def measure_length(settings, tokens: int, emit: Emit) -> dict:
             "useful_forward_flops": forward, "plan_build_ms": plan_ms, "forward": fwd,
             "forward_backward": fwd_bwd, "status": "ok",
         })  # fmt: skip
-    sdpa_fwd, sdpa_fb, gqa = sdpa_callables(q, k, v, dout, device)
+        for backend in backends if tokens in settings.speed_backend_tokens else ():
+            rate = _rate(
+                TRAIN_FACTOR * forward,
+                time_ms(partial(forward_backward, plan, backend), device, warmup=warmup, reps=reps),
+            )
+            pinned_rates.setdefault(backend, {})[layout] = rate
+            emit({
+                "tokens": tokens, "layout": layout, "impl": f"ring_attention[{backend}]",
+                "documents": len(lengths), "forward_backward": rate, "status": "ok",
+            })  # fmt: skip
     forward = attention_flops(heads * head_dim, causal_pair_count([tokens]))
-    sdpa = {
-        "forward": _rate(forward, time_ms(sdpa_fwd, device, warmup=warmup, reps=reps)),
-        "forward_backward": _rate(TRAIN_FACTOR * forward, time_ms(sdpa_fb, device, warmup=warmup, reps=reps)),
-    }
-    emit({
-        "tokens": tokens, "layout": "one_document", "impl": "sdpa_flash", "gqa": gqa,
-        "useful_forward_flops": forward, **sdpa, "status": "ok",
-    })  # fmt: skip
+    baselines = {}
+    for backend in ("flash", "cudnn") if device.type == "cuda" else ("flash",):
+        try:
+            sdpa_fwd, sdpa_fb, gqa = sdpa_callables(q, k, v, dout, device, backend)
+            sdpa = {
+                "forward": _rate(forward, time_ms(sdpa_fwd, device, warmup=warmup, reps=reps)),
+                "forward_backward": _rate(
+                    TRAIN_FACTOR * forward, time_ms(sdpa_fb, device, warmup=warmup, reps=reps)
+                ),
+            }
+        except RuntimeError as exc:  # the cuDNN backend where cuDNN's attention is missing: reported
+            if backend == "flash":
+                raise
+            emit(
+                {
+                    "tokens": tokens,
+                    "impl": f"sdpa_{backend}",
+                    "status": "unavailable",
+                    "reason": str(exc)[:300],
+                }
+            )
+            continue
+        baselines[backend] = sdpa
+        emit({
+            "tokens": tokens, "layout": "one_document", "impl": f"sdpa_{backend}", "gqa": gqa,
+            "useful_forward_flops": forward, **sdpa, "status": "ok",
+        })  # fmt: skip
     one, many = measured["one_document"], measured["many_documents"]
     row = {"tokens": tokens}
     for phase in ("forward", "forward_backward"):
-        row[f"{phase}_vs_sdpa"] = sdpa[phase]["median_ms"] / one[phase]["median_ms"]
+        row[f"{phase}_vs_sdpa"] = baselines["flash"][phase]["median_ms"] / one[phase]["median_ms"]
+        if "cudnn" in baselines:
+            row[f"{phase}_vs_sdpa_cudnn"] = baselines["cudnn"][phase]["median_ms"] / one[phase]["median_ms"]
         # Proportionally faster on many documents: the useful rate stays that of one document.
         row[f"{phase}_many_documents_rate_vs_one"] = many[phase]["tflops"] / one[phase]["tflops"]
         row[f"{phase}_many_documents_speedup"] = one[phase]["median_ms"] / many[phase]["median_ms"]
+    row["pinned_forward_backward_tflops"] = {
+        backend: {layout: rate["tflops"] for layout, rate in rates.items()}
+        for backend, rates in pinned_rates.items()
+    }
     emit({"tokens": tokens, "summary": row, "status": "ok"})
     return row
 
@@ -508,6 +597,7 @@ def run_speed(settings, deadline: Deadline, emit: Emit) -> dict:
     device, dtype = settings.device, settings.speed_dtype
     heads, kv_heads, head_dim = settings.heads, settings.kv_heads, settings.head_dim
     ceiling = matmul_tflops(device, settings.matmul_size, dtype)
+    backends = usable_backends(settings)
     rows, last_cost, last_tokens = [], None, None
     for tokens in settings.speed_tokens:
         # The last length's time, scaled by the work per call (quadratic) and the number of calls.
@@ -521,24 +611,30 @@ def run_speed(settings, deadline: Deadline, emit: Emit) -> dict:
             emit({"tokens": tokens, "status": "skipped", "reason": reason})
             continue
         started = time.perf_counter()
-        rows.append(measure_length(settings, tokens, emit))
+        rows.append(measure_length(settings, tokens, emit, backends))
         free_memory(device)
         last_cost, last_tokens = time.perf_counter() - started, tokens
-    goal = settings.speed_goal
+    goal, many_goal = settings.speed_goal, settings.many_documents_goal
     met = [
         r["tokens"] for r in rows if r["forward_backward_vs_sdpa"] >= goal and r["forward_vs_sdpa"] >= goal
     ]
+    many_met = [r["tokens"] for r in rows if r["forward_backward_many_documents_rate_vs_one"] >= many_goal]
     return {
         "dtype": str(dtype),
         "heads": heads,
         "kv_heads": kv_heads,
         "head_dim": head_dim,
         "matmul_tflops": ceiling,
+        "auto_chain": [k.name for k in select_kernels(device, dtype, head_dim, heads, kv_heads)],
+        "pinned_backends": backends,
         "flop_model": "forward 4*q_dim*pairs (causal, document-masked); "
         f"forward+backward {TRAIN_FACTOR:g}x forward (longctx.trainer.flops)",
         "goal": f"ring_attention speed >= {goal}x SDPA's on one document (sdpa_ms / ours_ms)",
         "rows": rows,
         "goal_met_at": met,
         "goal_met": bool(rows) and len(met) == len(rows),
+        "many_documents_goal": f"forward+backward useful rate, many documents >= {many_goal}x one document's",
+        "many_documents_goal_met_at": many_met,
+        "many_documents_goal_met": bool(rows) and len(many_met) == len(rows),
         "all_sizes_measured": len(rows) == len(settings.speed_tokens),
     }

@@ -1,10 +1,11 @@
 """Wheels the GPU suite needs on a machine that has PyTorch but cannot install anything (``make gpu-wheels``).
 
-The lent GPU machine has Python 3.12 with PyTorch, numpy, pyarrow, tokenizers, safetensors, xxhash,
-pyyaml and tqdm, but not pydantic (which the trainer's config and the shard format use) or datatrove
-(which the trainer never imports). ``download`` fetches the missing packages for CPython 3.12 on
-manylinux x86_64 (``--no-deps``: each one is named in ``WHEELS``) and builds this checkout's own wheel
-into the same folder; ``check`` verifies the folder: one version of each package, every wheel
+The lent GPU machine has Python 3.12 with PyTorch, Triton, numpy, pyarrow, tokenizers, safetensors, xxhash,
+pyyaml and tqdm, but not pydantic (which the trainer's config and the shard format use), datatrove
+(which the trainer never imports) or the ``gpu`` extra's packages. ``download`` fetches the missing
+packages for CPython 3.12 on manylinux x86_64 (``--no-deps``: each one is named in ``WHEELS``; liger-kernel
+for ``train.kernels.fused``; flash-attn-4 does not fit, see ``NOT_CARRIED``) and builds this checkout's own
+wheel into the same folder; ``check`` verifies the folder: one version of each package, every wheel
 installable on that machine's tags, and every requirement of every wheel met by another wheel or by
 a package the machine has (``DEVICE_PACKAGES``), so ``pip install --no-deps`` there leaves nothing out.
 It also checks that the working tree that travels to the machine (tracked and untracked files that git
@@ -45,8 +46,18 @@ WHEELS = {
     "typing-inspection": "0.4.5",
     # The machine has typing-extensions, in a version nobody has read; pydantic-core needs a recent one.
     "typing-extensions": "4.16.0",
+    # The gpu extra's fused kernels (train.kernels.fused): pure Python over the machine's torch and triton.
+    "liger-kernel": "0.8.5",
 }
-"""Packages carried as wheels, pinned to the versions the project's own tests run with."""
+"""Packages carried as wheels, pinned to the versions the project's own tests run with (liger-kernel: the
+version the ``gpu`` extra was written against)."""
+
+NOT_CARRIED = {
+    "flash-attn-4": "its CuTe DSL needs nvidia-cutlass-dsl-libs-cu12 or -cu13 (a 92 MB wheel, 61 MiB even as "
+    "xz -9), over the 64 MiB one device call carries with the working tree; the suite reports "
+    "FlashAttention-4 as not installed there",
+}
+"""Packages of the ``gpu`` extra that do not travel, and why."""
 
 DEVICE_PACKAGES = frozenset(
     canonicalize_name(name)
@@ -186,6 +197,8 @@ def check(dest: Path) -> list[str]:
             elif required not in DEVICE_PACKAGES and required not in NOT_NEEDED:
                 problems.append(f"{wheel.name} needs {requirement}: neither carried nor on the machine")
     size = sum(wheel.stat().st_size for wheel in wheels)
+    for name, why in NOT_CARRIED.items():
+        print(f"  not carried: {name}: {why}")
     tree = travelling_tree_bytes()
     print(
         f"  {len(wheels)} wheels, {size / 2**20:.2f} MiB; travelling tree with them "

@@ -50,8 +50,19 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     exact = sections["exactness"]["summary"]
     # dtypes x kernels (auto, cpu_flash, math) x (layouts x ring modes + one strided layout)
     assert exact["checked"] == 2 * 3 * (4 * 2 + 1)
-    ring_cases = [c for c in sections["exactness"]["cases"] if "probe_shape" not in c]
+    ring_cases = [c for c in sections["exactness"]["cases"] if "layout" in c]
     assert all(c["passed"] for c in ring_cases)
+    # the fused ops (PyTorch's here: liger-kernel needs CUDA, and says so) and a compiled layer
+    kernel_checks = [c for c in sections["exactness"]["cases"] if "check" in c]
+    assert {(c["check"], c.get("op"), c["status"]) for c in kernel_checks} >= {
+        ("fused", None, "unavailable"),
+        ("fused", "rms_norm", "ok"),
+        ("fused", "swiglu", "ok"),
+        ("fused", "rope", "ok"),
+        ("fused", "linear_cross_entropy", "ok"),
+        ("compiled layer", None, "ok"),
+    }
+    assert exact["fused_and_compiled_checked"] and not exact["failures"]
     probes = [c for c in sections["exactness"]["cases"] if "probe_shape" in c]
     assert len(probes) == 2 * 2 and {c["status"] for c in probes} == {"ok"}  # dtypes x head shapes, cpu_flash
     assert {tuple(sorted(c["kernels_used"])) for c in ring_cases} == {
@@ -60,9 +71,31 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     }
     speed = sections["speed"]["summary"]
     assert [row["tokens"] for row in speed["rows"]] == [256, 512]
+    assert speed["pinned_backends"] == ["cpu_flash", "math"] and "many_documents_goal_met" in speed
+    assert set(speed["rows"][0]["pinned_forward_backward_tflops"]) == {"cpu_flash", "math"}
     training = sections["training"]["summary"]
-    assert training["steps_timed"] == 2 and training["losses_finite"] and training["tokens_per_s"] > 0
-    assert training["plan_estimate"]["total_gib"] > 0
+    assert training["losses_finite"] and training["passed"]
+    cases = {case["case"]: case for case in training["cases"]}
+    assert list(cases) == ["1.1B auto", "1.1B full plain", "1.1B auto short", "1.1B auto long", "3B auto",
+                           "1.1B auto compiled"]  # fmt: skip
+    assert all(case["status"] == "measured" and case["tokens_per_s"] > 0 for case in cases.values())
+    assert cases["1.1B full plain"]["checkpointing"] == "full"
+    assert cases["1.1B auto"]["checkpointing"] == "none"  # a tiny model: everything fits
+    assert "compiled blocks yes" in cases["1.1B auto compiled"]["kernels"]
+    assert [cases[name]["seq_len"] for name in ("1.1B auto short", "1.1B auto", "1.1B auto long")] == [
+        128,
+        256,
+        512,
+    ]
+    details = [c["summary"] for c in sections["training"]["cases"] if "summary" in c]
+    profiled = [d for d in details if "profile" in d]
+    assert [d["case"] for d in profiled] == ["1.1B auto"]
+    shares = profiled[0]["profile"]["share"]
+    import gpu_profile
+
+    assert set(shares) == set(gpu_profile.CATEGORIES) and shares["unattributed"] == 0  # CPU: all attributed
+    assert abs(sum(shares.values()) - 1) < 1e-6 and shares["attention"] > 0 and shares["matmuls"] > 0
+    assert all(d["plan_estimate"]["total_gib"] > 0 for d in details)
     assert sections["longest"]["summary"]["fits"] == [256, 512, 1024]
     memory_cases = sections["memory"]["cases"]
     assert [(c["mode"], c["status"]) for c in memory_cases] == [
@@ -177,6 +210,16 @@ def test_synthetic_rows_are_valid_packed_windows() -> None:
     assert row.loss_mask[row.cu_seqlens[-2] :].sum() == 0  # padding trains nothing
     assert torch.equal(shard.indices, torch.arange(4096))
     assert int(shard.segment_ids.max()) == len(lengths) - 1
+
+
+def test_training_rows_are_the_many_document_layout() -> None:
+    from layouts import document_lengths
+
+    row, lengths = gpu_training.many_document_row(4096, 1000, 64, seed=2)
+    assert sum(lengths) == 4096 and lengths[-1] == 4096 // 64  # then the padding segment
+    assert lengths[:-1] == document_lengths(4096 - 64, 64, seed=2)
+    assert len(lengths) > 40 and max(lengths[:-1]) <= 127
+    assert (row.position_ids[row.cu_seqlens[:-1]] == 0).all() and row.loss_mask[-64:].sum() == 0
 
 
 def test_training_step_is_the_trainers_step() -> None:

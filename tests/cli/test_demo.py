@@ -41,9 +41,45 @@ def test_the_demo_config_ships_in_the_package_and_the_repository_links_to_it(tmp
     assert done.returncode == 0 and done.stdout == text
 
 
+TEST_EXTRA_ONLY = ("moto", "wandb", "boto3", "s3fs", "aiobotocore", "tensorboard", "transformers", "datasets")
+TEST_EXTRA_ONLY += ("accelerate", "trl", "hypothesis")
+"""Packages of the test extra and no base dependency: `make demo` installs the package alone, so the
+demo (and its training ranks) must run without them."""
+
+_BLOCK = f"""
+import sys
+
+# as if not installed: `import x` raises ModuleNotFoundError, importlib.util.find_spec(x) is None
+sys.modules.update(dict.fromkeys({TEST_EXTRA_ONLY!r}))
+"""
+
+
+def test_make_demo_installs_the_package_alone(tmp_path: Path) -> None:
+    # run from `make test` (CI), the outer make's variables would make this one print "Entering directory"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "demo", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    installs = [line for line in done.stdout.splitlines() if " install " in line]
+    assert any(line.endswith("pip install -q -e .") for line in installs), installs
+    assert not any("[test]" in line for line in installs), installs
+    assert done.stdout.strip().splitlines()[-1].endswith("longctx demo")
+
+
 @pytest.mark.slow
 def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_path: Path) -> None:
+    """... without the test extra's packages, in every process it starts (see :data:`TEST_EXTRA_ONLY`)."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(_BLOCK)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(blocker), env.get("PYTHONPATH")) if p)
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     cmd = [sys.executable, "-m", "longctx.cli", "demo"]  # the packaged config; output runs/demo under cwd

@@ -20,6 +20,7 @@ import yaml
 from longctx import jobs
 from longctx.cli import main
 from longctx.config import parse_config
+from longctx.core.errors import ConfigError
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import make_run
 from tests.readme import code_blocks
@@ -202,5 +203,115 @@ def test_eval_shards_from_s3_score_as_the_local_copy(trained_run, s3, tmp_path: 
         local / "manifest.json"
     ).read_bytes()
     assert s3.endpoint not in (Path(by_url["folder"]) / "summary.json").read_text()
-    with pytest.raises(Exception, match=r"eval\.shards.*path does not exist"):
-        parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}})
+    with pytest.raises(ConfigError, match=r"eval\.shards: path does not exist"):
+        jobs.evaluate(parse_config(settings | {"eval": {"shards": str(tmp_path / "missing")}}))
+
+
+def test_a_damaged_model_folder_is_refused_in_one_line_naming_the_file(
+    trained_run, tmp_path: Path, capsys
+) -> None:
+    """A truncated final/model.safetensors (eval --model trained) and a truncated Hugging Face folder
+    given with --model: one line naming the file before any model is scored, instead of a
+    SafetensorError traceback; no evaluation folder is written."""
+    import shutil
+
+    root, config, base = trained_run
+    output = tmp_path / "run"
+    shutil.copytree(root / "train" / "final", output / "train" / "final")
+    shutil.copytree(base, tmp_path / "base-copy")
+    for weights in (
+        output / "train" / "final" / "model.safetensors",
+        tmp_path / "base-copy" / "model.safetensors",
+    ):
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    for argv, damaged in (
+        (["--output", str(output), "--model", "trained"], output / "train" / "final" / "model.safetensors"),
+        (["--model", str(tmp_path / "base-copy")], tmp_path / "base-copy" / "model.safetensors"),
+    ):
+        before = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+        assert main(["eval", "--config", str(config), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.splitlines() == [
+            f"longctx eval: {damaged}: not a complete safetensors file (incomplete metadata, file not fully "
+            "covered); the folder is damaged: export or copy it again"
+        ]
+        assert not (output / "eval").exists()
+        assert (
+            sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+        ) == before
+
+
+def test_training_windows_are_not_scored_as_held_out(trained_run, tmp_path: Path, capsys) -> None:
+    """``eval.shards`` naming the training windows another way (a link, a copy) with more rows than
+    training held out: refused when the trained model is scored (it said 'warning: only 0 held-out
+    windows' and scored training windows); scored and labelled as training windows when asked."""
+    import shutil
+
+    from longctx.packer.dataset import PackedDataset
+
+    root, config, _ = trained_run
+    shards = root / "shards" / f"seq{SEQ_LEN}"
+    (tmp_path / "link").symlink_to(shards)
+    shutil.copytree(shards, tmp_path / "copy")
+    held_out = PackedDataset(shards, tokenizer=root / "tokenizer.json", seed=0, holdout_rows=4).heldout_rows()
+    settings = yaml.safe_load(config.read_text())
+    before = sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+    for folder in (tmp_path / "link", tmp_path / "copy"):
+        eval_section = {"models": ["trained"], "rows": 6, "needle": None, "shards": str(folder)}
+        path = tmp_path / "eval.yaml"
+        path.write_text(yaml.safe_dump({**settings, "eval": eval_section}))
+        assert main(["eval", "--config", str(path)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(
+            f"longctx eval: eval.rows = 6, but {folder} are the training windows and hold 4 that training "
+            "did not see (train.holdout_rows = 4): the trained model would be scored on windows it trained "
+            "on; lower eval.rows to 4, "
+        )
+        assert "eval.allow_training_windows: true" in line
+        assert (
+            sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+        ) == before
+
+        # asked for: the 4 held-out windows first, then 2 training windows, said so in the results
+        path.write_text(
+            yaml.safe_dump({**settings, "eval": {**eval_section, "allow_training_windows": True}})
+        )
+        assert main(["eval", "--config", str(path)]) == 0
+        out = capsys.readouterr().out
+        caption = (
+            "2 of these 6 windows are training windows (eval.allow_training_windows): the trained model's "
+            "loss on them is a training loss"
+        )
+        assert caption in out
+        folder_written = Path(out.split("written to ")[1].split(":\n")[0])
+        losses = json.loads((folder_written / "loss_by_position.json").read_text())
+        assert losses["rows"][:4] == held_out and len(set(losses["rows"])) == 6
+        assert losses["held_out_rows"] == 4 and losses["training_rows"] == 2
+        assert (folder_written / "loss_by_position.txt").read_text().splitlines()[0] == caption
+        before = sorted(p.name for p in (root / "eval").iterdir())
+
+    # the base model never trained on these windows: scored, and still labelled
+    base_only = {"models": ["base"], "rows": 6, "needle": None, "shards": str(tmp_path / "copy")}
+    result = jobs.evaluate(parse_config({**settings, "eval": base_only}))
+    losses = json.loads((Path(result["folder"]) / "loss_by_position.json").read_text())
+    assert losses["held_out_rows"] == 4 and losses["training_rows"] == 2
+
+
+def test_progress_counts_every_model_window_and_needle() -> None:
+    import io
+
+    from longctx.trainer.eval_job import EvalProgress
+
+    out = io.StringIO()
+    progress = EvalProgress(2, 3, 5, file=out, enabled=True)
+    assert progress.total == 2 * (3 + 5)
+    seen = []
+    for model in ("base", "trained"):
+        seen += list(progress.track(range(3), model, "windows"))
+        seen += list(progress.track(range(5), model, "needles"))
+    assert seen == 2 * ([0, 1, 2] + [0, 1, 2, 3, 4]) and progress.bar.n == 16
+    progress.close()
+    assert "16/16" in out.getvalue() and "trained: needles" in out.getvalue()
+    quiet = EvalProgress(1, 1, 1, file=io.StringIO())  # not a terminal: no bar
+    assert list(quiet.track([7], "base", "windows")) == [7] and quiet.bar.disable

@@ -37,6 +37,48 @@ def test_summary(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
     assert "segment lengths" in out
 
 
+def test_full_window_segments_are_in_the_bucket_labelled_by_the_window(
+    packed_run: PackedRun, capsys: pytest.CaptureFixture
+) -> None:
+    """Segment lengths run up to seq_len, so the last power-of-two bucket of 256-token windows holds
+    exactly the full-window segments: labelled "256", not "[256, 512)", and counted as the rows say."""
+    import numpy as np
+
+    folder = packed_run.folder(SEQ_LEN)
+    lengths = np.concatenate(
+        [
+            np.diff(cu)
+            for f in sorted(folder.glob("*.arrow"))
+            for cu in open_shard(f)[1]["cu_seqlens"].to_pylist()
+        ]
+    )
+    doc_ids = [
+        d
+        for f in sorted(folder.glob("*.arrow"))
+        for row in open_shard(f)[1]["doc_id"].to_pylist()
+        for d in row
+    ]
+    full = sum(1 for n, d in zip(lengths, doc_ids, strict=True) if n == SEQ_LEN and d is not None)
+    below = sum(1 for n, d in zip(lengths, doc_ids, strict=True) if 128 <= n < SEQ_LEN and d is not None)
+    assert full > 0 and below > 0
+    assert main(["inspect", str(folder)]) == 0
+    out = capsys.readouterr().out
+    segments = out[out.index("segment lengths") :].splitlines()[1:]
+    assert segments[-1].split()[:2] == ["256", f"{full:,}"], segments
+    assert segments[-2].split()[:3] == ["[128,", "256)", f"{below:,}"], segments
+    assert "512" not in out[out.index("segment lengths") :]
+
+
+def test_bucket_labels_end_where_the_values_can() -> None:
+    from longctx.packer.report import bucket_label
+
+    assert [bucket_label(k) for k in (0, 1, 2, 17)] == ["0", "1", "[2, 4)", "[64K, 128K)"]
+    assert bucket_label(17, largest=65536) == "64K"  # segment lengths of 64K windows: full windows only
+    assert bucket_label(16, largest=65536) == "[32K, 64K)"  # not cut
+    assert bucket_label(16, largest=65535) == "[32K, 64K)"  # positions of 64K windows
+    assert bucket_label(12, largest=3000) == "[2K, 3000]"
+
+
 def test_validate_passes_on_every_output(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
     assert main(["inspect", str(packed_run.root / "shards"), "--validate"]) == 0
     out = capsys.readouterr().out
@@ -81,9 +123,12 @@ def test_damaged_shards_are_clear_errors(copy: Path, capsys: pytest.CaptureFixtu
 
 
 def test_show_marks_segments_and_provenance(packed_run: PackedRun, capsys: pytest.CaptureFixture) -> None:
-    assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "0", "--max-chars", "80"]) == 0
+    folder = packed_run.folder(SEQ_LEN)
+    assert main(["inspect", str(folder), "--show", "0", "--max-chars", "80"]) == 0
     out = capsys.readouterr().out
-    assert "row 0:" in out and "── segment 0: window tokens [0, " in out
+    # the row only: its first line names it, and no summary or histogram comes before or after
+    assert out.startswith(f"row 0 of {folder}: ") and "── segment 0: window tokens [0, " in out
+    assert "rows x" not in out and "position ids" not in out and "segment lengths" not in out
     assert "· document " in out and "(source " in out and ") of " in out
     assert main(["inspect", str(packed_run.folder(SEQ_LEN)), "--show", "100000"]) == 2
     assert "out of range" in capsys.readouterr().err
@@ -96,7 +141,7 @@ def test_plot_and_single_file(packed_run: PackedRun, tmp_path: Path, capsys: pyt
     shard = packed_run.folder(SEQ_LEN) / "00000_00000.arrow"
     assert main(["inspect", str(shard), "--validate", "--show", "1"]) == 0
     out = capsys.readouterr().out
-    assert "valid (every invariant holds)" in out and "row 1:" in out
+    assert "valid (every invariant holds)" in out and f"row 1 of {shard}: " in out
 
 
 def test_help_describes_the_options(capsys: pytest.CaptureFixture) -> None:
@@ -105,3 +150,13 @@ def test_help_describes_the_options(capsys: pytest.CaptureFixture) -> None:
     out = capsys.readouterr().out
     for option in ("--validate", "--show ROW", "--plot FILE.png"):
         assert option in out
+
+
+def test_the_summary_counts_one_row_and_one_shard_in_the_singular(packed_run: PackedRun) -> None:
+    from longctx.packer.report import format_manifest
+
+    manifest = packed_run.manifests[SEQ_LEN]
+    one = manifest.model_copy(update={"rows": 1, "shards": manifest.shards[:1]})
+    text = format_manifest(one, "t")
+    assert "  1 row x 256 tokens = " in text and "; 1 shard file" in text
+    assert " rows x" not in text and "file(s)" not in text

@@ -92,7 +92,10 @@ def test_the_predicates_find_the_copies_they_are_meant_to_find() -> None:
 
 def test_the_window_and_world_size_rules_live_in_the_mesh_only() -> None:
     assert where(zigzag_divisor) == {("trainer/mesh.py", "MeshShape.chunks_per_window")}
-    assert where(remainder_by_cp) == {("trainer/mesh.py", "MeshShape.for_world")}
+    assert where(remainder_by_cp) == {
+        ("trainer/mesh.py", "MeshShape.for_world"),
+        ("trainer/mesh.py", "MeshShape.window_splits"),
+    }
 
 
 def test_the_default_training_shards_are_the_layouts() -> None:

@@ -64,6 +64,23 @@ def test_curation_summary(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     image = same_as_pyplot(monkeypatch, stats, lambda p: stats.plot_summary(summary, p), tmp_path)
     assert image.shape == (450, 1200, 4)  # figsize (12, 4.5) at 100 dpi
 
+    # the length axis has every power-of-two bucket from 2K to 128K, the empty 4K one too
+    drawn = []
+    monkeypatch.setattr(stats, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    stats.plot_summary(summary, tmp_path / "unused.png")
+    lengths = drawn[0].axes[1]
+    assert [t.get_text() for t in lengths.get_xticklabels()] == [
+        "2K",
+        "4K",
+        "8K",
+        "16K",
+        "32K",
+        "64K",
+        "128K",
+    ]
+    heights = [[bar.get_height() for bar in container] for container in lengths.containers]
+    assert heights == [[0, 0, 0, 0, 1, 3, 12], [1, 0, 3, 11, 0, 0, 0]]  # books, code
+
 
 def test_inspect_plot(monkeypatch: pytest.MonkeyPatch, packed_run: PackedRun, tmp_path: Path) -> None:
     from longctx.packer import report
@@ -99,3 +116,22 @@ def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     same_as_pyplot(
         monkeypatch, evaluate, lambda p: evaluate.plot_needle_heatmap(results, p), tmp_path / "needle"
     )
+
+
+def test_titles_count_in_the_singular_for_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One needle per cell reads "1 sample per cell" (it read "1 samples")."""
+    from longctx.trainer import evaluate
+
+    drawn = []
+    monkeypatch.setattr(evaluate, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    for samples in (1, 3):
+        results = {
+            "base": [
+                evaluate.NeedleResult(256, 0.5, "single_needle", s, "42", "42", True) for s in range(samples)
+            ]
+        }
+        evaluate.plot_needle_heatmap(results, tmp_path / "unused.png")
+    assert [figure.get_suptitle() for figure in drawn] == [
+        "needle retrieval: greedy decoding reproduces the value (1 sample per cell)",
+        "needle retrieval: greedy decoding reproduces the value (3 samples per cell)",
+    ]

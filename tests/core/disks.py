@@ -78,10 +78,16 @@ def read_only(path: Path) -> Iterator[Path]:
         _umount(path)
 
 
-def tree(path: Path) -> dict[str, tuple[int, int]]:
+def tree(path: Path, folder_times: bool = True) -> dict[str, tuple[int, int]]:
     """Every file and folder under ``path`` with its size and modification time: equal before and
-    after a refused run when it changed nothing."""
+    after a refused run when it changed nothing. Without ``folder_times``, a folder's modification
+    time is left out (a refused run of a job that holds a lock file in it, created and removed, changes
+    that time and nothing else)."""
     return {
-        str(p.relative_to(path)): (p.stat().st_size if p.is_file() else -1, p.stat().st_mtime_ns)
+        str(p.relative_to(path)): (
+            (p.stat().st_size, p.stat().st_mtime_ns)
+            if p.is_file()
+            else (-1, p.stat().st_mtime_ns * folder_times)
+        )
         for p in sorted(path.rglob("*"))
     }

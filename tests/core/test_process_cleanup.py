@@ -15,6 +15,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,53 @@ def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert _documents(killed) == _documents(reference)
     assert not run_tmp.exists()  # emptied when the run resumed, removed when it ended
+
+
+AT_ONCE_SECONDS = 0.3
+
+
+def _command_lines(pids: list[int]) -> list[str]:
+    found = []
+    for pid in pids:
+        try:
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300])
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
+def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(tmp_path: Path) -> None:
+    """kill -9 of `longctx curate` while its read stage runs: the forkserver (which has imported the
+    job's modules), its pool workers and multiprocess's resource tracker are gone within
+    :data:`AT_ONCE_SECONDS` (they used to outlive it by 0.2-4.2 s: the forkserver tore down its
+    modules before exiting, and the workers and the tracker waited for it)."""
+    output = tmp_path / "killed"
+    config = _curate_config(tmp_path, output)
+    completions = output / "work" / "curate" / "logs" / "1_read" / "completions"
+    env, mark = marked_env()
+    process = subprocess.Popen(
+        longctx_command("curate", "--config", str(config)),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for(
+        lambda: completions.is_dir() and any(completions.iterdir()), process, 180, "a read task completed"
+    )
+    helpers = _command_lines([p for p in marked_processes(mark) if p != process.pid])
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + AT_ONCE_SECONDS
+    while (alive := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    names = _command_lines(alive)
+    kill_survivors(survivors_after(mark, GRACE_SECONDS))
+    # what the kill must take with it: the tracker, the forkserver and its workers (same command line)
+    assert sum("resource_tracker" in h for h in helpers) == 1, helpers
+    assert sum("multiprocess.forkserver" in h for h in helpers) >= 2, helpers
+    assert not alive, f"alive {AT_ONCE_SECONDS} s after the kill: {names}"
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")

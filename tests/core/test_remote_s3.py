@@ -1,5 +1,6 @@
-"""Publishing resumes over files large enough for multipart uploads, against a real S3-compatible
-server (moto's, on loopback). The reference is the server's own ETag of what it received: resuming
+"""Against a real S3-compatible server (moto's, on loopback): wrong credentials are access denied
+(moto's own authentication, enforced), and publishing resumes over files large enough for
+multipart uploads. The reference is the server's own ETag of what it received: resuming
 must skip exactly the objects whose bytes are the local file's, whatever the upload's part count.
 The part size is lowered to S3's smallest (5 MiB) so that an 11 MiB file takes three parts."""
 
@@ -9,8 +10,11 @@ import hashlib
 import os
 from pathlib import Path
 
-from longctx.core.remote import multipart_etag, publish_folder
-from tests.s3server import S3, s3  # noqa: F401  (the fixture)
+import pytest
+
+from longctx.core import remote
+from longctx.core.remote import RemoteError, multipart_etag, publish_folder
+from tests.s3server import S3, AuthS3, s3, s3_auth  # noqa: F401  (the fixtures)
 
 PART = 5 * 2**20  # S3's smallest part (all but the last)
 
@@ -51,3 +55,22 @@ def test_resume_recognises_intact_multipart_uploads(s3: S3, tmp_path: Path) -> N
     assert fs.info(f"{bucket}/run/big.bin")["ETag"].strip('"').endswith("-2")
     assert publish() == ["big.bin"]
     assert publish() == []
+
+
+def test_wrong_credentials_are_access_denied_not_a_missing_bucket(s3_auth: AuthS3) -> None:
+    """With authentication enforced, an existing bucket reached with a wrong key or secret is access
+    denied, naming the URL (it was "no such bucket 'credbkt'; create it first"); the right
+    credentials pass, and a bucket that really is missing is still said to be missing."""
+    url = f"s3://{s3_auth.bucket}/run"
+    remote.check_destination(url, s3_auth.storage_options())
+    for wrong in ({"key": "AKIAWRONGKEY000000000"}, {"secret": "not-the-secret"}):
+        with pytest.raises(RemoteError) as err:
+            remote.check_destination(url, s3_auth.storage_options(**wrong))
+        message = str(err.value)
+        assert message.startswith(
+            f"{url}: access denied while checking the destination; check the credentials"
+        )
+        assert "\n" not in message and "no such bucket" not in message
+    missing = "s3://no-such-bucket-here/run"
+    with pytest.raises(RemoteError, match=r"no such bucket 'no-such-bucket-here'; create it first"):
+        remote.check_destination(missing, s3_auth.storage_options())

@@ -199,3 +199,62 @@ def test_tokenizer_named_by_hub_id_from_an_offline_cache(tmp_path: Path) -> None
         )
         assert run.returncode != 0
         assert f"tokenizer.path: {spec} is not a local path" in run.stderr.strip().splitlines()[-1]
+
+
+def _resolve_in_subprocess(spec: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    script = (
+        "import sys\nfrom longctx.core.tokenizer import resolve_tokenizer\n"
+        "f = resolve_tokenizer(sys.argv[1])\nprint(f.tokenizer, f.config, f.chat_template)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script, spec], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_chat_template_file_of_a_hub_tokenizer_comes_along(tmp_path: Path) -> None:
+    source = make_tokenizer(tmp_path / "src", ["<s>", "</s>"], config={"eos_token": "</s>"})
+    template = tmp_path / "src" / "chat_template.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}</s>{% endfor %}")
+    hub = tmp_path / "hub"
+    lay_out_hub_cache(
+        hub,
+        "acme/chat-tok",
+        {"tokenizer.json": source, "tokenizer_config.json": source.with_name("tokenizer_config.json")}
+        | {"chat_template.jinja": template},
+    )
+    run = _resolve_in_subprocess("acme/chat-tok", _offline_env(hub))
+    assert run.returncode == 0, run.stderr
+    tokenizer, config, chat = run.stdout.split()
+    assert Path(chat).read_text() == template.read_text()
+    assert Path(chat).parent == Path(tokenizer).parent == Path(config).parent
+    # and from a local folder
+    found = resolve_tokenizer(tmp_path / "src")
+    assert found.chat_template == template and found.config == source.with_name("tokenizer_config.json")
+
+
+def test_a_hub_id_missing_offline_names_the_cache_and_hf_hub_offline(tmp_path: Path) -> None:
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    run = _resolve_in_subprocess("acme/not-cached", _offline_env(hub))
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert f"the Hugging Face hub cache {hub} does not hold acme/not-cached" in last, last
+    assert "HF_HUB_OFFLINE is set" in last and "connection" not in last
+
+
+def test_an_unreachable_hub_fails_at_once_naming_the_cache(tmp_path: Path) -> None:
+    """Online with the hub out of reach (a closed port on loopback): no retries (each file download
+    retried for about 24 s before), and the message names the cache that did not hold it."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    env = _offline_env(hub) | {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    run = _resolve_in_subprocess("acme/not-cached", env)
+    assert run.returncode != 0
+    assert "Retrying" not in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert "the Hugging Face hub cannot be reached" in last and f"hub cache {hub}" in last, last

@@ -199,3 +199,147 @@ def test_shards_of_format_version_1_are_refused(packed_run: PackedRun, tmp_path:
         writer.write_table(table)
     with pytest.raises(ShardError, match="written in format version 1; this version of longctx reads 2"):
         open_shard(old)
+
+
+def test_a_dense_mask_above_the_limit_is_refused_before_it_is_allocated() -> None:
+    """One 64K row would take a 16 GiB float32 mask: refused by default, naming the kernels to use."""
+    from longctx.packer.hf import MAX_MASK_BYTES, MaskTooLarge
+
+    seq_len = 1 << 16
+    batch = {
+        "input_ids": torch.zeros(1, seq_len, dtype=torch.int64),
+        "position_ids": torch.arange(seq_len)[None],
+        "labels": torch.zeros(1, seq_len, dtype=torch.int64),
+        "cu_seqlens": torch.tensor([0, seq_len], dtype=torch.int32),
+        "max_seqlen": seq_len,
+    }
+    with pytest.raises(MaskTooLarge) as refused:
+        to_transformers(batch, "sdpa")
+    message = str(refused.value)
+    assert (
+        "1 row of 65,536 tokens takes 16 GiB" in message
+        and f"max_mask_bytes={MAX_MASK_BYTES >> 30} GiB" in message
+    )
+    assert "flash_attention_2" in message and "flex_attention" in message and "longctx train" in message
+    assert "\n" not in message
+    # flash attention needs no mask: the same batch is fine there
+    assert to_transformers(batch, "flash_attention_2")["input_ids"].shape == (1, seq_len)
+
+
+def test_the_mask_limit_is_exact_and_configurable(packed_run: PackedRun) -> None:
+    from longctx.packer.hf import MaskTooLarge
+
+    batch = collate_packed(busiest_rows(packed_run))  # 2 rows of 256 tokens: 2 x 256^2 x 4 bytes
+    size = 2 * SEQ_LEN * SEQ_LEN * 4
+    allowed = to_transformers(batch, "eager", max_mask_bytes=size)["attention_mask"]
+    assert allowed.shape == (2, 1, SEQ_LEN, SEQ_LEN) and allowed.numel() * allowed.element_size() == size
+    with pytest.raises(MaskTooLarge, match="2 rows of 256 tokens"):
+        to_transformers(batch, "eager", max_mask_bytes=size - 1)
+    with pytest.raises(MaskTooLarge):
+        PackedCollator("sdpa", max_mask_bytes=size - 1)(busiest_rows(packed_run))
+    bf16 = to_transformers(batch, "sdpa", mask_dtype=torch.bfloat16, max_mask_bytes=size // 2)[
+        "attention_mask"
+    ]
+    assert torch.equal(bf16 == 0, allowed == 0)  # the same pattern in half the bytes
+    assert to_transformers(batch, "sdpa", max_mask_bytes=None)["attention_mask"].shape == allowed.shape
+
+
+def test_the_collator_takes_rows_with_a_labels_column_and_tensor_columns(packed_run: PackedRun) -> None:
+    """Rows loaded with ``datasets`` as lists, with the ``labels`` list TRL adds, or as torch tensors
+    (``with_format("torch")``) give the batch of the PackedDataset items."""
+    datasets = pytest.importorskip("datasets")
+    first = sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))[0]
+    rows = datasets.Dataset.from_file(str(first))
+    reference = to_transformers(collate_packed([dataset(packed_run)[0], dataset(packed_run)[1]]), "sdpa")
+    with_labels = [dict(rows[i], labels=list(rows[i]["input_ids"])) for i in (0, 1)]
+    tensors = rows.with_format("torch")
+    for features in (with_labels, [tensors[0], tensors[1]]):
+        ours = PackedCollator("sdpa")(features)
+        for key in ("input_ids", "position_ids", "labels", "attention_mask"):
+            assert torch.equal(ours[key], reference[key]), key
+
+
+def test_a_row_cut_to_other_lengths_is_one_line_naming_the_columns(packed_run: PackedRun) -> None:
+    datasets = pytest.importorskip("datasets")
+    from longctx.packer.hf import PackedRowError
+
+    first = sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))[0]
+    row = datasets.Dataset.from_file(str(first))[0]
+    cut = dict(row, input_ids=row["input_ids"][:100], labels=row["input_ids"][:100])  # what TRL did
+    with pytest.raises(PackedRowError) as refused:
+        PackedCollator("sdpa")([cut])
+    message = str(refused.value)
+    assert "input_ids 100, position_ids 256, loss_mask 256 tokens, cu_seqlens ends at 256" in message
+    assert "skip_prepare_dataset" in message and "\n" not in message
+    item = dataset(packed_run)[0]
+    with pytest.raises(PackedRowError, match="input_ids 100, labels 256, position_ids 256, loss_mask 256"):
+        PackedCollator("sdpa")([dict(item, input_ids=item["input_ids"][:100])])
+    with pytest.raises(PackedRowError, match="lost cu_seqlens, loss_mask before the collator"):
+        PackedCollator("sdpa")([{k: item[k] for k in ("input_ids", "labels", "position_ids")}])
+
+
+@pytest.mark.slow
+def test_trl_without_skip_prepare_dataset_is_one_line_naming_the_cut_columns(
+    packed_run: PackedRun, tmp_path: Path
+) -> None:
+    """The mistake the README warns about, with TRL itself: its dataset preparation cuts input_ids to
+    max_length and leaves the other columns whole; the collator names each column's length."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from longctx.packer.hf import PackedRowError
+
+    # a copy: TRL's dataset preparation writes datasets' cache files beside the file it maps
+    shard = tmp_path / "shard.arrow"
+    shard.write_bytes(sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))[0].read_bytes())
+    rows = datasets.Dataset.from_file(str(shard))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(packed_run.root)
+    model = tiny_llama("sdpa", read_header(rows).tokenizer.vocab_size).train()
+    args = trl.SFTConfig(
+        str(tmp_path / "trl"),
+        max_steps=1,
+        max_length=64,
+        per_device_train_batch_size=2,
+        remove_unused_columns=False,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=rows,
+        processing_class=tokenizer,
+        data_collator=PackedCollator("sdpa"),
+    )
+    with pytest.raises(PackedRowError) as refused:
+        trainer.train()
+    assert list(packed_run.folder(SEQ_LEN).glob("cache-*")) == []  # the shared shards left as they were
+    assert "input_ids 64, position_ids 256, loss_mask 256 tokens, cu_seqlens ends at 256" in str(
+        refused.value
+    )
+    assert "skip_prepare_dataset" in str(refused.value)
+
+
+def test_read_header_counts_the_rows_of_the_dataset_it_is_given(
+    packed_run: PackedRun, tmp_path: Path
+) -> None:
+    """The header stored in the features is one file's, rows included; a dataset of several files
+    (or a selection) reports its own count, checked against the files' rows read with pyarrow."""
+    datasets = pytest.importorskip("datasets")
+    from longctx.packer.format import ShardHeader, ShardMetadata
+
+    files = sorted(packed_run.folder(SEQ_LEN).glob("*.arrow"))
+    per_file = [open_shard(f)[1].num_rows for f in files]
+    assert len(files) > 1 and len(set(per_file)) > 1  # a wrong count cannot pass by chance
+    every = datasets.load_dataset(
+        "arrow", data_files=[str(f) for f in files], split="train", cache_dir=str(tmp_path / "cache")
+    )
+    assert read_header(every).rows == sum(per_file) == len(every)
+    assert read_header(datasets.Dataset.from_file(str(files[1]))).rows == per_file[1]
+    assert read_header(every.select(range(5))).rows == 5
+    assert read_header(every.filter(lambda row: row["cu_seqlens"][1] < SEQ_LEN)).rows == sum(
+        1 for f in files for cu in open_shard(f)[1].column("cu_seqlens").to_pylist() if cu[1] < SEQ_LEN
+    )
+    assert read_header(open_shard(files[1])[1].schema).rows == per_file[1]  # one file's schema: its rows
+    bare = read_header(every.features)  # no dataset, no count
+    assert type(bare) is ShardHeader and not isinstance(bare, ShardMetadata)
+    assert bare == ShardHeader(**read_header(every).model_dump(exclude={"rows"}))

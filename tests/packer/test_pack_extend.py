@@ -83,7 +83,7 @@ def test_a_new_length_may_need_other_packing_settings(curated: Path, tmp_path: P
 def test_other_data_is_refused_and_changes_nothing(curated: Path, tmp_path: Path) -> None:
     root = copy_of(curated, tmp_path / "run")
     jobs.pack(make_config(root, seq_lens=[256]))
-    before = tree(root / "shards"), tree(root / "work")
+    before = tree(root / "shards"), tree(root / "work", folder_times=False)  # work/pack/.lock comes and goes
     with pytest.raises(ConfigError, match=r"made from other data \(different pack\.eos_token\)"):
         jobs.pack(make_config(root, seq_lens=[256, 1024], eos_token="<|pad|>"))
     with pytest.raises(ConfigError, match=r"made from other data \(different context\)"):
@@ -95,7 +95,7 @@ def test_other_data_is_refused_and_changes_nothing(curated: Path, tmp_path: Path
     with pytest.raises(ConfigError, match=r"\(different documents\)"):
         jobs.pack(make_config(root, seq_lens=[256, 1024]))
     (root / "documents" / "books" / "extra.parquet").unlink()
-    assert (tree(root / "shards"), tree(root / "work")) == before  # a refused run changes nothing
+    assert (tree(root / "shards"), tree(root / "work", folder_times=False)) == before  # changes nothing
 
 
 def test_an_unfinished_length_resumes_only_with_its_own_settings(curated: Path, tmp_path: Path) -> None:
@@ -103,7 +103,8 @@ def test_an_unfinished_length_resumes_only_with_its_own_settings(curated: Path, 
     jobs.pack(make_config(root, seq_lens=[256, 1024]))
     (root / "shards" / "seq1024" / "manifest.json").unlink()  # as a run killed before its last stage
     with pytest.raises(
-        ConfigError, match=r"seq1024 is half packed with other settings \(different pack\.shard_tokens\)"
+        ConfigError,
+        match=r"seq1024 is half packed with other settings \(pack\.shard_tokens: 4096, now 8192\)",
     ):
         jobs.pack(make_config(root, seq_lens=[256, 1024], shard_tokens=8192))
     finished = jobs.pack(make_config(root, seq_lens=[256, 1024]))
@@ -128,3 +129,116 @@ def test_every_pack_setting_is_classified() -> None:
     """A new setting must say whether it changes every output, one output, or none."""
     assert set(PackConfig.model_fields) == DATA_FIELDS | WINDOW_FIELDS | NOT_IN_OUTPUT
     assert not (DATA_FIELDS & WINDOW_FIELDS or DATA_FIELDS & NOT_IN_OUTPUT or WINDOW_FIELDS & NOT_IN_OUTPUT)
+
+
+WINDOW_CHANGES = {
+    "strategy": ({"strategy": "concat"}, "pack.strategy: bfd, now concat"),
+    "shard_tokens": ({"shard_tokens": 2048}, "pack.shard_tokens: 4096, now 2048"),
+    "pool_tokens": ({"pool_tokens": 2048}, "pack.pool_tokens: 8192, now 2048"),
+    "tasks": ({"executor": {"tasks": 3, "workers": 1}}, "pack.executor.tasks: 2, now 3"),
+}
+DATA_CHANGES = {
+    "mix": {"mix": {"books": 0.6, "papers": 0.3, "anchor": 0.1}, "mix_max_dropped": 1.0},
+    "mix_total_tokens": {"mix_total_tokens": 10_000},
+    "seed": {"seed": 5},
+    "eos_token": {"eos_token": "<|pad|>"},
+    "bos_token": {"bos_token": "<|bos|>"},
+    "pad_token": {"pad_token": "<|pad|>"},
+}
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    """Every file of the run's shards and pack state, with its bytes."""
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for sub in ("shards", "work")
+        for p in sorted((root / sub).rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_every_byte_changing_setting_is_tested() -> None:
+    assert set(WINDOW_CHANGES) == WINDOW_FIELDS | {"tasks"} and set(DATA_CHANGES) == DATA_FIELDS
+
+
+@pytest.mark.parametrize("name", sorted(WINDOW_CHANGES))
+def test_a_rerun_with_other_window_settings_is_refused_not_kept(
+    curated: Path, tmp_path: Path, name: str
+) -> None:
+    """A finished output rerun with another strategy, shard or pool size or task count was "already
+    packed, kept as it is", though its bytes are not what the config asks for: refused like a changed
+    seed, naming the setting and both values, changing nothing. Deleting the folder packs it anew
+    with the new settings, to the bytes of a run that packed it so from the start."""
+    change, said = WINDOW_CHANGES[name]
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    before = contents(root)
+    folder = root / "shards" / "seq256"
+    with pytest.raises(ConfigError) as err:
+        jobs.pack(make_config(root, seq_lens=[256], **change))
+    assert str(err.value) == (
+        f"{folder} was packed with other settings ({said}); run with its settings, or delete {folder} to "
+        "pack it anew"
+    )
+    assert contents(root) == before
+    shutil.rmtree(folder)
+    again = jobs.pack(make_config(root, seq_lens=[256], **change))
+    fresh = copy_of(curated, tmp_path / "fresh")
+    jobs.pack(make_config(fresh, seq_lens=[256], **change))
+    assert bytes_of(folder) == bytes_of(fresh / "shards" / "seq256")
+    assert validate_folder(folder) == [] and again[256].rows > 0
+
+
+@pytest.mark.parametrize("name", sorted(DATA_CHANGES))
+def test_a_rerun_with_other_data_settings_is_refused(curated: Path, tmp_path: Path, name: str) -> None:
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    before = contents(root)
+    with pytest.raises(ConfigError, match=rf"made from other data \(different pack\.{name}\)"):
+        jobs.pack(make_config(root, seq_lens=[256], **DATA_CHANGES[name]))
+    assert contents(root) == before
+
+
+def test_a_finished_length_kept_beside_a_new_one_says_its_other_settings(
+    curated: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a new length to pack, the new settings are that length's: the finished one is kept and
+    the console says it was packed otherwise; a rerun of that config changes nothing."""
+    root = copy_of(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[256]))
+    capsys.readouterr()
+    jobs.pack(make_config(root, seq_lens=[256, 1024], strategy="concat"))
+    folder = root / "shards" / "seq256"
+    assert (
+        f"{folder}: already packed with other settings (pack.strategy: bfd, now concat), kept as it is"
+        in capsys.readouterr().out
+    )
+    before = contents(root)
+    jobs.pack(make_config(root, seq_lens=[256, 1024], strategy="concat"))
+    assert contents(root) == before
+    with pytest.raises(ConfigError, match=r"seq256 was packed with other settings"):
+        jobs.pack(make_config(root, seq_lens=[256], strategy="concat"))
+
+
+def test_only_passes_with_tasks_done_are_forgotten(tmp_path: Path) -> None:
+    """A length recorded but with an empty folder is packed anew: the resume state of a pass that
+    completed tasks for it goes (its shards were deleted), while a pass with no task done keeps its
+    state, the Slurm jobs it records included (still queued: running pack again must not submit them
+    twice; the Slurm test in tests/cluster resubmitted them before)."""
+    from longctx.core.jobstate import SlurmJob, record_slurm_jobs, record_stages, slurm_jobs, stage_folder
+    from longctx.core.layout import RunLayout
+    from longctx.packer.run import forget_passes
+
+    layout = RunLayout(tmp_path, "pack")
+    queued, done, other = (layout.work / name for name in ("seq256+seq512", "seq256", "seq1024"))
+    for work in (queued, done, other):
+        record_stages(work, [("pack", 2), ("manifest", 1)])
+    record_slurm_jobs(queued, [SlurmJob(1, "pack", 2, "28", str(queued / "logs"))])
+    for work in (done, other):
+        marks = stage_folder(work, 1, "pack") / "completions"
+        marks.mkdir(parents=True)
+        (marks / "00000").touch()
+    forget_passes(layout, [256])
+    assert not done.exists()  # its shards are gone: its tasks must run again
+    assert [job.job_id for job in slurm_jobs(queued)] == ["28"]  # nothing done yet: kept as it is
+    assert (other / "logs").is_dir()  # another length's pass is not touched

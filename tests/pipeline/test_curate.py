@@ -29,7 +29,7 @@ from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.core.tokenizer import load_tokenizer, tokenizer_fingerprint
-from longctx.core.workers import SEMAPHORE_FOLDER
+from longctx.core.workers import SEMAPHORE_FOLDER, semaphore_prefix
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.documents import document_files, file_tokenizer, iter_rows
 
@@ -306,9 +306,11 @@ def _curate_cmd(config_path: Path) -> list[str]:
     return [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config_path)]
 
 
-def _semaphores() -> set[str]:
-    """The named semaphores on this machine (files in /dev/shm on Linux; none found elsewhere)."""
-    return {p.name for p in SEMAPHORE_FOLDER.glob("sem.*")} if SEMAPHORE_FOLDER.is_dir() else set()
+def _semaphores(work: Path) -> set[str]:
+    """The named semaphores of the job whose work folder is ``work`` (files in /dev/shm on Linux; none
+    found elsewhere). Only the job's own: other processes of the machine create and remove theirs."""
+    pattern = f"sem.{semaphore_prefix(work).lstrip('/')}-*"
+    return {p.name for p in SEMAPHORE_FOLDER.glob(pattern)} if SEMAPHORE_FOLDER.is_dir() else set()
 
 
 def _snapshot(output: Path) -> tuple[dict, list]:
@@ -325,7 +327,6 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     killed = tmp_path / "killed"
     cfg_path = tmp_path / "killed.yaml"
     cfg_path.write_text(yaml.safe_dump(make_config(tmp_path, tmp_path / "input", tokenizer_file, killed)))
-    semaphores_before = _semaphores()
     proc = subprocess.Popen(
         _curate_cmd(cfg_path), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -341,12 +342,13 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "ledger.parquet").exists()
+    assert _semaphores(killed / "work" / "curate") or not SEMAPHORE_FOLDER.is_dir()  # what the kill left
     done = subprocess.run(_curate_cmd(cfg_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _snapshot(killed) == _snapshot(reference)
     # the killed process group took multiprocess's resource tracker with it: the run resumed removed
     # the named semaphores its pools left
-    assert _semaphores() <= semaphores_before
+    assert _semaphores(killed / "work" / "curate") == set()
 
 
 def test_interrupted_write_stage_is_redone_without_duplicates(tmp_path: Path, tokenizer_file) -> None:

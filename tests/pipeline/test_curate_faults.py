@@ -161,3 +161,24 @@ def test_missing_input_is_refused_before_any_work(tmp_path: Path, tokenizer: Pat
     with pytest.raises(ConfigError, match=r"curate\.sources\.0\.path: memory://nowhere/books does not exist"):
         jobs.curate(parse_config(cfg))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "inside", ["books/run", "run", "."], ids=["in-a-source", "in-the-input", "the-input"]
+)
+def test_output_inside_the_input_is_refused_before_any_work(
+    tmp_path: Path, tokenizer: Path, inside: str
+) -> None:
+    """`curate --input in --output in/books/run` would read what it writes (it used to end in a
+    LedgerMismatch traceback after the whole run): one line, and the input is left as it was."""
+    input_dir = books(tmp_path, 2, 300)
+    before = tree(input_dir)
+    output = input_dir / inside
+    done = cli(config(input_dir, tokenizer, output), tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    where = "is" if inside == "." else "lies inside"
+    assert done.stderr.strip() == (
+        f"longctx curate: output: {output} {where} the input folder {input_dir} (curate.input); "
+        "choose another output outside the input"
+    )
+    assert tree(input_dir) == before

@@ -271,3 +271,66 @@ def test_file_index_equals_datatrove_shingles_and_signatures(
             for d in expected_docs
         )
         assert sigs == want
+
+
+PACKAGE_FILES = {  # name -> (imports as upstream writes them, seed of the body)
+    "__init__.py": ("import urllib3\nimport chardet\nfrom . import api, sessions\n", 11),
+    "api.py": ("from . import sessions\n", 12),
+    "sessions.py": ("import urllib3\nfrom urllib3.util import retry\nfrom .models import Request\n", 13),
+    "models.py": ("import chardet\nfrom urllib3.fields import RequestField\n", 14),
+    "adapters.py": (
+        "from urllib3.poolmanager import PoolManager\nfrom urllib3.util.retry import Retry\n",
+        15,
+    ),
+    "structures.py": ("from collections import OrderedDict\n", 16),
+    "__version__.py": ("", 17),
+}
+
+
+def vendor_rewritten(imports: str) -> str:
+    """The imports as pip rewrites them when it vendors the package (``pip._vendor.<name>``)."""
+    out = []
+    for line in imports.splitlines():
+        for name in ("urllib3", "chardet"):
+            if line == f"import {name}":
+                line = f"from pip._vendor import {name}"
+            line = line.replace(f"from {name}.", f"from pip._vendor.{name}.").replace(
+                f"from {name} ", f"from pip._vendor.{name} "
+            )
+        out.append(line)
+    return "\n".join(out) + ("\n" if out else "")
+
+
+@pytest.fixture(scope="module")
+def vendored_pair(tmp_path_factory) -> Path:
+    """psf/requests' shape (a pyproject.toml naming the package, the package under ``src/``) beside
+    pip's vendored copy of the package folder alone, as its own repository, its imports rewritten to
+    ``pip._vendor.*``, with no vendored folder in its path: the copy is shallower, and longer."""
+    root = tmp_path_factory.mktemp("vendoredpair") / "code"
+    write(root, "requests/pyproject.toml", '[project]\nname = "requests"\nversion = "2.32.3"\n')
+    write(root, "requests/README.md", "# Requests\n\nHTTP for Humans.\n")
+    for name, (imports, seed) in PACKAGE_FILES.items():
+        body = module(seed, 25)
+        write(root, f"requests/src/requests/{name}", imports + body)
+        write(root, f"pip-requests/requests/{name}", vendor_rewritten(imports) + body)
+    return root
+
+
+def test_the_upstream_repository_keeps_its_files_and_the_rewritten_copy_loses_them(
+    vendored_pair: Path, tmp_path: Path
+) -> None:
+    decisions = run_file_dedup(vendored_pair, tmp_path / "now", FileDedupConfig())
+    assert lost(decisions, "code/requests") == {}
+    assert lost(decisions, "code/pip-requests") == {
+        f"requests/{name}": (
+            "code/requests",
+            f"src/requests/{name}",
+            "near_duplicate" if vendor_rewritten(imports) != imports else "exact_duplicate",
+        )
+        for name, (imports, _) in PACKAGE_FILES.items()
+    }
+    # the reference: ranked by path and length alone (the former default), upstream lost its files
+    before = run_file_dedup(
+        vendored_pair, tmp_path / "before", FileDedupConfig(keep=["not_vendored", "longest", "shallowest"])
+    )
+    assert len(lost(before, "code/requests")) == len(PACKAGE_FILES)

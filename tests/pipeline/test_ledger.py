@@ -59,13 +59,13 @@ def test_complete_ledger_merges(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "inputs, parts, message",
     [
-        (["a", "b"], {"kept": [_row("a")]}, "1 inputs have no ledger row"),
+        (["a", "b"], {"kept": [_row("a")]}, "1 input without a ledger row"),
         (
             ["a"],
             {"kept": [_row("a")], "length": [_row("a", "filtered", "too_short")]},
             "more than one ledger row",
         ),
-        (["a"], {"kept": [_row("a"), _row("z")]}, "name no input"),
+        (["a"], {"kept": [_row("a"), _row("z")]}, "1 ledger row naming no input"),
         (["a", "a"], {"kept": [_row("a")]}, "input ids are not unique"),
     ],
 )

@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from longctx.core.errors import ConfigError
+from longctx.core.runlock import RunLockedError, run_lock
 from longctx.trainer.launch import PARENT_ENV
-from longctx.trainer.runlock import RunLockedError, run_lock
 from tests.trainer.test_train import SEQ_LEN, shards_root, train_config  # noqa: F401 - shards_root is a fixture
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -116,13 +116,13 @@ def test_killing_the_launcher_leaves_no_rank_training(shards_root: Path, tmp_pat
     else:  # a lock left by a killed launcher is taken over by the next run, with a message
         lock = json.loads((output / "train" / ".lock").read_text())
         assert lock["pid"] == proc.pid
-        with run_lock(output / "train") as path:
+        with run_lock(output / "train", "train") as path:
             assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
 def test_a_second_run_on_the_same_output_is_refused(tmp_path: Path) -> None:
     train_dir = tmp_path / "out" / "train"
-    with run_lock(train_dir) as path:
+    with run_lock(train_dir, "train") as path:
         owner = json.loads(path.read_text())
         assert owner["pid"] == os.getpid() and owner["host"]
         with (
@@ -130,15 +130,15 @@ def test_a_second_run_on_the_same_output_is_refused(tmp_path: Path) -> None:
                 RunLockedError,
                 match=rf"{path}: another longctx train is running on this output \(pid {os.getpid()} on host",
             ),
-            run_lock(train_dir),
+            run_lock(train_dir, "train"),
         ):
             pass
         other = subprocess.run(  # another process is refused the same way, before it touches anything
             [
                 sys.executable,
                 "-c",
-                "from longctx.trainer.runlock import run_lock\n"
-                f"with run_lock(__import__('pathlib').Path({str(train_dir)!r})): pass",
+                "from longctx.core.runlock import run_lock\n"
+                f"with run_lock(__import__('pathlib').Path({str(train_dir)!r}), 'train'): pass",
             ],
             capture_output=True,
             text=True,
@@ -157,13 +157,13 @@ def test_a_stale_lock_is_taken_over_and_a_foreign_one_is_not(
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (train_dir / ".lock").write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "since": 0}))
-    with run_lock(train_dir):
+    with run_lock(train_dir, "train"):
         pass
     assert f"taking over the stale lock {train_dir / '.lock'} of pid {dead.pid}" in capsys.readouterr().err
     (train_dir / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "since": 0}))
     with (
         pytest.raises(RunLockedError, match=r"held by a run on another host .*delete the file"),
-        run_lock(train_dir),
+        run_lock(train_dir, "train"),
     ):
         pass
 
@@ -359,3 +359,30 @@ def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(t
     assert [line for line in done.stderr.splitlines() if "damaged shard" in line] == [
         "longctx train: rank 1 found a damaged shard"
     ]
+
+
+def test_multi_machine_flags_that_make_no_job_are_refused_before_any_rank_starts(
+    shards_root: Path, tmp_path: Path
+) -> None:
+    config = write_config(shards_root, tmp_path / "run", cp=2)
+    for flags, message in [
+        (
+            ["--nnodes", "2"],
+            "longctx train: --nnodes 2 needs --rdzv-endpoint HOST:PORT, where the machines' launchers meet",
+        ),
+        (["--nnodes", "2", "--rdzv-endpoint", "node0"], "needs --rdzv-endpoint HOST:PORT"),
+        (
+            ["--rdzv-endpoint", "node0:29500"],
+            "longctx train: --rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)",
+        ),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2", *flags],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=120,
+        )
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert message in done.stderr, done.stderr
+        assert not (tmp_path / "run").exists()

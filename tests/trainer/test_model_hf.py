@@ -435,9 +435,9 @@ def test_activation_checkpointing_and_chunked_loss_keep_gradients(
     torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
     for (name, a), (_, b) in zip(tiny_model.named_parameters(), checkpointed.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-5, msg=name)
-    # full recomputes every layer's attention in backward; selective keeps it
-    layers = tiny_model.config.num_hidden_layers
-    assert len(calls) == (layers if mode == "selective" else 2 * layers)
+    # every mode recomputes a plain attention function in backward: selective keeps the output of the ring
+    # operator only (tests/trainer/test_checkpointing.py counts the ring's runs)
+    assert len(calls) == 2 * tiny_model.config.num_hidden_layers
 
 
 def test_init_weights_and_tied_output() -> None:

@@ -141,9 +141,11 @@ def test_rank_memory(toy: plan.ModelShape) -> None:
     params = 2 * (64 * 192 + 3 * 64 * 176 + 2 * 64) + 64 + 2 * 100 * 64
     assert params == 105_280
     memory = plan.rank_memory(toy, 1024, 4, state_shards=2)
-    # per token a block saves c(3q + 2k + 4i) + 4a + r 4h = 2 * 960 + 16 + 2 * 256 (bf16 residual under
-    # FSDP; the attention output twice, the ring's and the output projection's input)
-    saved = 2_448
+    # per token a block saves c(2q + 2k + 4i) + 4a + 2(4h + rh + 4) + 2ch (bf16 residual under FSDP: each
+    # norm keeps a float32 copy of its input, its bf16 normalized value and a float32 statistic; the norms'
+    # outputs are the projections' inputs; the output projection's input is the attention output itself)
+    saved = 2 * 896 + 16 + 2 * (4 * 64 + 2 * 64 + 4) + 2 * 2 * 64
+    assert saved == 2_840
     held = 256 * saved  # one block, 256 tokens per rank
     # backward's start holds more than its end: both blocks' activations and the output projection's gradient
     assert 2 * held + 4 * 6_400 / 2 > held + 4 * params / 2
@@ -169,9 +171,10 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
     assert memory.model_states == 12 * params / 4 + 4 * 6_400 / 4
     # two blocks and the output projection, gathered in bf16 with bf16 gradients and fp32 reduce buffers
     assert memory.gathered_params == (2 * block + 100 * 64) * (2 + 2 + 4)
-    # per token per layer: input 2h + rotated q, k, v and the attention output twice 2(3q + 2k) + fp32
-    # lse 4a, plus one layer's saved activations (2_448 bytes per token) and gradients while recomputed
-    assert memory.activations == 2 * 256 * (2 * 64 + 2 * (3 * 64 + 2 * 32) + 4 * 4) + 256 * (2_448 + 1_312)
+    # per token per layer: input rh + the outputs of its matmuls and attention c(2q + 2k + 2h + 2i) + fp32
+    # lse 4a, plus one layer's saved activations (2_840 bytes per token) and gradients while recomputed
+    kept = 2 * 64 + 2 * (2 * 64 + 2 * 32 + 2 * 64 + 2 * 176) + 4 * 4
+    assert memory.activations == 2 * 256 * kept + 256 * (2_840 + 1_312)
     # all 256 tokens of the rank fit one chunk: fp32 logits and gradient plus the bf16 product
     assert memory.logits == 256 * 100 * (4 + 4 + 2)
     assert memory.total == pytest.approx(
@@ -182,10 +185,10 @@ def test_sharded_rank_memory_by_hand(toy: plan.ModelShape) -> None:
         + memory.ring_buffers
     )
     fp32 = plan.rank_memory(toy, 1024, 4, activation_checkpointing="none", compute_bytes=4)
-    # float32 throughout: c = r = 4 in the per-token terms above
-    assert fp32.gathered_params == 0 and fp32.activations == 2 * 256 * (4 * 960 + 16 + 4 * 256) + 256 * (
-        4 * 3 * 176 + 4 * 2 * 64
-    )
+    # float32 throughout: c = r = 4 in the per-token terms of test_rank_memory
+    saved = 4 * 896 + 16 + 2 * (4 * 64 + 4 * 64 + 4) + 2 * 4 * 64
+    assert fp32.gathered_params == 0
+    assert fp32.activations == 2 * 256 * saved + 256 * (4 * 3 * 176 + 4 * 2 * 64)
 
 
 def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelShape) -> None:
@@ -193,13 +196,13 @@ def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelSh
     and autocast casts the norms' outputs to bf16 once for each of the five input projections (5h more)."""
     autocast = plan.rank_memory(toy, 1024, 1, activation_checkpointing="full")
     sharded = plan.rank_memory(toy, 1024, 1, state_shards=2, activation_checkpointing="full")
-    saved = 2 * 960 + 16 + 4 * 4 * 64 + 2 * 5 * 64
+    saved = 2 * 896 + 16 + 2 * (4 * 64 + 4 * 64 + 4) + 2 * 5 * 64
     # at backward's end (every gradient outweighs the other block's input): one block's float32 input for
     # 1024 tokens, the recomputed block's saved activations and gradients
     assert autocast.activations == 1024 * 4 * 64 + 1024 * (saved + 2 * 3 * 176 + 4 * 2 * 64)
     assert autocast.activations > sharded.activations
     assert plan.rank_memory(toy, 1024, 1, activation_checkpointing="full", residual_bytes=2).activations == (
-        1024 * 2 * 64 + 1024 * (2_448 + 1_312)
+        1024 * 2 * 64 + 1024 * (2_840 + 1_312)
     )
 
 
@@ -231,10 +234,170 @@ def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelSh
 
 
 @pytest.mark.parametrize(
-    ("text", "value"), [("80GB", 80e9), ("80GiB", 80 * GiB), ("141gb", 141e9), ("1024", 1024)]
+    ("text", "value"),
+    [
+        ("80GB", 80e9),
+        ("80GiB", 80 * GiB),
+        ("141gb", 141e9),
+        ("141G", 141e9),
+        ("80", 80e9),  # a bare number is GB, as GPUs are sold
+        ("80 GB", 80e9),
+        ("0.5T", 5e11),
+        ("81559MiB", 81559 * 1024**2),  # as nvidia-smi reports an H100's memory
+        ("8e10B", 8e10),
+        ("1024B", 1024),
+    ],
 )
 def test_parse_bytes(text: str, value: float) -> None:
     assert plan.parse_bytes(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("80 bananas", "bad memory size '80 bananas'"),
+        ("-80", "bad memory size '-80'"),
+        ("0", "bad memory size '0'"),
+        ("inf", "bad memory size 'inf'"),
+        ("nan", "bad memory size 'nan'"),
+        ("80G B", "bad memory size '80G B'"),
+        ("80000000000", "more than any GPU holds; a bare number is GB"),  # bytes meant as GB
+        ("2", "leaves nothing for training"),  # 2 GB: less than the reserve
+    ],
+)
+def test_nonsense_gpu_memory_is_refused_in_one_line(text: str, message: str, capsys) -> None:
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "64K", "--cp", "8", "--gpu-memory", text]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_bare_gpu_memory_is_gb_and_what_does_not_fit_says_what_would(capsys) -> None:
+    """The issue's command: 80 is 80 GB; 128K at cp 8 does not fit without checkpointing, and the plan
+    names the smallest change of each kind that does, each checked here against the memory model
+    directly."""
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "32K,128K", "--cp", "8", "--gpu-memory", "80"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fits a 74.5 GiB GPU when the total stays under 65.1 GiB" in out  # 80e9 bytes, 90% less 2 GiB
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("fits ")] == [["yes", "NO"]]
+    model, usable = plan.load_model_shape("llama-3-8b"), usable_bytes(80e9)
+
+    def total(cp: int, shards: int, mode: str) -> float:
+        return rank_memory(model, 131_072, cp, state_shards=shards, activation_checkpointing=mode).total
+
+    assert total(8, 8, "none") > usable and total(8, 8, "selective") > usable
+    assert total(8, 8, "full") <= usable  # the smallest checkpointing change
+    # no ring between 8 and 16 splits 128K into 2 x cp equal chunks; cp 16 needs 16 GPUs and fits
+    assert [cp for cp in range(9, 16) if 131_072 % (2 * cp) == 0] == []
+    assert total(16, 16, "none") <= usable
+    # more GPUs at cp 8 only shard the model state: the activations alone are too large
+    assert total(8, 65_536, "none") > usable
+    (line,) = [line for line in out.splitlines() if "does not fit" in line]
+    assert line == (
+        "128K does not fit 74.5 GiB per GPU; it would with activation checkpointing full "
+        f"({plan_report.human_bytes(total(8, 8, 'full'))} per rank) or cp 16 on 16 GPUs "
+        f"({plan_report.human_bytes(total(16, 16, 'none'))} per rank)"
+    )
+
+
+def test_auto_needs_a_change_only_when_even_full_checkpointing_does_not_fit(capsys) -> None:
+    """With ``auto`` a length that fits in some mode gets no line (128K at cp 8 fits with full
+    checkpointing); one that fits in none (1M) gets a line naming only a larger cp or more GPUs, judged
+    in the mode ``auto`` would choose there, each checked against the memory model directly."""
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "128K,1M", "--cp", "8", "--gpu-memory", "80"]
+    assert main([*argv, "--activation-checkpointing", "auto"]) == 0
+    out = capsys.readouterr().out
+    model, usable = plan.load_model_shape("llama-3-8b"), usable_bytes(80e9)
+
+    def total(length: int, cp: int, shards: int, mode: str) -> float:
+        return rank_memory(model, length, cp, state_shards=shards, activation_checkpointing=mode).total
+
+    assert [line.split()[-2:] for line in out.splitlines() if line.startswith("fits ")] == [["yes", "NO"]]
+    assert total(131_072, 8, 8, "full") <= usable < total(131_072, 8, 8, "selective")
+    assert all(total(1_048_576, 8, 8, mode) > usable for mode in ACTIVATION_CHECKPOINTING)
+    # more GPUs at cp 8 cannot hold 1M's activations even with full checkpointing; cp 16 is the next ring
+    assert total(1_048_576, 8, 65_536, "full") > usable
+    assert [cp for cp in range(9, 16) if 1_048_576 % (2 * cp) == 0] == []
+    chosen = next(mode for mode in ACTIVATION_CHECKPOINTING if total(1_048_576, 16, 16, mode) <= usable)
+    (line,) = [line for line in out.splitlines() if "does not fit" in line]
+    assert line == (
+        f"1M does not fit 74.5 GiB per GPU; it would with cp 16 on 16 GPUs, auto checkpointing {chosen} "
+        f"({plan_report.human_bytes(total(1_048_576, 16, 16, chosen))} per rank)"
+    )
+
+
+def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
+    """Llama-3-8B on 262,146-token windows (2 x 3 x 43,691) from cp 1 on 8 GPUs of 80 GB with ``auto``:
+    no mode fits at cp 1 however many GPUs shard the state, nor at cp 3, the next ring that splits the
+    window; at cp 43,691 the tokens per rank are so few that no checkpointing is needed, and the
+    change says so, with that mode's total."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-8b"), 262_146, usable_bytes(80e9)
+
+    def total(cp: int, gpus: int, mode: str) -> float:
+        return rank_memory(model, length, cp, state_shards=gpus, activation_checkpointing=mode).total
+
+    assert [cp for cp in range(2, 43_692) if length % (2 * cp) == 0] == [3, 43_691]
+    assert total(1, 65_536, "full") > usable and total(3, 9, "full") > usable
+    chosen = next(mode for mode in ACTIVATION_CHECKPOINTING if total(43_691, 43_691, mode) <= usable)
+    assert chosen == "none"
+    layout = Layout(cp=1, gpus=8, dp_replicate=1, activation_checkpointing="auto")
+    (change,) = smallest_changes(model, length, layout, 80e9)
+    assert change.kinds == ("cp",) and change.mode == chosen
+    assert change.describe() == "cp 43691 on 43691 GPUs, auto checkpointing none"
+    assert change.total_bytes == total(43_691, 43_691, chosen)
+
+
+def test_the_fewest_more_gpus_match_a_linear_scan() -> None:
+    """More GPUs at the same ring shard the model state further: the binary search finds the GPU
+    count a plain scan over every multiple of cp x replicas finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model = plan.load_model_shape("llama-3-70b")
+    for cp, replicas in ((1, 1), (2, 2)):
+        layout = Layout(cp=cp, gpus=8, dp_replicate=replicas, activation_checkpointing="full")
+        (more,) = [c for c in smallest_changes(model, 8192, layout, 80e9) if c.kinds == ("gpus",)]
+        ring = cp * replicas
+        scan = next(
+            gpus
+            for gpus in range(8 + ring, 4096, ring)
+            if rank_memory(
+                model, 8192, cp, state_shards=gpus // replicas, activation_checkpointing="full"
+            ).total
+            <= usable_bytes(80e9)
+        )
+        assert more.layout.gpus == scan and more.layout.cp == cp, (cp, replicas)
+        assert more.describe() == f"{scan} GPUs at cp {cp}"
+
+
+def test_changes_together_when_none_fits_alone() -> None:
+    """Llama-3-8B on 131,074-token windows and 141 GB GPUs: 65,537 is prime, so no larger ring splits
+    the window; one GPU cannot hold the AdamW state whatever the checkpointing, and more GPUs cannot
+    hold the activations without full checkpointing. The plan pairs full checkpointing with the fewest
+    GPUs a plain scan finds."""
+    from longctx.trainer.fit import Layout, smallest_changes
+    from longctx.trainer.memory import rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-8b"), 131_074, usable_bytes(141e9)
+
+    def total(shards: int, mode: str) -> float:
+        return rank_memory(model, length, 1, state_shards=shards, activation_checkpointing=mode).total
+
+    assert all(total(1, mode) > usable for mode in ("none", "selective", "full"))
+    assert total(65_536, "none") > usable and total(65_536, "selective") > usable
+    scan = next(gpus for gpus in range(2, 4096) if total(gpus, "full") <= usable)
+    layout = Layout(cp=1, gpus=1, dp_replicate=1, activation_checkpointing="none")
+    (change,) = smallest_changes(model, length, layout, 141e9)
+    assert change.describe() == f"activation checkpointing full and {scan} GPUs at cp 1"
+    assert change.total_bytes == total(scan, "full")
 
 
 def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFixture) -> None:
@@ -249,6 +412,34 @@ def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFix
     assert [
         line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("fits ")
     ] == ["NO"]
+
+
+def test_auto_checkpointing_prints_the_cheapest_mode_that_fits(capsys: pytest.CaptureFixture) -> None:
+    """``auto`` per length: each printed mode fits 80 GB, and every mode that recomputes less does not."""
+    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, fits, rank_memory
+
+    lengths = [4096, 8192, 65536, 262144]
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "4K,8K,64K,256K", "--gpus", "8"]
+    assert main([*argv, "--gpu-memory", "80GB", "--activation-checkpointing", "auto"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("activation checkpointing "))
+    chosen = row.split()[2:]
+    shape = plan.load_model_shape("llama-3-8b")
+    for length, mode in zip(lengths, chosen, strict=True):
+        order = ACTIVATION_CHECKPOINTING.index(mode)
+        memories = [
+            rank_memory(shape, length, 1, state_shards=8, activation_checkpointing=m)
+            for m in ACTIVATION_CHECKPOINTING
+        ]
+        assert fits(memories[order], 80e9) or mode == "full", (length, mode)
+        assert not any(fits(memory, 80e9) for memory in memories[:order]), (length, mode)
+    assert chosen[0] == "none" and chosen[-1] == "full" and len(set(chosen)) == 3, chosen
+    # without a GPU's memory auto cannot tell what fits: it plans the safe mode
+    assert main([*argv, "--activation-checkpointing", "auto"]) == 0
+    row = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("activation checkpointing ")
+    )
+    assert row.split()[2:] == ["full"] * 4
 
 
 def test_wall_clock_for_a_toy_budget(toy: plan.ModelShape) -> None:

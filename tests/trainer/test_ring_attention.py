@@ -324,6 +324,31 @@ def test_single_rank_is_a_local_call(device: str) -> None:
             assert stats.world_size == 1 and stats.kv_sends == 0
 
 
+def test_one_whole_window_call_skips_the_merge_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At P = 1 a window that one kernel call covers is used as the kernel returns it; the merged path
+    (fp32 accumulators) gives the same bits, and both match the reference (the test above)."""
+    from longctx.trainer.attention import ring
+
+    calls = []
+    original = ring._whole_window_call
+
+    def spy(*args, **kwargs):
+        calls.append(original(*args, **kwargs))
+        return calls[-1]
+
+    for name, lengths in LAYOUTS.items():
+        segments = segment_ids(lengths, padding=name == "trailing_padding")
+        for case, (dtype, heads, kv_heads) in enumerate(CONFIGS):
+            inputs = rounded(window_inputs(case, heads, kv_heads), dtype)
+            monkeypatch.setattr(ring, "_whole_window_call", spy)
+            fast, _ = run_ring(None, segments, dtype, inputs)
+            monkeypatch.setattr(ring, "_whole_window_call", lambda *args, **kwargs: None)
+            merged, _ = run_ring(None, segments, dtype, inputs)
+            for a, b in zip(fast, merged, strict=True):
+                assert torch.equal(a, b), (name, dtype)
+    assert calls and all(call is not None for call in calls)  # 96 tokens: one tile of the CPU kernel
+
+
 @pytest.mark.parametrize(
     ("world", "device"),
     [(2, "cpu"), (3, "cpu"), (4, "cpu"), pytest.param(2, "cuda", marks=TWO_GPUS)],

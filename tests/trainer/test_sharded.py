@@ -4,9 +4,10 @@ References: the same trainer in one process (no mesh, no sharding, gradient accu
 same global batch), a random Llama saved by ``transformers`` as the starting point, and
 ``transformers`` itself for the exported folder.
 
-- World 4 as DP 2 x CP 2, DP 4, CP 4 and HSDP (2 replicas x CP 2): three optimizer steps give the
-  losses and final weights of one process (fp32, 1e-5), and every rank holds about 1/world (1/2 with
-  2 replicas) of the parameter and optimizer bytes.
+- World 4 as DP 2 x CP 2, DP 4, CP 4 and HSDP (2 replicas x CP 2), and DP 2 x CP 2 with selective and
+  CP 4 with full activation checkpointing: three optimizer steps give the losses and final weights of
+  one process (fp32, 1e-5), and every rank holds about 1/world (1/2 with 2 replicas) of the parameter
+  and optimizer bytes.
 - 3 steps at world 4 (DP 2 x CP 2) + resume at world 2 (CP 2) + 3 steps = 6 uninterrupted steps, the
   newer (step 6) checkpoint having been damaged: the ranks' checksums find it, it is skipped and kept.
 - The folder exported by the sharded run loads in ``AutoModelForCausalLM`` and ``AutoTokenizer``, and
@@ -110,6 +111,9 @@ def test_sharded_layouts_resume_and_export_equal_one_process(config, packed: Pat
         "dp4": {"cp": 1},
         "cp4": {"cp": 4},
         "hsdp2_cp2": {"cp": 2, "dp_replicate": 2},
+        # recomputation under FSDP2 and the ring (the reference keeps everything)
+        "dp2_cp2_selective": {"cp": 2, "activation_checkpointing": "selective"},
+        "cp4_full": {"cp": 4, "activation_checkpointing": "full"},
     }
     # DP 2 x CP 2 runs 6 steps (and is resumed below); the other layouts 3 (a constant learning rate
     # makes their first 3 steps those of a 6-step run).

@@ -83,6 +83,7 @@ def staged(root: Path, stages: list[dict[str, Any]], **train: Any) -> dict[str, 
         "train": settings,
         "eval": {
             "rows": 2,
+            "allow_training_windows": True,  # the stages train on every window; these tests score others
             "needle": {"lengths": [256, 512], "depths": [0.5], "samples": 1, "max_new_tokens": 4},
             "effective": {"baseline_length": 256},
             "short_context": {"source": "papers", "windows": 4},

@@ -182,9 +182,20 @@ def test_scalars_are_the_numbers_of_a_record() -> None:
     assert scalars(record) == {
         "train/loss": 2.5,
         "train/lr": 1e-3,
-        "loss_by_position/0": 3.0,
-        "loss_by_position/64": 2.0,
+        "loss_by_position/000": 3.0,  # zero-padded to the widest bucket start, 128
+        "loss_by_position/064": 2.0,
     }
+
+
+def test_loss_by_position_tags_sort_as_their_buckets() -> None:
+    """TensorBoard and W&B order tags as text: the bucket starts of a 64K run (with the split at the
+    original context, 8K) must sort in numeric order, the same at every step."""
+    from longctx.trainer.coverage import position_edges
+
+    edges = position_edges(65536, 8192)
+    tags = [t for t in scalars({"loss_by_position": {str(e): 1.0 for e in edges}}) if t.startswith("loss_by")]
+    assert sorted(tags) == tags and [int(t.split("/")[1]) for t in tags] == edges
+    assert tags[-1] == "loss_by_position/32768" and tags[1] == "loss_by_position/00001"
 
 
 @pytest.mark.slow

@@ -318,27 +318,37 @@ def test_config_errors_for_train(tmp_path: Path, shards_root: Path) -> None:
         jobs.train(cfg, progress=False)
 
 
-@pytest.mark.slow
-def test_two_rank_context_parallel_run_matches_one_process_and_learns(
-    shards_root: Path, tmp_path: Path
-) -> None:
-    """`longctx train --nproc 2` with cp=2 (ring attention over gloo) on CPU: same losses as one
-    process to 1e-5, and the loss falls."""
-    cfg = train_config(shards_root, tmp_path / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 1})
-    path = tmp_path / "cp2.yaml"
+@pytest.fixture(scope="module")
+def cp2_run(shards_root: Path, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(run folder, config file, $TMPDIR it ran with): `longctx train --nproc 2` with cp=2 (ring
+    attention over gloo) on CPU, 8 steps, checkpoints at 4 and 8, in a fresh, empty $TMPDIR."""
+    root = tmp_path_factory.mktemp("cp2")
+    cfg = train_config(shards_root, root / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 2})
+    path = root / "cp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    tmpdir = root / "tmpdir"
+    tmpdir.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     done = subprocess.run(
         [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"],
         capture_output=True,
         text=True,
         timeout=900,
-        env=env,
+        env={**env, "TMPDIR": str(tmpdir)},
     )  # a hang guard
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [
-        json.loads(line) for line in (tmp_path / "cp2" / "train" / "metrics.jsonl").read_text().splitlines()
-    ]
+    return root / "cp2", path, tmpdir
+
+
+@pytest.mark.slow
+def test_two_rank_context_parallel_run_matches_one_process_and_learns(
+    cp2_run: tuple[Path, Path, Path], shards_root: Path, tmp_path: Path
+) -> None:
+    """`longctx train --nproc 2` with cp=2 (ring attention over gloo) on CPU: same losses as one
+    process to 1e-5, and the loss falls."""
+    output, _, _ = cp2_run
+    records = [json.loads(line) for line in (output / "train" / "metrics.jsonl").read_text().splitlines()]
     cp2 = [r["loss"] for r in records]
     assert all(0 < r["attention_score_fraction"] < 1 for r in records)  # the zigzag ring skips masked scores
     single = jobs.train(
@@ -351,6 +361,63 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(
     for a, b in zip(cp2, single):
         assert abs(a - b) <= 1e-5 * abs(b), (cp2, single)
     assert cp2[-1] < cp2[0]
+
+
+@pytest.mark.slow
+def test_a_two_rank_run_leaves_nothing_in_tmpdir(cp2_run: tuple[Path, Path, Path]) -> None:
+    """Importing torch._dynamo (the optimizer and FSDP2 do) made torch's compiler cache folder,
+    $TMPDIR/torchinductor_<user>, in every rank; it now lives in the run folder (RunLayout.compile_cache)."""
+    output, _, tmpdir = cp2_run
+    assert sorted(p.name for p in tmpdir.iterdir()) == []
+    assert (output / "train" / "compile_cache").is_dir()  # RunLayout.compile_cache
+
+
+@pytest.mark.slow
+def test_an_export_in_one_process_equals_the_two_rank_runs_own(
+    cp2_run: tuple[Path, Path, Path], capsys
+) -> None:
+    """`longctx train --export 8` in one process (no --nproc) reads the checkpoint the 2-rank cp=2 run
+    wrote and exports exactly the weights, config and tokenizer that run exported itself at step 8."""
+    from longctx.cli import main
+
+    output, config, _ = cp2_run
+    assert main(["train", "--config", str(config), "--export", "8"]) == 0
+    exported = output / "train" / "export" / "step_0000008"
+    assert f"exported step 8 to {exported}" in capsys.readouterr().out
+    final = output / "train" / "final"
+    assert sorted(p.name for p in exported.iterdir()) == sorted(p.name for p in final.iterdir())
+    theirs, ours = load_file(final / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert theirs.keys() == ours.keys()
+    for name, value in theirs.items():
+        assert torch.equal(ours[name], value), name
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (exported / name).read_bytes() == (final / name).read_bytes(), name
+    # a step without a checkpoint is refused in one line naming the steps there are
+    assert main(["train", "--config", str(config), "--export", "6"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint of step 6" in err and "steps 4, 8" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_finished_run_started_again_says_so_and_does_nothing(
+    cp2_run: tuple[Path, Path, Path], capsys
+) -> None:
+    """It printed 'loss None -> None; 0 tokens/s' after starting the ranks and exporting again."""
+    from longctx.cli import main
+    from tests.core.disks import tree
+
+    output, config, _ = cp2_run
+    before = tree(output / "train")
+    assert main(["train", "--config", str(config), "--nproc", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [
+        "training already finished at step 8; nothing to do",
+        f"final model: {output / 'train' / 'final'}",
+        f"metrics: {output / 'train' / 'metrics.jsonl'}",
+        f"checkpoints: {output / 'train' / 'checkpoints'}",
+        "raise train.steps (--steps) to train further, or train into another output folder",
+    ]
+    assert tree(output / "train") == before
 
 
 @pytest.mark.slow

@@ -69,17 +69,17 @@ class StepExchange:
         if not self._transfers:
             return
         ordered = sorted(self._transfers, key=lambda transfer: transfer.op.tag)
+        summary = "; ".join(transfer.description for transfer in ordered)
         try:
             works = dist.batch_isend_irecv([transfer.op for transfer in ordered])
-        except RuntimeError as exc:
-            raise RingCommError(f"{self._label}: posting transfers failed: {exc}") from exc
+        except RuntimeError as exc:  # a peer already gone: name the transfers, as a failed wait does
+            raise RingCommError(f"{self._label}: posting transfers failed ({summary}): {exc}") from exc
         # NCCL returns one work for the whole coalesced batch, gloo one per operation.
         if len(works) == len(ordered):
             self._works = [
                 (work, transfer.description) for work, transfer in zip(works, ordered, strict=True)
             ]
         else:
-            summary = "; ".join(transfer.description for transfer in ordered)
             self._works = [(work, summary) for work in works]
 
     def wait(self) -> None:

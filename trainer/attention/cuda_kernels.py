@@ -4,12 +4,17 @@ Preference order, per block:
 
 1. A variable-length flash kernel, for blocks whose mask is a set of independent (causal or full)
    sequences, which is every block of a zigzag ring over contiguous documents (``BlockMask.varlen``):
-   FlashAttention's ``_flash_attn_varlen_forward/_backward`` (flash-attn >= 2.7) where installed,
-   otherwise PyTorch's own ``aten._flash_attention_forward/_backward`` with ``cum_seq``. fp16/bf16 only;
-   no dense mask is ever built.
+   FlashAttention-4's CuTe DSL kernels (``flash_attn.cute``, the ``flash-attn-4`` package, Hopper and
+   Blackwell) where installed, else FlashAttention-2's ``_flash_attn_varlen_forward/_backward``
+   (flash-attn >= 2.7) where installed, otherwise PyTorch's own ``aten._flash_attention_forward/_backward``
+   with ``cum_seq``. fp16/bf16 only; no dense mask is ever built.
 2. PyTorch's memory-efficient kernel (``aten._scaled_dot_product_efficient_attention``) with an
    additive mask, for any block (fp16/bf16/fp32); builds a ``rows x cols`` mask.
 3. The math kernel (``kernels.MathKernel``), appended by the caller.
+
+cuDNN's attention through SDPA (``aten._scaled_dot_product_cudnn_attention``, tiles with an additive
+mask like the memory-efficient kernel) is offered when pinned (``backend="torch_cudnn"``), not in the
+automatic chain until a GPU report shows it faster.
 
 Private kernel entry points change between releases, so a kernel joins the chain only after a probe on
 this device, dtype and head shape (forward and backward of a causal two-document block and a full
@@ -158,6 +163,72 @@ class FlashAttnVarlenKernel(_VarlenKernel):
         return dq, dk, dv
 
 
+@functools.cache
+def _flash_attn4_ops() -> tuple | None:
+    """FlashAttention-4's forward/backward (``flash_attn.cute.interface``), or None when absent or broken."""
+    try:
+        from flash_attn.cute import interface
+    except Exception:  # absent, or its CuTe DSL / CUDA stack does not import here
+        return None
+    forward = getattr(interface, "_flash_attn_fwd", None)
+    backward = getattr(interface, "_flash_attn_bwd", None)
+    return None if forward is None or backward is None else (forward, backward)
+
+
+class FlashAttn4VarlenKernel(_VarlenKernel):
+    """FlashAttention-4 varlen (CuTe DSL; ``flash-attn-4``); GQA native; lse ``[heads, rows]``."""
+
+    name = "flash_attn4_varlen"
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, block: BlockMask, scale: float
+    ) -> tuple[Tensor, Tensor]:
+        forward, _ = _flash_attn4_ops()
+        layout = self.layout(block)
+        out, lse, *_ = forward(
+            q,
+            k,
+            v,
+            cu_seqlens_q=layout.cu_seqlens_q,
+            cu_seqlens_k=layout.cu_seqlens_k,
+            max_seqlen_q=layout.max_seqlen_q,
+            max_seqlen_k=layout.max_seqlen_k,
+            softmax_scale=scale,
+            causal=layout.causal,
+            return_lse=True,
+        )
+        return out, self.check_lse(lse, q.shape[1], q.shape[0])
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        block: BlockMask,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        _, backward = _flash_attn4_ops()
+        layout = self.layout(block)
+        dq, dk, dv = backward(
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse.float().contiguous(),
+            scale,
+            layout.causal,
+            cu_seqlens_q=layout.cu_seqlens_q,
+            cu_seqlens_k=layout.cu_seqlens_k,
+            max_seqlen_q=layout.max_seqlen_q,
+            max_seqlen_k=layout.max_seqlen_k,
+        )[:3]
+        return dq, dk, dv
+
+
 class TorchFlashVarlenKernel(_VarlenKernel):
     """PyTorch's bundled FlashAttention-2 (``aten._flash_attention_forward`` with ``cum_seq``)."""
 
@@ -295,6 +366,66 @@ class TorchEfficientKernel(BlockKernel):
         )
 
 
+class TorchCudnnKernel(TorchEfficientKernel):
+    """cuDNN's attention through SDPA (``aten._scaled_dot_product_cudnn_attention``) with an additive mask
+    per tile, keys repeated to the query heads, as :class:`TorchEfficientKernel` calls its kernel."""
+
+    name = "torch_cudnn"
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, block: BlockMask, scale: float
+    ) -> tuple[Tensor, Tensor]:
+        n_heads, rows = q.shape[1], q.shape[0]
+        out, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            heads_first(q),
+            heads_first(self._repeat_heads(k, n_heads)),
+            heads_first(self._repeat_heads(v, n_heads)),
+            self._bias(block, q.dtype, n_heads),
+            True,
+            0.0,
+            False,
+            False,
+            scale=scale,
+        )
+        return tokens_first(out), lse.reshape(n_heads, rows)
+
+    def backward(
+        self,
+        dout: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        block: BlockMask,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n_heads, n_kv_heads, rows = q.shape[1], k.shape[1], q.shape[0]
+        k_rep, v_rep = self._repeat_heads(k, n_heads), self._repeat_heads(v, n_heads)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            heads_first(dout.contiguous()),
+            heads_first(q),
+            heads_first(k_rep),
+            heads_first(v_rep),
+            heads_first(out.contiguous()),
+            lse.float().reshape(1, n_heads, rows, 1).contiguous(),
+            *_unused_rng_state(),
+            self._bias(block, q.dtype, n_heads),
+            None,
+            None,
+            rows,
+            k.shape[0],
+            0.0,
+            False,
+            scale=scale,
+        )
+        return (
+            tokens_first(dq),
+            self._sum_groups(tokens_first(dk), n_kv_heads),
+            self._sum_groups(tokens_first(dv), n_kv_heads),
+        )
+
+
 def _probe_blocks(device: torch.device) -> list[BlockMask]:
     """A causal block over two documents and a full off-diagonal block (what a zigzag ring produces)."""
     index = torch.arange(48, device=device)
@@ -357,17 +488,40 @@ def _passes_probe(
 
 _KERNELS: dict[str, BlockKernel] = {
     kernel.name: kernel
-    for kernel in (FlashAttnVarlenKernel(), TorchFlashVarlenKernel(), TorchEfficientKernel())
+    for kernel in (
+        FlashAttn4VarlenKernel(),
+        FlashAttnVarlenKernel(),
+        TorchFlashVarlenKernel(),
+        TorchEfficientKernel(),
+        TorchCudnnKernel(),
+    )
 }
-_VARLEN_PREFERENCE = (_KERNELS["flash_attn_varlen"], _KERNELS["torch_flash_varlen"])
+_VARLEN_PREFERENCE = (
+    _KERNELS["flash_attn4_varlen"],
+    _KERNELS["flash_attn_varlen"],
+    _KERNELS["torch_flash_varlen"],
+)
 
 
 def _eligible(name: str, dtype: torch.dtype, head_dim: int) -> bool:
+    if name == "flash_attn4_varlen":
+        return dtype in _HALF_DTYPES and _flash_head_dim_ok(head_dim) and _flash_attn4_ops() is not None
     if name == "flash_attn_varlen":
         return dtype in _HALF_DTYPES and _flash_head_dim_ok(head_dim) and _flash_attn_varlen_ops() is not None
-    if name == "torch_flash_varlen":
+    if name in ("torch_flash_varlen", "torch_cudnn"):
         return dtype in _HALF_DTYPES and _flash_head_dim_ok(head_dim)
     return dtype in (*_HALF_DTYPES, torch.float32)
+
+
+def unusable_reason(name: str, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int]) -> str:
+    """Why kernel ``name`` is not usable for these inputs (a missing package, a dtype, a failed probe)."""
+    if name == "flash_attn4_varlen" and _flash_attn4_ops() is None:
+        return "flash-attn-4 (flash_attn.cute) is not installed or does not import"
+    if name == "flash_attn_varlen" and _flash_attn_varlen_ops() is None:
+        return "flash-attn (2.x, flash_attn.flash_attn_interface) is not installed"
+    if not _eligible(name, dtype, shape[0]):
+        return f"it does not take {dtype} with head_dim {shape[0]}"
+    return "it failed its start-up probe against the math kernel (see the warning above)"
 
 
 def _usable(
@@ -392,7 +546,10 @@ def cuda_kernels(
     shape = (head_dim, n_heads, n_kv_heads)
     if pinned is not None:
         if not _usable(_KERNELS[pinned], device, dtype, shape):
-            raise RuntimeError(f"attention backend {pinned} is not usable for {dtype}, head_dim {head_dim}")
+            reason = unusable_reason(pinned, device, dtype, shape)
+            raise RuntimeError(
+                f"attention backend {pinned} is not usable for {dtype}, head_dim {head_dim}: {reason}"
+            )
         return [_KERNELS[pinned]]
     chain = [next((kernel for kernel in _VARLEN_PREFERENCE if _usable(kernel, device, dtype, shape)), None)]
     if _usable(_KERNELS["torch_efficient"], device, dtype, shape):

@@ -118,6 +118,8 @@ class RingPlan:
             next((p for p in range(1, world) if need[(s + p) % world][s]), None) for s in range(world)
         ]
         self.stats = RingStats(world, n_q, n_kv, sum(map(sum, need)), scores_computed, sum(self.last))
+        self.op_key: int | None = None
+        """Key of this plan in the ring operator's registry (``ring.plan_key``), once registered."""
 
     # Ring geometry -------------------------------------------------------------------------------
     def source(self, step: int) -> int:

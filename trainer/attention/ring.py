@@ -4,14 +4,24 @@ Each rank keeps its queries and passes key/value blocks around the ring (see ``p
 schedule). Step ``t`` posts the transfers for step ``t + 1`` before computing on the block it holds, so
 communication overlaps computation. Partial results are merged in fp32 (``merge.py``); the backward
 re-circulates the blocks, accumulates dq locally and sends dk/dv accumulators (fp32) along the ring and
-back to the block owners.
+back to the block owners. When one kernel call computes a rank's whole window (one rank, a varlen kernel),
+its output and gradients are used as they are: merging one result into empty accumulators gives the same
+values, bit for bit, at the cost of several window-sized fp32 passes, a large share of the time when the
+window holds many short documents.
+
+The autograd entry is the operator ``longctx::ring_attention`` (``torch.library``, :data:`RING_OP`):
+one opaque op for ``torch.utils.checkpoint``'s selective policies (``longctx.trainer.checkpointing``
+keeps its output instead of running the ring again). Its arguments are tensors and numbers, so the plan
+travels as a key into a registry of live plans (``plan_key``).
 """
 
 from __future__ import annotations
 
+import itertools
+import weakref
+
 import torch
 from torch import Tensor
-from torch.autograd.function import FunctionCtx, once_differentiable
 
 from longctx.trainer.attention.comm import TAG_DKV, TAG_KV, StepExchange
 from longctx.trainer.attention.kernels import (
@@ -53,10 +63,29 @@ def _post_kv(
     return None
 
 
+def _whole_window_call(
+    plan: RingPlan, kernels: tuple[BlockKernel, ...], n_q: int, n_kv: int
+) -> tuple[BlockKernel, BlockMask] | None:
+    """The one kernel call that computes a single rank's whole window, when there is exactly one (one rank,
+    a kernel without tiles or a window that is one tile, a rectangle that is every query and key)."""
+    if plan.world_size != 1 or plan.blocks[0] is None:
+        return None
+    calls = kernel_calls(kernels, plan.blocks[0])
+    if len(calls) != 1:
+        return None
+    kernel, block = calls[0]
+    covers = (block.rows.start, block.rows.stop, block.cols.start, block.cols.stop) == (0, n_q, 0, n_kv)
+    return (kernel, block) if covers else None
+
+
 def ring_forward(
     q: Tensor, k: Tensor, v: Tensor, plan: RingPlan, scale: float, kernels: tuple[BlockKernel, ...]
 ) -> tuple[Tensor, Tensor]:
     """Merged output ``[tokens, heads, dim]`` and log-sum-exp ``[heads, tokens]`` (accumulator dtype)."""
+    whole = _whole_window_call(plan, kernels, q.shape[0], k.shape[0])
+    if whole is not None:
+        out, lse = block_forward(whole[0], q, k, v, whole[1], scale)
+        return out, lse
     acc = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
@@ -136,7 +165,8 @@ def ring_backward(
     scale: float,
     kernels: tuple[BlockKernel, ...],
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """dq, dk, dv in the accumulator dtype, given the forward's output and log-sum-exp.
+    """dq, dk, dv (in the accumulator dtype, or the kernel's for one whole-window call), given the forward's
+    output and log-sum-exp.
 
     Runs one step more than the forward: the accumulators finished in the last step still travel home.
     """
@@ -145,6 +175,9 @@ def ring_backward(
     # A query that saw no key at all (possible only when keys differ from queries) has lse = -inf and
     # zero output; +inf makes every kernel give it zero probabilities instead of exp(-inf + inf).
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+    whole = _whole_window_call(plan, kernels, q.shape[0], k.shape[0])
+    if whole is not None:
+        return block_backward(whole[0], dout, q, k, v, out, lse, whole[1], scale)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv: Tensor | None = torch.stack([k, v])
     template = kv
@@ -175,31 +208,63 @@ def ring_backward(
     return dq, dkv_own[0], dkv_own[1]
 
 
-class _RingAttention(torch.autograd.Function):
-    """Autograd wrapper: the forward keeps (q, k, v, out, lse); the backward runs the ring again."""
+_PLANS: weakref.WeakValueDictionary[int, RingPlan] = weakref.WeakValueDictionary()
+_PLAN_KEYS = itertools.count()
 
-    @staticmethod
-    def forward(
-        ctx: FunctionCtx,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        plan: RingPlan,
-        scale: float,
-        kernels: tuple[BlockKernel, ...],
-    ) -> Tensor:
-        out, lse = ring_forward(q, k, v, plan, scale, kernels)
-        out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan, ctx.scale, ctx.kernels = plan, scale, kernels
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: FunctionCtx, dout: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.plan, ctx.scale, ctx.kernels)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+def plan_key(plan: RingPlan) -> int:
+    """The key of ``plan`` in the registry the ring operator reads (assigned on first use). The registry
+    holds plans weakly: a plan lives as long as the caller's bound attention or a pending backward."""
+    key = plan.op_key
+    if key is None:
+        key = plan.op_key = next(_PLAN_KEYS)
+        _PLANS[key] = plan
+    return key
+
+
+_LIBRARY = torch.library.Library("longctx", "DEF")
+_LIBRARY.define(
+    "ring_attention(Tensor q, Tensor k, Tensor v, int plan, float scale, str backend) -> (Tensor, Tensor)"
+)
+
+
+def _ring_op(q: Tensor, k: Tensor, v: Tensor, plan: int, scale: float, backend: str) -> tuple[Tensor, Tensor]:
+    """Output ``[tokens, heads, dim]`` (q's dtype) and log-sum-exp ``[heads, tokens]`` of the ring.
+
+    Registered with ``Library.impl`` rather than ``torch.library.custom_op``, whose wrapper imports
+    ``torch._dynamo`` (seconds) at the first call of every process."""
+    kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
+    out, lse = ring_forward(q, k, v, _PLANS[plan], scale, kernels)
+    return out.to(q.dtype), lse
+
+
+def _ring_op_fake(
+    q: Tensor, k: Tensor, v: Tensor, plan: int, scale: float, backend: str
+) -> tuple[Tensor, Tensor]:
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=accumulator_dtype(q.dtype))
+
+
+def _setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    q, k, v, plan, scale, backend = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.plan, ctx.scale, ctx.backend = _PLANS[plan], scale, backend  # the plan lives until backward
+
+
+def _ring_op_backward(ctx, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+    q, k, v, out, lse = ctx.saved_tensors
+    kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], ctx.backend)
+    dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.plan, ctx.scale, kernels)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+_LIBRARY.impl("ring_attention", _ring_op, "CompositeExplicitAutograd")
+torch.library.register_fake("longctx::ring_attention", _ring_op_fake, lib=_LIBRARY)
+torch.library.register_autograd(
+    "longctx::ring_attention", _ring_op_backward, setup_context=_setup_context, lib=_LIBRARY
+)
+RING_OP = torch.ops.longctx.ring_attention.default
+"""The operator (an ``OpOverload``), as selective checkpointing policies see it."""
 
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, plan: RingPlan) -> None:
@@ -240,5 +305,5 @@ def ring_attention(
     _check_inputs(q, k, v, plan)
     q, k, v = unit_stride(q), unit_stride(k), unit_stride(v)  # once here, not once per tile
     scale = default_scale(q.shape[2]) if softmax_scale is None else softmax_scale
-    kernels = select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)
-    return _RingAttention.apply(q, k, v, plan, scale, kernels)
+    select_kernels(q.device, q.dtype, q.shape[2], q.shape[1], k.shape[1], backend)  # bad settings fail here
+    return RING_OP(q, k, v, plan_key(plan), scale, backend)[0]

@@ -1,8 +1,9 @@
-"""One training run per output folder: a lock file holding the owner's pid and host.
+"""One run of a job per output folder: a lock file holding the owner's pid and host.
 
-``longctx train`` takes ``<output>/train/.lock`` before it reads or writes anything of the run, and
-removes it when it ends. A second run on the same output while the first one is alive is refused
-with one line naming the owner. The file is also held with ``flock``, so the kernel releases it when
+``longctx train`` takes ``<output>/train/.lock``, ``longctx curate`` and ``longctx pack``
+``<output>/work/<job>/.lock``, before they read or write anything of the run, and remove it when
+they end. A second run of the job on the same output while the first one is alive is refused with
+one line naming the owner. The file is also held with ``flock``, so the kernel releases it when
 its owner dies, however it dies; a lock left by a dead process *on this host* (its pid gone, or
 reused by another process) is taken over with a message. A lock owned by another host is never
 taken over (its process cannot be checked from here): the message says how to remove it.
@@ -80,9 +81,10 @@ def _rank() -> int:
 
 
 @contextlib.contextmanager
-def run_lock(folder: Path) -> Iterator[Path | None]:
-    """Hold ``folder/.lock`` for the duration of the block (yields its path), or yield None when
-    this process does not hold it itself: a rank other than 0, or a rank whose launcher holds it.
+def run_lock(folder: Path, job: str) -> Iterator[Path | None]:
+    """Hold ``folder/.lock`` for the duration of the block (yields its path) for a run of ``job``
+    (``train``, ``curate``, ``pack``: named in the messages), or yield None when this process does
+    not hold it itself: a rank other than 0, or a rank whose launcher holds it.
 
     Raises :class:`RunLockedError` when a live run holds it. The folders this call creates (``folder``
     and any missing parent) are removed again at the end when left empty (a refused run changes nothing).
@@ -93,7 +95,7 @@ def run_lock(folder: Path) -> Iterator[Path | None]:
         return
     created = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
     folder.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path)
+    fd = _acquire(path, job)
     try:
         yield path
     finally:
@@ -107,7 +109,7 @@ def run_lock(folder: Path) -> Iterator[Path | None]:
                 break
 
 
-def _acquire(path: Path) -> int:
+def _acquire(path: Path, job: str) -> int:
     host = socket.gethostname()
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -117,7 +119,7 @@ def _acquire(path: Path) -> int:
             owner = _read(fd)
             os.close(fd)
             raise RunLockedError(
-                f"{path}: another longctx train is running on this output ({_describe(owner)}); "
+                f"{path}: another longctx {job} is running on this output ({_describe(owner)}); "
                 "wait for it to finish or stop it"
             ) from None
         try:
@@ -138,11 +140,11 @@ def _acquire(path: Path) -> int:
             if _alive(owner):
                 os.close(fd)
                 raise RunLockedError(
-                    f"{path}: another longctx train is running on this output ({_describe(owner)}); "
+                    f"{path}: another longctx {job} is running on this output ({_describe(owner)}); "
                     "wait for it to finish or stop it"
                 )
             print(
-                f"longctx train: taking over the stale lock {path} of {_describe(owner)}, no longer running",
+                f"longctx {job}: taking over the stale lock {path} of {_describe(owner)}, no longer running",
                 file=sys.stderr,
                 flush=True,
             )

@@ -1,0 +1,142 @@
+"""A real Ray cluster on this machine, for the tests and the cluster benchmark.
+
+``ray start --head`` with a fixed number of CPUs, every port chosen free (so that two clusters on
+one machine do not collide), its temporary folder and object store under a folder of its own, and
+every process it starts marked in its environment. Stopping it ends exactly those processes (by
+id: SIGTERM, then SIGKILL) and removes the folder. ``ray stop --force`` is not used: it ends every
+Ray process of the machine, other users' clusters included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER_KEY = "LONGCTX_TEST_RAY_CLUSTER"
+RAY = Path(sys.executable).with_name("ray")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_marked(mark: str) -> list[int]:
+    """Live processes whose environment holds ``MARKER_KEY=mark``."""
+    needle = f"{MARKER_KEY}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A running local cluster: its address (``ray.init(address=...)``, ``RAY_ADDRESS``), CPUs,
+    temporary folder and the marker its processes carry."""
+
+    address: str
+    num_cpus: int
+    temp_dir: Path
+    mark: str
+
+    def processes(self) -> list[int]:
+        return processes_marked(self.mark)
+
+    def task_workers(self, name: str) -> list[int]:
+        """The cluster's worker processes running an actor or task whose name starts with ``name``."""
+        return [pid for pid in self.processes() if command_line(pid).startswith(f"ray::{name}")]
+
+
+def stop_processes(pids_of, timeout_s: float = 15.0) -> list[int]:
+    """SIGTERM every process ``pids_of()`` lists, SIGKILL those left after a while; returns the
+    processes still alive at the end (none unless one could not be killed)."""
+    for sig, wait_s in ((signal.SIGTERM, timeout_s / 3), (signal.SIGKILL, timeout_s)):
+        for pid in pids_of():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while pids_of() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not pids_of():
+            return []
+    return pids_of()
+
+
+@contextlib.contextmanager
+def local_ray_cluster(num_cpus: int = 2) -> Iterator[RayCluster]:
+    """Start a one-node Ray cluster with ``num_cpus`` CPUs; stop it and remove its files at the end,
+    even when the body fails."""
+    temp = Path(tempfile.mkdtemp(prefix="lcray-"))
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARKER_KEY: mark, "TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    port = free_port()
+    command = [
+        str(RAY),
+        "start",
+        "--head",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--num-cpus",
+        str(num_cpus),
+        "--port",
+        str(port),
+        "--disable-usage-stats",
+        "--include-dashboard=false",
+        "--temp-dir",
+        str(temp),
+        "--plasma-directory",
+        str(temp),
+        "--object-store-memory",
+        str(100 << 20),
+    ]
+    for flag in (
+        "--ray-client-server-port",
+        "--dashboard-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+        "--metrics-export-port",
+    ):
+        command += [flag, str(free_port())]
+    try:
+        started = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+        if started.returncode != 0:
+            raise RuntimeError(f"ray start failed ({started.returncode}):\n{started.stderr[-3000:]}")
+        address = (temp / "ray_current_cluster").read_text().strip()
+        yield RayCluster(address, num_cpus, temp, mark)
+    finally:
+        left = stop_processes(lambda: processes_marked(mark))
+        shutil.rmtree(temp, ignore_errors=True)
+        if left:
+            raise RuntimeError(f"Ray processes left after stopping the cluster: {left}")
