@@ -432,3 +432,94 @@ def test_every_stages_shards_are_checked_before_any_rank_starts(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and str(root / "shards" / "seq512") in err, err
     assert not (root / "train").exists()
+
+
+@pytest.mark.slow
+def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A two-stage run trained by 2 ranks (--nproc 2, cp=2), its first gate passed: started again, it
+    prints each stage's results and gate and changes nothing; ``--export 2 --stage 1`` in one process
+    reads the 2-rank checkpoint and writes exactly the weights the run exported itself."""
+    from longctx.trainer.gates import GateResult
+    from tests.core.disks import tree
+
+    root = run_folder(packed_root, tmp_path)
+    config = tmp_path / "run.yaml"
+    stages = two_stages(steps=2, gate={"max_short_loss_ratio": 1000.0})
+    config.write_text(yaml.safe_dump(staged(root, stages, cp=2)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(
+        [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )  # a hang guard
+    assert done.returncode == 0, done.stderr[-3000:]
+    stage1, stage2 = root / "train" / "stages" / "1-256", root / "train" / "stages" / "2-512"
+    gate = GateResult.from_json(json.loads((stage1 / "gate.json").read_text()))
+    assert gate.passed
+
+    before = tree(root / "train")
+    assert main(["train", "--config", str(config), "--nproc", "2"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "training already finished: every stage of train.stages is trained; nothing to do",
+        f"stage 1 (256 tokens): model {stage1 / 'final'}; metrics {stage1 / 'metrics.jsonl'}",
+        f"  gate passed: {gate.summary()}",
+        f"stage 2 (512 tokens): model {stage2 / 'final'}; metrics {stage2 / 'metrics.jsonl'}",
+        f"final model: {stage2 / 'final'}",
+        "add steps or stages to train.stages to train further, or train into another output folder",
+    ]
+    assert tree(root / "train") == before
+
+    assert main(["train", "--config", str(config), "--export", "2", "--stage", "1"]) == 0
+    exported = stage1 / "export" / "step_0000002"
+    assert f"exported step 2 to {exported}" in capsys.readouterr().out
+    assert_same_weights(weights(exported), weights(stage1 / "final"))
+    for name in ("config.json", "tokenizer.json"):
+        assert (exported / name).read_bytes() == (stage1 / "final" / name).read_bytes(), name
+    # a stage without that checkpoint is refused in one line naming the steps it has
+    assert main(["train", "--config", str(config), "--export", "3", "--stage", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"no checkpoint of step 3 in {stage2 / 'checkpoints'}" in err and "Traceback" not in err
+
+
+def test_stages_train_the_transformers_implementation_as_two_runs_chained_by_hand(
+    packed_root: Path, tmp_path: Path
+) -> None:
+    """``train.model.implementation: transformers``: the staged run (its gate measured on the
+    transformers model) ends with the weights of two ordinary transformers runs chained by hand."""
+    pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    root = run_folder(packed_root, tmp_path)
+    model = {"rope_scaling": YARN, "tiny": TINY, "implementation": "transformers"}
+    cfg = staged(root, two_stages(steps=2, gate={"max_short_loss_ratio": 1000.0}), model=model)
+    result = jobs.train(parse_config(cfg), progress=False)
+    assert [o.gate.passed for o in result.stages if o.gate is not None] == [True]
+
+    def single(name: str, seq_len: int, factor: float, start: dict[str, Any]) -> Path:
+        out = tmp_path / name
+        plain = {
+            "output": str(out),
+            "context": {"original": ORIGINAL, "target": seq_len},
+            "tokenizer": {"path": str(root / "tokenizer.json")},
+            "train": {
+                "shards": str(root / "shards" / f"seq{seq_len}"),
+                "steps": 2,
+                "optim": {"lr": 3e-3, "warmup_steps": 1},
+                "checkpoint": {"every": 3, "keep": 3},
+                "model": {
+                    **start,
+                    "implementation": "transformers",
+                    "rope_scaling": {**YARN, "factor": factor},
+                },
+            },
+        }
+        jobs.train(parse_config(plain), progress=False)
+        return out / "train" / "final"
+
+    first = single("A", 256, 2.0, {"tiny": TINY})
+    second = single("B", 512, 4.0, {"hf_path": str(first)})
+    stages = root / "train" / "stages"
+    assert_same_weights(weights(stages / "1-256" / "final"), weights(first))
+    assert_same_weights(weights(stages / "2-512" / "final"), weights(second))
