@@ -12,6 +12,9 @@
       train/                   checkpoints/, metrics.jsonl, final/ (the trained model), export/step_<N>/,
                                compile_cache/ (torch's compiler caches, TORCHINDUCTOR_CACHE_DIR),
                                and tensorboard/ and wandb/ when those trackers are on
+      train/stages/<k>-<N>/    a staged run's stage k (windows of N tokens): its own checkpoints/,
+                               metrics.jsonl, final/, export/step_<N>/ and gate.json; the trackers'
+                               folders stay in train/ (one run across stages)
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
                                and of published curations (pack.input given as a URL)
@@ -39,6 +42,40 @@ def shard_folders(shards: Path) -> list[Path]:
         p for p in shards.glob(f"{SHARD_FOLDER_PREFIX}*") if p.name[len(SHARD_FOLDER_PREFIX) :].isdigit()
     ]
     return sorted(found, key=lambda p: int(p.name[len(SHARD_FOLDER_PREFIX) :]))
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """The folder of one stage of a staged training run (``train/stages/<k>-<seq_len>/``): the same
+    files an unstaged run keeps in ``train/`` (checkpoints, metrics, the exported model), plus the
+    stage's gate result."""
+
+    folder: Path
+    number: int
+    seq_len: int
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.folder / "checkpoints"
+
+    @property
+    def metrics(self) -> Path:
+        """One JSON line per logged step of this stage."""
+        return self.folder / "metrics.jsonl"
+
+    @property
+    def final_model(self) -> Path:
+        """The stage's trained model, as a Hugging Face checkpoint folder."""
+        return self.folder / "final"
+
+    def export(self, step: int) -> Path:
+        """A checkpoint of this stage exported as a Hugging Face folder."""
+        return self.folder / "export" / f"step_{step:07d}"
+
+    @property
+    def gate(self) -> Path:
+        """The stage's gate result (``longctx.trainer.gates``), written once it is evaluated."""
+        return self.folder / "gate.json"
 
 
 @dataclass(frozen=True)
@@ -145,6 +182,15 @@ class RunLayout:
     def metrics(self) -> Path:
         """One JSON line per logged training step."""
         return self.train / "metrics.jsonl"
+
+    @property
+    def stages(self) -> Path:
+        """The stages of a staged run (``train.stages``), one folder each."""
+        return self.train / "stages"
+
+    def stage(self, number: int, seq_len: int) -> StageLayout:
+        """Stage ``number`` (from 1) of a staged run, training windows of ``seq_len`` tokens."""
+        return StageLayout(self.stages / f"{number}-{seq_len}", number, seq_len)
 
     @property
     def tensorboard(self) -> Path:

@@ -37,6 +37,7 @@ from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
 from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
 from longctx.trainer.mesh import MeshShape
+from longctx.trainer.stage_plan import check_stage_plan
 
 
 class RootConfig(StrictModel):
@@ -83,12 +84,14 @@ def check_sections(cfg: RootConfig, origin: str) -> None:
 
     The rules are their owners': the window length a ``train.cp`` can split is the mesh's
     (:meth:`~longctx.trainer.mesh.MeshShape.check_window`), the shard folder training reads is the run
-    layout's, ``base`` needing a train section is evaluation's. A section left out (None) is not
-    checked.
+    layout's, ``base`` needing a train section is evaluation's, a stage plan's are
+    :func:`~longctx.trainer.stage_plan.check_stage_plan`'s. A section left out (None) is not checked.
     """
     train, pack, context = cfg.train, cfg.pack, cfg.context
     try:
-        if train is not None and train.shards is None:  # training reads <output>/shards/seq<target>
+        if train is not None and train.stages:  # each stage reads its own length's windows
+            check_stage_plan(train, context, pack.resolved_seq_lens(context.target) if pack else None)
+        elif train is not None and train.shards is None:  # training reads <output>/shards/seq<target>
             if pack is not None and context.target not in pack.resolved_seq_lens(context.target):
                 raise ConfigError(
                     f"train.shards is unset, so training reads the windows of context.target = "

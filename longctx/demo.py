@@ -1,9 +1,11 @@
 """``longctx demo``: the whole flow on the embedded default corpus, on CPU.
 
 curate -> pack (every ``pack.seq_lens``) -> validate the shards -> train a tiny model on 2 CPU
-ranks with ring attention (``train.cp``) -> compare the base and the trained model on loss by
-position and needle retrieval -> one summary. Every stage is resumable and a second run reuses what
-is finished. The demo's config ships inside the package (:func:`packaged_config`).
+ranks with ring attention (``train.cp``), in the config's training stages (1024 then 2048 tokens,
+each checked by its gate) -> compare the base and the trained model on loss by position, needle
+retrieval, effective context length and held-out short windows -> one summary. Every step is
+resumable and a second run reuses what is finished. The demo's config ships inside the package
+(:func:`packaged_config`).
 """
 
 from __future__ import annotations
@@ -79,16 +81,14 @@ def run_demo(cfg: RootConfig, config_path: Path, verbose: bool = False) -> dict[
         manifests = jobs.pack(cfg, verbose=verbose)
     with _stage(3, "validate shards", timings, "validate"):
         _validate_shards(layout, manifests)
-    train_title = (
-        f"train ({plural(cfg.train.cp, 'CPU rank')}, ring attention, {plural(cfg.train.steps, 'step')})"
-    )
+    train_title = f"train ({plural(cfg.train.cp, 'CPU rank')}, ring attention, {_plan(cfg)})"
     with _stage(4, train_title, timings, "train"):
         trained_before = _train(cfg, config_path, layout)
     with _stage(5, f"evaluate ({' vs '.join(cfg.eval.models)})", timings, "eval"):
         evaluation = _evaluate(cfg, reuse=trained_before)
     with _stage(6, "summary"):
         timings["total"] = time.monotonic() - started
-        summary = _summary(layout, curated, manifests, evaluation, timings)
+        summary = _summary(cfg, layout, curated, manifests, evaluation, timings)
         print(format_demo_summary(cfg, summary), flush=True)
     return summary
 
@@ -105,12 +105,22 @@ def _validate_shards(layout: RunLayout, manifests: dict[int, Manifest]) -> None:
         print(f"  {folder}: {plural(manifest.rows, 'window')}, all invariants hold", flush=True)
 
 
+def _plan(cfg: RootConfig) -> str:
+    """The training's title: its stages' lengths and steps, or its steps."""
+    assert cfg.train is not None
+    if not cfg.train.stages:
+        return plural(cfg.train.steps, "step")
+    lengths = " -> ".join(str(s.seq_len) for s in cfg.train.stages)
+    steps = " + ".join(str(s.steps) for s in cfg.train.stages)
+    return f"stages {lengths} tokens, {steps} steps"
+
+
 def _train(cfg: RootConfig, config_path: Path, layout: RunLayout) -> bool:
     """Train on ``train.cp`` CPU ranks, unless an earlier run finished; returns whether it had."""
-    from longctx.trainer.resume import finished_run
+    from longctx import jobs
 
     assert cfg.train is not None  # run_demo checks the sections
-    if finished_run(layout, cfg.train.steps) is not None:
+    if jobs.finished_training(cfg) is not None:
         print("  finished in an earlier run; reusing its checkpoint", flush=True)
         return True
     _launch_training(config_path, cfg.output, cfg.train.cp)
@@ -131,16 +141,53 @@ def _evaluate(cfg: RootConfig, *, reuse: bool) -> dict[str, Any]:
     return evaluation
 
 
+def _stages(cfg: RootConfig, layout: RunLayout) -> list[dict[str, Any]]:
+    """Each training stage: its length, RoPE factor, steps, losses, metrics file and gate result."""
+    from longctx.trainer.stage_plan import resolve_stages
+
+    assert cfg.train is not None
+    found = []
+    for stage in resolve_stages(cfg.train, layout):
+        records = [json.loads(line) for line in stage.layout.metrics.read_text().splitlines() if line]
+        gate = json.loads(stage.layout.gate.read_text()) if stage.layout.gate.is_file() else None
+        found.append(
+            {
+                "stage": stage.number,
+                "seq_len": stage.seq_len,
+                "rope_factor": (stage.rope_scaling or {}).get("factor"),
+                "steps": stage.steps,
+                "losses": [r["loss"] for r in records],
+                "max_position": max((r["max_position"] for r in records), default=-1),
+                "folder": str(stage.layout.folder),
+                "gate": gate,
+            }
+        )
+    return found
+
+
 def _summary(
+    cfg: RootConfig,
     layout: RunLayout,
     curated: dict[str, Any] | None,
     manifests: dict[int, Manifest],
     evaluation: dict[str, Any],
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    """What the demo returns and prints: curation, packing, training and evaluation figures, and
-    where each output is."""
-    records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line]
+    """What the demo returns and prints: curation, packing, training (per stage) and evaluation
+    figures, and where each output is."""
+    from longctx.trainer.stage_plan import final_model
+
+    stages = _stages(cfg, layout)
+    if stages:
+        records_losses = [loss for s in stages for loss in s["losses"]]
+        max_position = max(s["max_position"] for s in stages)
+        metrics: str | list[str] = [str(Path(s["folder"]) / "metrics.jsonl") for s in stages]
+        checkpoints: str | list[str] = [str(Path(s["folder"]) / "checkpoints") for s in stages]
+    else:
+        records = [json.loads(line) for line in layout.metrics.read_text().splitlines() if line]
+        records_losses = [r["loss"] for r in records]
+        max_position = max((r["max_position"] for r in records), default=-1)
+        metrics, checkpoints = str(layout.metrics), str(layout.checkpoints)
     return {
         "curation": curated,
         "packing": {
@@ -155,18 +202,21 @@ def _summary(
             }
             for n, m in manifests.items()
         },
-        "losses": [r["loss"] for r in records],
-        "trained_max_position": max((r["max_position"] for r in records), default=-1),
+        "losses": records_losses,
+        "trained_max_position": max_position,
+        "stages": stages,
         "needle_accuracy": evaluation.get("needle_accuracy"),
+        "effective_length": evaluation.get("effective_length"),
+        "short_context": evaluation.get("short_context"),
         "timings_s": timings,
         "paths": {
             "documents": str(layout.documents),
             "ledger": str(layout.ledger),
             "curation_plot": str(layout.plot),
             "shards": [str(layout.shard_folder(n)) for n in manifests],
-            "checkpoints": str(layout.checkpoints),
-            "model": str(layout.final_model),
-            "metrics": str(layout.metrics),
+            "checkpoints": checkpoints,
+            "model": str(final_model(layout, cfg.train)),
+            "metrics": metrics,
             "eval": evaluation["files"],
         },
     }
@@ -189,9 +239,46 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
             f"\ntraining loss {losses[0]:.3f} -> {losses[-1]:.3f}  {sparkline(losses)}  "
             f"(largest trained position {s['trained_max_position']})"
         )
+    for stage in s["stages"]:
+        losses = stage["losses"]
+        trained = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "not trained"
+        factor = f", RoPE factor {stage['rope_factor']:g}" if stage["rope_factor"] else ""
+        gate = stage["gate"]
+        verdict = "no gate"
+        if gate is not None:
+            checks = "; ".join(
+                f"{c['metric']} {c['value']:.3f} (limit {c['limit']:g})"
+                if c["value"] is not None
+                else c["metric"]
+                for c in gate["checks"]
+            )
+            verdict = f"gate {'passed' if gate['passed'] else 'FAILED'}: {checks}"
+        lines.append(
+            f"  stage {stage['stage']}: {stage['seq_len']} tokens{factor}, {stage['steps']} steps, "
+            f"{trained}; {verdict}"
+        )
     if s["needle_accuracy"] is not None:
         accuracy = ", ".join(f"{label} {a:.0%}" for label, a in s["needle_accuracy"].items())
         lines.append(f"needle retrieval accuracy: {accuracy} (a tiny model after a few steps: expect 0)")
+    if s["effective_length"] is not None:
+        effective = s["effective_length"]
+        found = ", ".join(
+            f"{label} {v['effective_length'] or 'none'}" for label, v in effective["models"].items()
+        )
+        bar = effective["baseline"]
+        where = f"{bar['model']}'s score at {bar['length']} tokens" if bar else "a fixed threshold"
+        lines.append(f"effective context length: {found} (bar {effective['threshold']:.2f}, {where})")
+    short = s["short_context"]
+    if short is not None and "skipped" in short:
+        lines.append(f"short-context guard skipped: {short['skipped']}")
+    elif short is not None:
+        ratios = ", ".join(
+            f"{m['label']} {m['ratio']:.3f}" for m in short["models"] if m["ratio"] is not None
+        )
+        lines.append(
+            f"short-context loss ratio to {short['baseline']} ({short['windows']} held-out windows of "
+            f"{short['length']} tokens, source {short['source']}): {ratios}"
+        )
     lines.append("\nwhere things are:")
     for key, value in s["paths"].items():
         lines.append(f"  {key}: {', '.join(value) if isinstance(value, list) else value}")

@@ -23,6 +23,7 @@ from longctx.core.errors import ConfigError
 
 if TYPE_CHECKING:  # the jobs are imported when run, keeping `longctx --help` fast
     from longctx.packer.manifest import Manifest
+    from longctx.trainer.stages import StagedResult
     from longctx.trainer.train import TrainResult
 
 
@@ -98,33 +99,76 @@ def pack(cfg: RootConfig, *, verbose: bool = False) -> dict[int, Manifest] | Non
     )
 
 
-def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult:
+def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> TrainResult | StagedResult:
     """``longctx train`` in this process (one rank of a torchrun job, or alone): see
-    :func:`longctx.trainer.train.train`."""
+    :func:`longctx.trainer.train.train`, or for ``train.stages``
+    :func:`longctx.trainer.stages.train_staged` (its gates measure with the ``eval`` section)."""
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
     check(cfg, "train")
+    tokenizer = _configured_tokenizer(cfg)
+    if cfg.train.stages:
+        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.stages import train_staged
+
+        return train_staged(
+            cfg.train,
+            context=cfg.context,
+            output=cfg.output,
+            tokenizer=tokenizer,
+            progress=progress,
+            restart=restart,
+            gates=GateSettings(cfg.eval, _curated_documents(cfg)),
+        )
     from longctx.trainer.train import train as run_training
 
     return run_training(
         cfg.train,
         context=cfg.context,
         output=cfg.output,
-        tokenizer=_configured_tokenizer(cfg),
+        tokenizer=tokenizer,
         progress=progress,
         restart=restart,
     )
 
 
-def export(cfg: RootConfig, step: int) -> Path:
-    """``longctx train --export STEP``: see :func:`longctx.trainer.train.export_checkpoint`."""
+def finished_training(cfg: RootConfig) -> str | None:
+    """What ``longctx train`` prints instead of starting when the run of ``cfg`` already finished
+    (where its results are), or None when there is work left: see
+    :func:`longctx.trainer.resume.finished_run`, and for ``train.stages``
+    :func:`longctx.trainer.stages.finished_stages` (the gates' settings are the ``eval`` section's)."""
+    if cfg.train is None:
+        raise ConfigError("the config has no 'train' section")
+    from longctx.core.layout import RunLayout
+
+    layout = RunLayout(cfg.output)
+    if cfg.train.stages:
+        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.stages import describe_finished_stages, finished_stages
+
+        settings = GateSettings(cfg.eval, _curated_documents(cfg))
+        outcomes = finished_stages(cfg.train, layout, settings)
+        return describe_finished_stages(outcomes) if outcomes is not None else None
+    from longctx.trainer.resume import describe_finished, finished_run
+
+    step = finished_run(layout, cfg.train.steps)
+    return describe_finished(layout, step, cfg.train.steps) if step is not None else None
+
+
+def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
+    """``longctx train --export STEP [--stage K]``: see :func:`longctx.trainer.train.export_checkpoint`."""
     if cfg.train is None:
         raise ConfigError("the config has no 'train' section")
     check(cfg, "train")
     from longctx.trainer.train import export_checkpoint
 
     return export_checkpoint(
-        cfg.train, context=cfg.context, output=cfg.output, step=step, tokenizer=_configured_tokenizer(cfg)
+        cfg.train,
+        context=cfg.context,
+        output=cfg.output,
+        step=step,
+        tokenizer=_configured_tokenizer(cfg),
+        stage=stage,
     )
 
 
@@ -161,4 +205,4 @@ def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:
     or None: see :func:`longctx.trainer.eval_job.latest_evaluation`."""
     from longctx.trainer.eval_job import latest_evaluation as latest
 
-    return latest(cfg.eval, cfg.output) if cfg.eval is not None else None
+    return latest(cfg.eval, cfg.output, cfg.train) if cfg.eval is not None else None

@@ -341,6 +341,10 @@ class PackedDataset(IterableDataset):
         """Global indices of the rows set aside by ``holdout_rows``, in increasing order."""
         return sorted(self._split()[0].tolist())
 
+    def training_rows(self) -> list[int]:
+        """Global indices of the rows training may read (all but the held-out ones), in increasing order."""
+        return self._split()[1].tolist()
+
     def _split(self) -> tuple[np.ndarray, np.ndarray]:
         """``(held-out rows, training rows)``; the draw depends on ``seed`` only, not on the epoch."""
         rows = len(self.shards)

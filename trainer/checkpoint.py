@@ -343,9 +343,12 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     state: ParallelState,
+    *,
+    restore_rng: bool = True,
 ) -> dict[str, Any]:
-    """Load model (and optimizer) state into this rank's shards, at any mesh, and this rank's RNG
-    state when the checkpoint has one for it; returns ``trainer.json``."""
+    """Load model (and optimizer) state into this rank's shards, at any mesh, and (with
+    ``restore_rng``) this rank's RNG state when the checkpoint has one for it; returns
+    ``trainer.json``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
@@ -371,8 +374,9 @@ def load_checkpoint(
         set_model_state_dict(model, target["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optim"])
-    rng = folder / RNG_FOLDER / f"rank_{state.rank:05d}.pt"
-    if not rng.is_file():
-        rng = folder / RNG_FOLDER / "rank_00000.pt"
-    set_rng_state(torch.load(rng, weights_only=True))
+    if restore_rng:
+        rng = folder / RNG_FOLDER / f"rank_{state.rank:05d}.pt"
+        if not rng.is_file():
+            rng = folder / RNG_FOLDER / "rank_00000.pt"
+        set_rng_state(torch.load(rng, weights_only=True))
     return read_trainer_state(folder)

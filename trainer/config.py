@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCheck, missing_extra
 from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
-from longctx.trainer.rope_keys import check_rope_scaling
+from longctx.trainer.rope_keys import check_rope_scaling, takes_factor
 
 
 class TinyModelConfig(StrictModel):
@@ -243,6 +244,85 @@ class KernelsConfig(StrictModel):
     )
 
 
+class GateConfig(StrictModel):
+    """What a stage must reach before the next one starts (``longctx.trainer.gates``), measured on the
+    stage's exported model right after its last step, with the ``eval`` section's settings (needle
+    kinds, depths and samples; short-context source and windows; the baseline model). Each key left
+    null is not checked; a gate with none set passes."""
+
+    min_needle_score: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="the needle-grid score at the stage's length (mean over eval.needle.kinds of each "
+        "kind's checker score) must reach this",
+    )
+    max_short_loss_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        description="the short-context loss (eval.short_context's held-out windows) over the eval.baseline "
+        "model's must stay at or below this",
+    )
+    require_effective_length: bool = Field(
+        default=False,
+        description="the effective context length (eval.effective's bar) must reach the stage's length",
+    )
+
+    @property
+    def checks(self) -> list[str]:
+        """The names of the metrics this gate checks."""
+        names = []
+        if self.min_needle_score is not None:
+            names.append("needle_score")
+        if self.max_short_loss_ratio is not None:
+            names.append("short_loss_ratio")
+        if self.require_effective_length:
+            names.append("effective_length")
+        return names
+
+
+class StageConfig(StrictModel):
+    """One stage of ``train.stages``: ``steps`` optimizer steps on the windows of ``seq_len`` tokens
+    (``<output>/shards/seq<seq_len>``, or ``shards``), starting from the previous stage's final
+    weights. RoPE: ``rope_scaling`` replaces ``train.model.rope_scaling`` for this stage, or ``factor``
+    keeps its type and keys and changes only the factor; neither keeps it as it is."""
+
+    seq_len: int = Field(gt=0, description="window length; the shards of this length are trained on")
+    steps: int = Field(gt=0, description="optimizer steps of this stage")
+    rope_scaling: dict[str, Any] | None = Field(
+        default=None, description="this stage's RoPE scaling, written as train.model.rope_scaling"
+    )
+    factor: float | None = Field(
+        default=None, ge=1, description="train.model.rope_scaling with this factor (the same rope_type)"
+    )
+    lr: float | None = Field(default=None, gt=0, description="peak learning rate; default train.optim.lr")
+    global_batch_rows: int | None = Field(
+        default=None, gt=0, description="rows per optimizer step; default train.global_batch_rows"
+    )
+    keep_optimizer: bool = Field(
+        default=False,
+        description="start from the previous stage's AdamW moments too (the schedule restarts either way); "
+        "false: a fresh optimizer",
+    )
+    shards: str | None = Field(
+        default=None, description="a shard folder or fsspec URL; default <output>/shards/seq<seq_len>"
+    )
+    gate: GateConfig | None = Field(default=None, description="checked after the stage; null: no gate")
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _known_rope_scaling(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_rope_scaling(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_rope_setting(self) -> StageConfig:
+        if self.rope_scaling is not None and self.factor is not None:
+            raise ValueError("give rope_scaling or factor, not both")
+        return self
+
+
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
@@ -303,6 +383,41 @@ class TrainConfig(StrictModel):
         default=600, gt=0, description="process-group timeout: a dead rank is an error, not a hang"
     )
     log: LogConfig = Field(default_factory=LogConfig)
+    stages: list[StageConfig] | None = Field(
+        default=None,
+        min_length=1,
+        description="train in stages of growing window length, each from the previous one's weights and "
+        "checked by its gate (longctx.trainer.stages); replaces steps and shards",
+    )
+    on_gate_fail: Literal["stop", "continue"] = Field(
+        default="stop",
+        description="stop: a failed gate ends the run (exit 2, the finished stages kept); continue: log it "
+        "and go on",
+    )
+
+    @model_validator(mode="after")
+    def _stages_replace_steps_and_shards(self) -> TrainConfig:
+        if self.stages is None:
+            return self
+        for key in ("steps", "shards"):
+            if key in self.model_fields_set:
+                raise ValueError(
+                    f"train.{key} (or --{key}) and train.stages: each stage has its own {key} "
+                    f"(train.stages[k].{key}); remove train.{key}"
+                )
+        lengths = [stage.seq_len for stage in self.stages]
+        if any(b <= a for a, b in itertools.pairwise(lengths)):
+            raise ValueError(f"train.stages: each stage's seq_len must exceed the one before: {lengths}")
+        scaling = self.model.rope_scaling
+        for k, stage in enumerate(self.stages):
+            if stage.factor is not None and (scaling is None or not takes_factor(scaling)):
+                raise ValueError(
+                    f"train.stages[{k}].factor changes the factor of train.model.rope_scaling, which "
+                    f"{'is not set' if scaling is None else 'has no factor'}: declare its rope_type there "
+                    "(e.g. {rope_type: yarn, factor: 2.0, original_max_position_embeddings: 8192}), or give "
+                    "the stage a whole rope_scaling"
+                )
+        return self
 
     @field_validator("activation_checkpointing", mode="before")
     @classmethod
@@ -393,7 +508,8 @@ class ShortContextConfig(StrictModel):
     on ``windows`` windows of ``length`` tokens (default ``context.original``) cut from the curated
     documents of ``source``, and its ratio to the ``eval.baseline`` model's. Windows start at
     multiples of ``length`` in their document (a shorter document is one window) and are drawn by
-    ``seed``; documents that training windows hold can be left out so the windows are held out."""
+    ``seed``. Documents that any training row of the run holds (read from the shards' ``doc_id``) are
+    left out, so the windows are held out; a source with none left is reported and the guard skipped."""
 
     source: str = Field(default="anchor", min_length=1, description="a curated source (documents/<source>)")
     length: int | None = Field(default=None, gt=1, description="tokens per window; default context.original")
@@ -475,8 +591,9 @@ class EvalConfig(StrictModel):
     baseline: str = Field(
         default="base",
         min_length=1,
-        description="the model the others are measured against (a label of eval.models): its needle "
-        "score is the effective-length bar and its short-window loss the guard's denominator",
+        description="the model the others are measured against (a label of eval.models, or base, trained "
+        "or a checkpoint folder, then evaluated too): its needle score is the effective-length bar and "
+        "its short-window loss the guard's denominator",
     )
     effective: EffectiveLengthConfig = Field(default_factory=EffectiveLengthConfig)
     short_context: ShortContextConfig | None = Field(

@@ -1,6 +1,15 @@
 """``longctx eval`` as a function: score each model of ``eval.models`` on the same windows (loss by
-position) and the same needles, and write tables, JSON and one plot per metric (a line or a panel
-per model) into a new folder ``<output>/eval/<NNN>``: an evaluation never replaces an earlier one."""
+position), the same needles and the same held-out short windows, and write tables, JSON and one plot
+per metric (a line or a panel per model) into a new folder ``<output>/eval/<NNN>``: an evaluation
+never replaces an earlier one.
+
+From the needle results it reports each model's effective context length
+(``longctx.trainer.effective``: the needle grid gains the length where the bar is measured) and its
+score per task and length; from the short windows, the short-context guard
+(``longctx.trainer.short_context``: loss on windows of documents no training row holds, as a ratio
+to the baseline model's). The ``eval.baseline`` model is evaluated whenever one of them needs it,
+even when ``eval.models`` (or ``--model``) leaves it out.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,12 +30,22 @@ from longctx.core.layout import RunLayout
 from longctx.core.preflight import check_output_folder
 from longctx.core.remote import is_remote
 from longctx.pipeline.documents import document_files, read_column, source_of
-from longctx.trainer.config import EvalConfig, NeedleEvalConfig, TrainConfig, check_base_model
+from longctx.trainer.config import (
+    MODEL_KEYWORDS,
+    EvalConfig,
+    NeedleEvalConfig,
+    TrainConfig,
+    check_base_model,
+)
+from longctx.trainer.effective import bar_length, effective_lengths, grid_lengths, task_scores
 from longctx.trainer.model import Transformer
+from longctx.trainer.stage_plan import final_model, training_shards
 
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
+    from longctx.packer.format import TokenizerInfo
     from longctx.trainer.hf_model import HFCausalLM
+    from longctx.trainer.short_context import GuardWindows
 
 T = TypeVar("T")
 
@@ -61,11 +80,12 @@ class ModelSpec:
 
 
 def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
-    """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist,
-    ``base`` needs the run's train section, and every checkpoint folder must be readable whole
-    (``hf_io.check_model_folder``)."""
+    """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist (a
+    staged run's is its last stage's model), ``base`` needs the run's train section, and every
+    checkpoint folder must be readable whole (``hf_io.check_model_folder``)."""
     check_base_model(models, train)
     specs = []
+    trained = final_model(layout, train)
     for model in models:
         if model == "base":
             assert train is not None  # check_base_model
@@ -74,12 +94,12 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
                 ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None)
             )
         elif model == "trained":
-            if not (layout.final_model / "config.json").is_file():
+            if not (trained / "config.json").is_file():
                 raise ConfigError(
-                    f"eval.models: no trained model at {layout.final_model} (train first, or list Hugging "
+                    f"eval.models: no trained model at {trained} (train first, or list Hugging "
                     "Face checkpoint folders with --model)"
                 )
-            specs.append(ModelSpec("trained", str(layout.final_model), layout.final_model))
+            specs.append(ModelSpec("trained", str(trained), trained))
         else:
             specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
     from longctx.trainer.hf_io import check_model_folder
@@ -92,9 +112,32 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
     return [ModelSpec(s.source, s.source, s.path) if names.count(s.label) > 1 else s for s in specs]
 
 
-def _load(
+def with_baseline(
+    specs: list[ModelSpec], baseline: str, layout: RunLayout, train: TrainConfig | None
+) -> tuple[list[ModelSpec], str]:
+    """``specs`` with the ``eval.baseline`` model appended when it is not among them, and its label.
+    ``ConfigError`` when ``baseline`` is neither a label of ``specs``, a keyword, nor a checkpoint
+    folder."""
+    labels = [s.label for s in specs]
+    if baseline in labels:
+        return specs, baseline
+    if baseline not in MODEL_KEYWORDS and not (Path(baseline) / "config.json").is_file():
+        raise ConfigError(
+            f"eval.baseline: {baseline!r} is not a label of the evaluated models ({', '.join(labels)}), "
+            f"{' nor '.join(MODEL_KEYWORDS)}, nor a Hugging Face checkpoint folder"
+        )
+    (added,) = resolve_models([baseline], layout, train)
+    match = next((s for s in specs if s.source == added.source), None)
+    if match is not None:  # the same model under another label
+        return specs, match.label
+    return [*specs, added], added.label
+
+
+def load_model_spec(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
 ) -> Transformer | HFCausalLM:
+    """The model of ``spec`` on ``device``: a checkpoint folder (run by the implementation
+    ``train.model`` chooses for it), or ``base`` built from ``train``."""
     from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
     from longctx.trainer.hf_io import config_json, load_model
     from longctx.trainer.hf_model import HFModelConfig, load_hf_model
@@ -148,12 +191,25 @@ class Needles:
 
 
 @dataclass(frozen=True)
+class Guard:
+    """The short-context guard's windows, or why it was skipped (``eval.short_context`` set)."""
+
+    windows: GuardWindows | None
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
 class Scores:
-    """Each model's results, by label in the order the models were given."""
+    """Each model's results, by label in the order the models were given; ``baseline`` is the
+    label of ``eval.baseline``'s model and ``added`` the labels evaluated only because a measure
+    needed them."""
 
     sources: dict[str, str]
     losses: dict[str, list[dict[str, Any]]]
     needles: dict[str, list[Any]]
+    short: dict[str, dict[str, Any]]
+    baseline: str = "base"
+    added: list[str] = field(default_factory=list)
 
 
 def run_eval(
@@ -178,16 +234,34 @@ def run_eval(
     layout = RunLayout(output)
     check_output_folders(eval, layout, train)
     specs = resolve_models(eval.models, layout, train)
+    bar = bar_length(eval.effective, context.original) if eval.needle is not None else None
+    listed = [s.label for s in specs]
+    baseline = eval.baseline
+    if bar is not None or eval.short_context is not None:  # the bar or the ratio needs the baseline
+        specs, baseline = with_baseline(specs, eval.baseline, layout, train)
     tokenizer_path = layout.tokenizer_file(tokenizer)
+    documents = layout.documents if documents is None else documents
     windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
     needles = None  # the same needles for every model, built before any model is loaded
     if eval.needle is not None:
-        needles = build_needles(
-            eval.needle, tokenizer_path, layout.documents if documents is None else documents
-        )
+        grid = eval.needle.model_copy(update={"lengths": grid_lengths(eval.needle.lengths, bar)})
+        try:
+            needles = build_needles(grid, tokenizer_path, documents)
+        except ConfigError as err:
+            if bar is None or bar in eval.needle.lengths:
+                raise
+            raise ConfigError(
+                f"{err} (the grid includes {bar} tokens because the effective length's bar is measured "
+                "there: set eval.effective.baseline_length to a longer length, or eval.effective.threshold)"
+            ) from None
+    info = windows.dataset.shards.manifest.header.tokenizer
+    guard = choose_short_windows(eval, context, layout, train, documents, tokenizer_path, info)
     started = time.monotonic()
-    scores = score_models(specs, windows, needles, eval, train, context)
-    return _result(write_evaluation(layout, eval, windows, needles, scores, context.original, started))
+    scores = score_models(specs, windows, needles, guard, eval, train, context)
+    added = [s.label for s in specs if s.label not in listed]
+    scores = replace(scores, baseline=baseline, added=added)
+    folder = write_evaluation(layout, eval, windows, needles, guard, scores, context, started)
+    return _result(folder)
 
 
 def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> None:
@@ -282,6 +356,51 @@ def _scores_a_model_trained_here(models: list[str], layout: RunLayout) -> bool:
     )
 
 
+def choose_short_windows(
+    eval: EvalConfig,
+    context: ContextConfig,
+    layout: RunLayout,
+    train: TrainConfig | None,
+    documents: Path,
+    tokenizer: Path | None,
+    info: TokenizerInfo,
+) -> Guard | None:
+    """The short-context guard's windows (None when ``eval.short_context`` is not set): from the
+    curated documents of its source that no training row holds (every shard folder the run trains
+    on, read from the rows' ``doc_id``). A source with no such document is reported (printed, and
+    written to the summary) and the guard skipped."""
+    from longctx.core.tokenizer import load_tokenizer
+    from longctx.trainer.short_context import NoHeldOutDocuments, guard_windows, trained_documents
+
+    section = eval.short_context
+    if section is None:
+        return None
+    trained = None
+    if train is not None:
+        trained = trained_documents(
+            training_shards(train, layout, context),
+            tokenizer=tokenizer,
+            seed=train.seed,
+            holdout_rows=train.holdout_rows,
+            cache=train.cache or layout.cache,
+            storage_options=train.storage_options,
+        )
+    else:
+        print(
+            "warning: eval.short_context: the config has no train section, so its windows are not checked "
+            "against training windows",
+            flush=True,
+        )
+    try:
+        found = guard_windows(
+            section, section.length or context.original, documents, load_tokenizer(tokenizer), info, trained
+        )
+    except NoHeldOutDocuments as err:
+        print(f"warning: {err}; the short-context guard is skipped", flush=True)
+        return Guard(None, str(err))
+    return Guard(found)
+
+
 def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: Path) -> Needles:
     """The needle grid of ``eval.needle``, hidden in curated ``documents`` (books first)."""
     from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
@@ -305,48 +424,82 @@ def score_models(
     specs: list[ModelSpec],
     windows: Windows,
     needles: Needles | None,
+    guard: Guard | None,
     eval: EvalConfig,
     train: TrainConfig | None,
     context: ContextConfig,
 ) -> Scores:
-    """Load each model in turn (one at a time in memory) and score it on the windows and needles."""
+    """Load each model in turn (one at a time in memory) and score it on the windows, the needles
+    and the guard's short windows (one progress bar over all of them, :class:`EvalProgress`)."""
     from longctx.trainer.build import use_bf16
     from longctx.trainer.evaluate import loss_by_position, score_needles
+    from longctx.trainer.short_context import window_loss
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = use_bf16(eval.precision, device)
     vocab_size = windows.dataset.shards.manifest.header.tokenizer.vocab_size
     losses: dict[str, list[dict[str, Any]]] = {}
     answers: dict[str, list[Any]] = {}
-    progress = EvalProgress(len(specs), len(windows.rows), len(needles.examples) if needles else 0)
-    for spec in specs:
-        progress.write(f"evaluating {spec.label} ({spec.source})")
-        model = _load(spec, train, context, vocab_size, device)
-        losses[spec.label] = loss_by_position(
-            model,
-            progress.track(windows.rows, spec.label, "windows"),
-            context.original,
-            windows.dataset.seq_len,
-            device,
-            bf16,
-        )
-        if needles is not None:
-            answers[spec.label] = score_needles(
+    short: dict[str, dict[str, Any]] = {}
+    guard_windows = guard.windows.windows if guard is not None and guard.windows is not None else None
+    progress = EvalProgress(
+        len(specs),
+        len(windows.rows) + (len(guard_windows) if guard_windows is not None else 0),
+        len(needles.examples) if needles else 0,
+    )
+    try:
+        for spec in specs:
+            progress.write(f"evaluating {spec.label} ({spec.source})")
+            model = load_model_spec(spec, train, context, vocab_size, device)
+            losses[spec.label] = loss_by_position(
                 model,
-                needles.tokenizer,
-                progress.track(needles.examples, spec.label, "needles"),
+                progress.track(windows.rows, spec.label, "windows"),
+                context.original,
+                windows.dataset.seq_len,
                 device,
-                needles.config.max_new_tokens,
-                needles.eos,
+                bf16,
             )
-        del model
-    progress.close()
-    return Scores({s.label: s.source for s in specs}, losses, answers)
+            if guard_windows is not None:
+                short[spec.label] = window_loss(
+                    model, progress.track(guard_windows, spec.label, "short windows"), device, bf16
+                )
+            if needles is not None:
+                answers[spec.label] = score_needles(
+                    model,
+                    needles.tokenizer,
+                    progress.track(needles.examples, spec.label, "needles"),
+                    device,
+                    needles.config.max_new_tokens,
+                    needles.eos,
+                )
+            del model
+    finally:
+        progress.close()
+    labels = {s.label: s.source for s in specs}
+    return Scores(labels, losses, answers, short)
+
+
+def short_context_report(guard: Guard | None, scores: Scores) -> dict[str, Any] | None:
+    """The guard's part of the summary: where the windows come from and each model's loss and ratio
+    to the baseline's; ``{"skipped": why}`` when no window was held out; None when not measured."""
+    from longctx.trainer.short_context import loss_ratios
+
+    if guard is None:
+        return None
+    if guard.windows is None:
+        return {"skipped": guard.skipped}
+    ratios = loss_ratios({label: r["mean_loss"] for label, r in scores.short.items()}, scores.baseline)
+    return {
+        **guard.windows.as_json(),
+        "baseline": scores.baseline,
+        "models": [{"label": label, **r, "ratio": ratios[label]} for label, r in scores.short.items()],
+    }
 
 
 class EvalProgress:
-    """A progress bar over every model's windows and needles (``models x (windows + needles)``, the
-    needles being lengths x depths x kinds x samples), on stderr as training's is, and quiet where
+    """A progress bar over every model's windows (loss by position, and the guard's short ones) and
+    needles (``models x (windows + needles)``, the needles being lengths x depths x kinds x samples),
+    on stderr as training's is, and quiet where
     stderr is not a terminal."""
 
     def __init__(
@@ -381,21 +534,41 @@ def write_evaluation(
     eval: EvalConfig,
     windows: Windows,
     needles: Needles | None,
+    guard: Guard | None,
     scores: Scores,
-    original: int,
+    context: ContextConfig,
     started: float,
 ) -> Path:
     """Write tables, JSON and plots into a new folder ``<output>/eval/<NNN>`` (``summary.json`` last,
-    with the seconds since ``started``); returns the folder."""
+    with the seconds since ``started``); returns the folder. The effective lengths and the task
+    scores are computed here from the needle results written beside them."""
     from longctx.trainer.evaluate import (
         format_loss_table,
+        format_short_context,
         needle_accuracy,
         plot_loss_by_position,
         plot_needle_heatmap,
+        plot_score_by_length,
     )
 
-    sources = scores.sources
+    sources, original = scores.sources, context.original
     accuracy = {label: needle_accuracy(results) for label, results in scores.needles.items()}
+    effective = tasks = None
+    if needles is not None:
+        effective = effective_lengths(
+            scores.needles,
+            threshold=eval.effective.threshold,
+            baseline=scores.baseline,
+            baseline_length=bar_length(eval.effective, original) or original,
+        )
+        tasks = {
+            label: {
+                task: [{"context_tokens": n, "score": v} for n, v in by_length.items()]
+                for task, by_length in task_scores(results).items()
+            }
+            for label, results in scores.needles.items()
+        }
+    short = short_context_report(guard, scores)
     with new_numbered_folder(layout.eval) as (tmp, folder):
         write_json(
             tmp / "loss_by_position.json",
@@ -410,10 +583,10 @@ def write_evaluation(
                 ],
             },
         )
-        write_text(
-            tmp / "loss_by_position.txt",
-            windows.caption() + format_loss_table(scores.losses, original) + "\n",
-        )
+        table = windows.caption() + format_loss_table(scores.losses, original)
+        if short is not None:
+            table += "\n" + format_short_context(short)
+        write_text(tmp / "loss_by_position.txt", table + "\n")
         plot_loss_by_position(scores.losses, original, tmp / "loss_by_position.png")
         if needles is not None:
             write_json(
@@ -432,13 +605,21 @@ def write_evaluation(
                 },
             )
             plot_needle_heatmap(scores.needles, tmp / "needle.png")
+            assert effective is not None
+            plot_score_by_length(effective, tmp / "score_by_length.png")
         files = sorted(p.name for p in tmp.iterdir()) + ["summary.json"]
         summary = {  # models in the order they were given (JSON keys are written sorted)
-            "models": [{"label": label, "model": source} for label, source in sources.items()],
+            "models": [
+                {"label": label, "model": source, "added_as_baseline": label in scores.added}
+                for label, source in sources.items()
+            ],
             "eval": eval.model_dump(mode="json"),
             "needle_accuracy": [{"label": label, "accuracy": a["accuracy"]} for label, a in accuracy.items()]
             if needles is not None
             else None,
+            "effective_length": effective,
+            "task_scores": tasks,
+            "short_context": short,
             "files": files,
             "seconds": time.monotonic() - started,
         }
@@ -460,14 +641,20 @@ def _result(folder: Path) -> dict[str, Any]:
         "loss_table": (folder / "loss_by_position.txt").read_text().rstrip("\n"),
         "needle_accuracy": {m["label"]: m["accuracy"] for m in needles["models"]} if needles else None,
         "needle_by_length": {m["label"]: m["by_length"] for m in needles["models"]} if needles else None,
+        "added_as_baseline": [m["label"] for m in summary["models"] if m.get("added_as_baseline")],
+        "effective_length": summary.get("effective_length"),
+        "task_scores": summary.get("task_scores"),
+        "short_context": summary.get("short_context"),
     }
 
 
-def latest_evaluation(eval: EvalConfig, output: Path) -> dict[str, Any] | None:
+def latest_evaluation(
+    eval: EvalConfig, output: Path, train: TrainConfig | None = None
+) -> dict[str, Any] | None:
     """The newest evaluation under ``<output>/eval`` made with these ``eval`` settings after the
     trained model was written (as :func:`run_eval` returns it), or None."""
     layout = RunLayout(output)
-    trained = layout.final_model / "config.json"
+    trained = final_model(layout, train) / "config.json"
     if not layout.eval.is_dir() or not trained.is_file():
         return None
     folders = sorted(

@@ -168,18 +168,17 @@ def score_needles(
         generated_ids = greedy_generate(model, prompt_ids, budget, device, stop)
         generated = tokenizer.decode([i for i in generated_ids if i not in stop_ids])
         score = score_generation(example, generated)
-        results.append(
-            NeedleResult(
-                example.context_tokens,
-                example.depth,
-                item.task,
-                item.sample,
-                example.answer,
-                generated,
-                score == 1.0,
-                score,
-            )
+        result = NeedleResult(
+            example.context_tokens,
+            example.depth,
+            item.task,
+            item.sample,
+            example.answer,
+            generated,
+            score == 1.0,
+            score,
         )
+        results.append(result)
     return results
 
 
@@ -289,4 +288,83 @@ def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int)
         lines.append(
             f"{'[' + str(r['start']) + ', ' + str(r['end']) + ')':>17} {r['tokens']:>9} {cells}{mark}"
         )
+    return "\n".join(lines)
+
+
+def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
+    """Each model's needle score against context length (log2 x axis, one line per model), the bar
+    as a dashed line and each model's effective length marked (``effective``: what
+    ``longctx.trainer.effective.effective_lengths`` returns)."""
+    fig = new_figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for label, verdict in effective["models"].items():
+        points = [(s["context_tokens"], s["score"]) for s in verdict["scores"]]
+        (line,) = ax.plot([n for n, _ in points], [v for _, v in points], marker="o", label=label)
+        length = verdict["effective_length"]
+        if length is not None:
+            score = dict(points)[length]
+            ax.plot([length], [score], marker="*", markersize=16, color=line.get_color(), linestyle="none")
+            ax.annotate(f"{label}: {length}", (length, score), textcoords="offset points", xytext=(6, 6))
+    bar = effective["baseline"]
+    where = f"{bar['model']} at {bar['length']}" if bar else "fixed"
+    ax.axhline(
+        effective["threshold"],
+        color="tab:red",
+        linestyle="--",
+        label=f"bar {effective['threshold']:.3f} ({where})",
+    )
+    ax.set_xscale("log", base=2)
+    lengths = sorted({s["context_tokens"] for v in effective["models"].values() for s in v["scores"]})
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("score (mean over task kinds)")
+    ax.set_title("effective context length: the largest length at or above the bar (star)")
+    ax.legend()
+    fig.tight_layout()
+    write_figure(path, fig)
+
+
+def format_effective(
+    effective: Mapping[str, Any], tasks: Mapping[str, Mapping[str, list[dict[str, Any]]]]
+) -> str:
+    """The effective length of every model, its score per length and per task kind, as text."""
+    bar = effective["baseline"]
+    where = f"{bar['model']}'s score at {bar['length']} tokens" if bar else "eval.effective.threshold"
+    lines = [
+        f"effective context length (bar {effective['threshold']:.3f}: {where}; a length passes at a score "
+        ">= the bar and > 0)"
+    ]
+    for label, verdict in effective["models"].items():
+        length = verdict["effective_length"]
+        failure = verdict["first_failure"]
+        found = f"{length} tokens" if length is not None else "none (no evaluated length passes)"
+        extra = (
+            f", first failing length {failure}"
+            if failure is not None and length is not None and failure < length
+            else ""
+        )
+        lines.append(f"  {label}: {found}{extra}")
+        scores = ", ".join(f"{s['context_tokens']}: {s['score']:.2f}" for s in verdict["scores"])
+        lines.append(f"    score by length  {scores}")
+        for task, by_length in tasks.get(label, {}).items():
+            cells = ", ".join(f"{c['context_tokens']}: {c['score']:.2f}" for c in by_length)
+            lines.append(f"    {task:<16} {cells}")
+    return "\n".join(lines)
+
+
+def format_short_context(short: Mapping[str, Any]) -> str:
+    """The short-context guard as a line per model under the loss table: its loss on the held-out
+    short windows and the ratio to the baseline's (or why it was skipped)."""
+    if "skipped" in short:
+        return f"short-context guard skipped: {short['skipped']}"
+    held = "held-out " if short["held_out"] else ""
+    lines = [
+        f"short windows ({short['windows']} {held}windows of {short['length']} tokens from source "
+        f"{short['source']!r}; ratio to {short['baseline']}):"
+    ]
+    for m in short["models"]:
+        loss = f"{m['mean_loss']:.4f}" if m["mean_loss"] is not None else "-"
+        ratio = f"{m['ratio']:.3f}" if m["ratio"] is not None else "-"
+        lines.append(f"  {m['label']}: loss {loss}, ratio {ratio}")
     return "\n".join(lines)

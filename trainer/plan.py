@@ -353,15 +353,21 @@ def layout_of(settings: RunSettings) -> Layout:
     )
 
 
-def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
-    """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
-    MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
-    wall = None
+def _checkpointing(model: ModelShape, length: int, settings: RunSettings) -> str:
+    """``settings.activation_checkpointing`` at ``length``, ``auto`` resolved as training resolves it."""
     mode = settings.activation_checkpointing
     if mode == "auto":
         mode = choose_checkpointing(
             model, length, settings.cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
         )
+    return mode
+
+
+def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:
+    """All figures at context ``length`` under ``settings`` (causal attention throughout)."""
+    MeshShape.check_window(length, settings.cp, length_key="length", cp_key="cp")
+    wall = None
+    mode = _checkpointing(model, length, settings)
     memory = rank_memory(
         model, length, settings.cp, state_shards=settings.state_shards, activation_checkpointing=mode
     )
@@ -400,6 +406,62 @@ def plan_length(model: ModelShape, length: int, settings: RunSettings) -> Length
         fits=fit,
         changes=changes,
     )
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of a staged run (``train.stages``): its length, RoPE, steps and rows per step, the
+    memory per rank at its length and the wall-clock of one step and of the stage."""
+
+    number: int
+    length: int
+    rope: str
+    steps: int
+    rows: int
+    """Packed rows per optimizer step over all data-parallel ranks."""
+    memory: RankMemory
+    fits: bool | None
+    step_seconds: float
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.rows * self.length
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.tokens_per_step
+
+    @property
+    def seconds(self) -> float:
+        return self.steps * self.step_seconds
+
+
+def plan_stage(
+    model: ModelShape,
+    *,
+    number: int,
+    length: int,
+    rope: str,
+    steps: int,
+    rows: int,
+    gpus: int,
+    settings: RunSettings,
+) -> StagePlan:
+    """A stage's memory per rank (as :func:`plan_length`) and its step time on ``gpus`` GPUs: the
+    step's ``rows x length`` tokens at :func:`train_seconds`' rate."""
+    MeshShape.check_window(length, settings.cp, length_key=f"stage {number}'s length", cp_key="cp")
+    memory = rank_memory(
+        model,
+        length,
+        settings.cp,
+        state_shards=settings.state_shards,
+        activation_checkpointing=_checkpointing(model, length, settings),
+    )
+    step = train_seconds(
+        model, length, tokens=rows * length, gpus=gpus, peak_flops=settings.peak_flops, mfu=settings.mfu
+    )
+    fit = fits(memory, settings.gpu_memory_bytes) if settings.gpu_memory_bytes is not None else None
+    return StagePlan(number, length, rope, steps, rows, memory, fit, step)
 
 
 _LENGTH_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}

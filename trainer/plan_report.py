@@ -18,6 +18,7 @@ from longctx.trainer.plan import (
     KV_CACHE_FORMATS,
     LengthPlan,
     RunSettings,
+    StagePlan,
     crossover_length,
     kv_cache_bytes_per_token,
     overlap_min_block,
@@ -180,6 +181,39 @@ def format_report(model: ModelShape, settings: RunSettings, plans: Sequence[Leng
         ]
         lines.append("  ".join(cells).rstrip())
     lines += _changes(settings, plans)
+    return "\n".join(lines)
+
+
+def format_stages(stages: Sequence[StagePlan], settings: RunSettings, gpus: int, gpus_given: bool) -> str:
+    """A staged run's stages, one row each: length, RoPE, steps, rows and tokens per step, tokens,
+    memory per rank (and whether it fits), time per step and per stage, and the totals."""
+    where = f"{gpus} GPUs" + ("" if gpus_given else " (cp x dp_replicate; --gpus for your count)")
+    header = ["stage", "length", "RoPE", "steps", "rows/step", "tokens/step", "tokens", "memory/rank"]
+    if settings.gpu_memory_bytes is not None:
+        header.append("fits")
+    header += ["time/step", "stage time"]
+    table = [header]
+    for s in stages:
+        row = [
+            str(s.number),
+            human_length(s.length),
+            s.rope,
+            f"{s.steps:,}",
+            f"{s.rows:,}",
+            human_count(s.tokens_per_step),
+            human_count(s.tokens),
+            human_bytes(s.memory.total),
+        ]
+        if s.fits is not None:
+            row.append("yes" if s.fits else "NO")
+        row += [human_seconds(s.step_seconds), human_seconds(s.seconds)]
+        table.append(row)
+    widths = [max(len(row[col]) for row in table) for col in range(len(header))]
+    rate = f"{settings.peak_flops / 1e12:g} TFLOP/s peak x MFU {settings.mfu:g}"
+    lines = [f"stages (train.stages) on {where} at {rate}:"]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)) for row in table]
+    tokens, seconds = sum(s.tokens for s in stages), sum(s.seconds for s in stages)
+    lines.append(f"total: {human_count(tokens)} tokens, {human_seconds(seconds)} of training")
     return "\n".join(lines)
 
 

@@ -24,12 +24,12 @@ from typing import Any
 
 from longctx.core.atomic import write_text
 from longctx.core.errors import ConfigError
-from longctx.core.layout import RunLayout
+from longctx.core.layout import RunLayout, StageLayout
 
 SUPERSEDED = "metrics.superseded.jsonl"
 
 
-def finished_run(layout: RunLayout, steps: int) -> int | None:
+def finished_run(layout: RunLayout | StageLayout, steps: int) -> int | None:
     """The step a finished training run in ``layout`` reached, or None when there is training (or the
     final export) left to do: finished means the final model is written and the newest checkpoint is
     at ``steps`` or beyond and intact (every file matches its manifest entry, checksums included, as

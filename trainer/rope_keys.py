@@ -102,3 +102,8 @@ def check_rope_scaling(scaling: Mapping[str, Any]) -> None:
             kind = "a positive number"
         if not ok:
             raise ValueError(f"{key} must be {kind}, got {value!r}")
+
+
+def takes_factor(scaling: Mapping[str, Any]) -> bool:
+    """Whether the ``rope_type`` of a checked ``scaling`` has a ``factor`` (``default`` has none)."""
+    return "factor" in _TYPE_KEYS.get(scaling.get("rope_type", scaling.get("type")), ())

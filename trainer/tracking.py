@@ -34,12 +34,13 @@ def scalars(record: Mapping[str, Any], prefix: str = "train/") -> dict[str, floa
 
     Top-level metrics become ``train/<name>``, a nested mapping ``<name>/<key>`` (so loss by position
     is its own group: ``loss_by_position/01024``, the bucket's start); numeric keys are zero-padded to
-    the widest of their mapping, so that the trackers' text order is the numeric one. ``step`` is the
-    x axis, not a metric, and ``None`` (no value this step) is left out.
+    the widest of their mapping, so that the trackers' text order is the numeric one. The steps are
+    the x axis (:func:`tracker_step`), not metrics, and ``None`` (no value this step) is left out. A
+    staged run's ``stage`` is a metric, so the stage boundaries show on the run's plots.
     """
     out: dict[str, float] = {}
     for key, value in record.items():
-        if key == "step" or value is None:
+        if key in ("step", "global_step") or value is None:
             continue
         if isinstance(value, Mapping):
             names = [str(k) for k in value]
@@ -54,6 +55,12 @@ def scalars(record: Mapping[str, Any], prefix: str = "train/") -> dict[str, floa
         elif isinstance(value, (int, float)):
             out[prefix + key] = float(value)
     return out
+
+
+def tracker_step(record: Mapping[str, Any]) -> int:
+    """The x axis of a record in the trackers: the run's global step (a staged run counts on across
+    its stages, so the trackers show one run), else the step."""
+    return int(record.get("global_step", record["step"]))
 
 
 class Sink(Protocol):
@@ -97,7 +104,7 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         for tag, value in scalars(record).items():
-            self.writer.add_scalar(tag, value, global_step=record["step"])
+            self.writer.add_scalar(tag, value, global_step=tracker_step(record))
         self.writer.flush()
 
     def close(self) -> None:
@@ -142,7 +149,7 @@ class WandbSink:
         self._next_step = self.run.step  # a resumed online run starts after the steps W&B already has
 
     def write(self, record: dict[str, Any]) -> None:
-        step = record["step"]
+        step = tracker_step(record)
         if step >= self._next_step:  # W&B drops earlier steps (with a warning); a resumed run repeats some
             self.run.log(scalars(record), step=step)
             self._next_step = step + 1
@@ -167,15 +174,24 @@ class Tracker:
     """Every configured sink behind one ``write(record)`` / ``close()``.
 
     ``config`` (the run's settings) is stored with the run by the trackers that keep one (W&B's run
-    config, a TensorBoard text entry). ``close`` is idempotent and also runs at interpreter exit, so
-    a run that fails midway still flushes its trackers and stops W&B's service.
+    config, a TensorBoard text entry). ``resume_step`` is the tracker step the run resumes after
+    (:func:`tracker_step`: global across a staged run's stages). ``metrics`` is the JSONL file
+    (default ``layout.metrics``; a stage's own in a staged run). ``close`` is idempotent and also
+    runs at interpreter exit, so a run that fails midway still flushes its trackers and stops W&B's
+    service.
     """
 
     def __init__(
-        self, log: LogConfig, layout: RunLayout, resume_step: int, config: Mapping[str, Any] | None = None
+        self,
+        log: LogConfig,
+        layout: RunLayout,
+        resume_step: int,
+        config: Mapping[str, Any] | None = None,
+        *,
+        metrics: Path | None = None,
     ) -> None:
         config = config or {}
-        self.sinks: list[Sink] = [JsonlSink(layout.metrics)]
+        self.sinks: list[Sink] = [JsonlSink(metrics or layout.metrics)]
         self._close = weakref.finalize(self, _close_all, self.sinks)
         if log.tensorboard:
             self.sinks.append(TensorBoardSink(layout.tensorboard, resume_step, config))

@@ -15,9 +15,11 @@ Around the loop: the mesh (``parallel``), the model built on the meta device and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ import torch
 from longctx.core import remote
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
-from longctx.core.layout import RunLayout
+from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
 from longctx.trainer.attention.zigzag import zigzag_split
@@ -63,6 +65,7 @@ from longctx.trainer.parallel import ParallelState, all_gather_stats, init_paral
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
+from longctx.trainer.stage_plan import Stage, export_paths
 from longctx.trainer.tracking import Tracker
 
 
@@ -173,28 +176,62 @@ def train(
     Reads the shards (``train.shards``, else ``<output>/shards/seq<context.target>``) and writes
     ``<output>/train``. ``tokenizer`` is the configured ``tokenizer.path``, used when the run folder
     holds no ``tokenizer.json``. ``restart`` starts from step 0 when the folder holds checkpoints but
-    none is intact (see ``longctx.trainer.resume``).
+    none is intact (see ``longctx.trainer.resume``). A staged run (``train.stages``) is
+    ``longctx.trainer.stages.train_staged``'s.
     """
+    if train.stages:
+        raise ConfigError("train.stages: a staged run is longctx.trainer.stages.train_staged's (jobs.train)")
+    with training_session(train, output) as state:
+        return train_job(TrainJob(train, context, RunLayout(output), tokenizer, restart), state, progress)
+
+
+@contextlib.contextmanager
+def training_session(train: TrainConfig, output: Path) -> Iterator[ParallelState]:
+    """This job's process group (started here unless the caller already did, and then shut down)
+    and the output folder's run lock (one run per output folder, ``core/runlock.py``)."""
     import torch.distributed as dist
 
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(train.cp, train.comm_timeout_s, train.dp_replicate)
     try:
-        with run_lock(RunLayout(output).train, "train"):  # one run per output folder (core/runlock.py)
-            return _train(_Job(train, context, RunLayout(output), tokenizer, restart), state, progress)
+        with run_lock(RunLayout(output).train, "train"):
+            yield state
     finally:
         shutdown(owned)
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What a training run was asked to do: its section, the context lengths and the run folder."""
+class StageStart:
+    """Where a stage's run starts when it has no checkpoint of its own: the previous stage's last
+    checkpoint (None: the base model), with or without its optimizer state."""
+
+    checkpoint: Checkpoint | None
+    keep_optimizer: bool = False
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """What a training run was asked to do: its section, the context lengths and the run folder; for
+    one stage of a staged run, also the stage and where it starts."""
 
     train: TrainConfig
     context: ContextConfig
     layout: RunLayout
     tokenizer: Path | None
     restart: bool = False
+    stage: Stage | None = None
+    start: StageStart | None = None
+
+    @property
+    def paths(self) -> RunLayout | StageLayout:
+        """Where this run's checkpoints, metrics and exported model go: the stage's folder, or
+        ``train/``."""
+        return self.stage.layout if self.stage is not None else self.layout
+
+    @property
+    def steps_before(self) -> int:
+        """Optimizer steps of the stages before this one (0 for an unstaged run)."""
+        return self.stage.steps_before if self.stage is not None else 0
 
 
 @dataclass
@@ -219,9 +256,11 @@ class _Run:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def _settings(tcfg: TrainConfig, config: AnyModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
-    """What a resumed run must share with the checkpoint: data, order and model (not the mesh)."""
-    return {
+def _settings(job: TrainJob, config: AnyModelConfig, rows: StepRows, shards_sha: str) -> dict[str, Any]:
+    """What a resumed run must share with the checkpoint: data, order and model (not the mesh); for a
+    stage, also the stage and the checkpoint it started from."""
+    tcfg = job.train
+    settings = {
         "shards_config_sha256": shards_sha,
         "seq_len": rows.seq_len,
         "model": config.to_hf(),
@@ -229,9 +268,17 @@ def _settings(tcfg: TrainConfig, config: AnyModelConfig, rows: StepRows, shards_
         "global_batch_rows": rows.global_batch_rows,
         "holdout_rows": tcfg.holdout_rows,
     }
+    if job.stage is not None:
+        start = job.start.checkpoint if job.start is not None else None
+        settings["stage"] = {
+            "number": job.stage.number,
+            "starts_from": start.folder.relative_to(job.layout.train).as_posix() if start else "base",
+            "keep_optimizer": job.start.keep_optimizer if job.start is not None else False,
+        }
+    return settings
 
 
-def _setup(job: _Job, state: ParallelState) -> _Run:
+def _setup(job: TrainJob, state: ParallelState) -> _Run:
     """Data, coverage, vocabulary and memory checks, model, optimizer and schedule; restored from the
     newest intact checkpoint when there is one."""
     torch.manual_seed(job.train.seed)
@@ -239,17 +286,17 @@ def _setup(job: _Job, state: ParallelState) -> _Run:
     _check_rows(job, rows, state)
     bf16 = use_bf16(job.train.precision, state.device)
     config, checkpointing = _checked_model_config(job, rows, state, bf16)
-    meta = _settings(job.train, config, rows, rows.dataset.shards.manifest.header.config_sha256)
+    meta = _settings(job, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
     run = _build_run(
-        job, state, rows, config, meta, bf16, checkpointing=checkpointing, fill=resume_from is None
+        job, state, rows, config, meta, bf16, checkpointing=checkpointing, start=resume_from is None
     )
     if resume_from is not None:
         _restore(run, resume_from, state)
     return run
 
 
-def _open_rows(job: _Job, state: ParallelState) -> StepRows:
+def _open_rows(job: TrainJob, state: ParallelState) -> StepRows:
     """This rank's rows of every step, from the run's shards (copied into the cache when remote)."""
     tcfg, layout = job.train, job.layout
     return StepRows(
@@ -265,7 +312,7 @@ def _open_rows(job: _Job, state: ParallelState) -> StepRows:
     )
 
 
-def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
+def _check_rows(job: TrainJob, rows: StepRows, state: ParallelState) -> None:
     """Refuse windows the ring cannot split, and shards whose positions never reach the required
     one (a warning instead with ``train.coverage.allow_short``)."""
     manifest, original = rows.dataset.shards.manifest, job.context.original
@@ -288,7 +335,7 @@ def _check_rows(job: _Job, rows: StepRows, state: ParallelState) -> None:
 
 
 def _checked_model_config(
-    job: _Job, rows: StepRows, state: ParallelState, bf16: bool
+    job: TrainJob, rows: StepRows, state: ParallelState, bf16: bool
 ) -> tuple[AnyModelConfig, str]:
     """The model to train, once its embedding covers the shards' vocabulary, its attention the
     windows, and the memory estimate the device; and the activation checkpointing mode it fits with
@@ -300,11 +347,11 @@ def _checked_model_config(
     return config, check_memory(job.train, config, rows.seq_len, state, bf16)
 
 
-def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
+def _resume_checkpoint(job: TrainJob, state: ParallelState, meta: dict[str, Any]) -> Checkpoint | None:
     """The newest intact checkpoint to resume from, once its settings match this run's; None to
     start at step 0."""
     found = find_resume_checkpoint(
-        job.layout.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
+        job.paths.checkpoints, state, restart=job.restart, report=lambda m: print(m, flush=True)
     )
     if found is not None:
         check_settings(found.folder, read_trainer_state(found.folder)["meta"], meta)
@@ -312,7 +359,7 @@ def _resume_checkpoint(job: _Job, state: ParallelState, meta: dict[str, Any]) ->
 
 
 def _build_run(
-    job: _Job,
+    job: TrainJob,
     state: ParallelState,
     rows: StepRows,
     config: AnyModelConfig,
@@ -320,10 +367,10 @@ def _build_run(
     bf16: bool,
     *,
     checkpointing: str,
-    fill: bool,
+    start: bool,
 ) -> _Run:
-    """The sharded model (with the base weights when ``fill``), its optimizer, schedule and coverage
-    tracker, at step 0."""
+    """The sharded model, its optimizer, schedule and coverage tracker, at step 0; with ``start``,
+    the weights (and optimizer state) the run starts from (:func:`_start_weights`)."""
     tcfg = job.train
     built = build_model(
         config,
@@ -333,9 +380,9 @@ def _build_run(
         kernels=tcfg.kernels,
         compile_cache=job.layout.compile_cache,
     )
-    if fill:
-        fill_base_weights(built.model, tcfg)
     optimizer = make_optimizer(built.model, tcfg)
+    if start:
+        _start_weights(job, built.model, optimizer, state)
     return _Run(
         layout=job.layout,
         rows=rows,
@@ -348,6 +395,32 @@ def _build_run(
         seq_len=rows.seq_len,
         bf16=bf16,
     )
+
+
+def _start_weights(
+    job: TrainJob, model: TrainedModel, optimizer: torch.optim.AdamW, state: ParallelState
+) -> None:
+    """The base model's weights, or a later stage's start: the previous stage's last checkpoint's
+    weights and, with ``keep_optimizer``, its AdamW moments under this stage's hyperparameters (the
+    learning-rate schedule restarts; the checkpoint's RNG states are not taken)."""
+    start = job.start
+    if start is None or start.checkpoint is None or job.stage is None:
+        fill_base_weights(model, job.train)
+        return
+    checkpoint, name = start.checkpoint, job.stage.describe()
+    problem = damage(checkpoint.folder, state)
+    if problem is not None:
+        raise CheckpointError(f"{name} starts from {checkpoint.folder}, which is damaged: {problem}")
+    kept = optimizer if start.keep_optimizer else None
+    load_checkpoint(checkpoint, model, kept, state, restore_rng=False)
+    if kept is not None:
+        optim = job.train.optim
+        for group, decay in zip(kept.param_groups, (optim.weight_decay, 0.0), strict=True):
+            group.update(lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=decay)
+            group.pop("initial_lr", None)  # the new schedule takes this stage's lr as its peak
+    if state.is_main:
+        what = "weights and optimizer state" if kept is not None else "weights"
+        print(f"{name} starts from the {what} of {checkpoint.folder}", flush=True)
 
 
 def _restore(run: _Run, checkpoint: Checkpoint, state: ParallelState) -> None:
@@ -436,7 +509,7 @@ def _forward_backward(
     )
 
 
-def _trainer_state(run: _Run, job: _Job, state: ParallelState) -> dict[str, Any]:
+def _trainer_state(run: _Run, job: TrainJob, state: ParallelState) -> dict[str, Any]:
     """``trainer.json`` of a checkpoint: schedule, data position, coverage, settings and config."""
     return {
         "meta": run.meta,
@@ -458,7 +531,7 @@ def export_dtype(tcfg: TrainConfig) -> torch.dtype:
     return stored_dtype(tcfg.model.hf_path) if tcfg.model.hf_path is not None else torch.float32
 
 
-def _export(model: TrainedModel, job: _Job, state: ParallelState, folder: Path) -> Path:
+def _export(model: TrainedModel, job: TrainJob, state: ParallelState, folder: Path) -> Path:
     """Write the Hugging Face folder ``folder``; with ``train.export.output``, rank 0 then publishes it
     to ``<train.export.output>/<its path under <output>/train>`` (``config.json`` last)."""
     written = export_model(
@@ -478,17 +551,21 @@ def _export(model: TrainedModel, job: _Job, state: ParallelState, folder: Path) 
     return written
 
 
-def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
+def train_job(job: TrainJob, state: ParallelState, progress: bool) -> TrainResult:
     """Set the run up, take its remaining steps (recording, logging and checkpointing each), and
     export the trained model."""
     run = _setup(job, state)
-    tcfg = job.train
+    tcfg, paths = job.train, job.paths
     if state.is_main:
-        prepare_metrics(run.layout.metrics, run.start_step, job.restart)
+        prepare_metrics(paths.metrics, run.start_step, job.restart)
     run_config = {"train": tcfg.model_dump(mode="json"), **run.meta}
-    writer = Tracker(tcfg.log, run.layout, run.start_step, run_config) if state.is_main else None
+    writer = None
+    if state.is_main:  # the trackers' step is the run's global one: one run across stages
+        resumed = job.steps_before + run.start_step
+        writer = Tracker(tcfg.log, run.layout, resumed, run_config, metrics=paths.metrics)
     peak = peak_flops(state.device, None)
-    bar = _progress_bar(tcfg.steps, run.start_step) if progress and state.is_main else None
+    desc = f"stage {job.stage.number} ({job.stage.seq_len})" if job.stage is not None else "train"
+    bar = _progress_bar(tcfg.steps, run.start_step, desc) if progress and state.is_main else None
     records: list[dict[str, Any]] = []
     tokens_seen, time_spent = 0, 0.0
     try:  # the bar's line is ended even when a step fails, so an error prints on a line of its own
@@ -498,6 +575,8 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
             tokens_seen += measured.tokens
             time_spent += measured.seconds
             record = _step_record(run, state, step, measured, peak, job.context.original, logged)
+            if job.stage is not None:
+                record |= {"stage": job.stage.number, "global_step": job.steps_before + step + 1}
             records.append(record)
             if writer is not None and logged:
                 writer.write(record)
@@ -513,7 +592,7 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
             bar.close()
     if writer is not None:
         writer.close()
-    final = _export(run.model, job, state, run.layout.final_model)
+    final = _export(run.model, job, state, paths.final_model)
     return TrainResult(
         steps=tcfg.steps,
         losses=[r["loss"] for r in records],
@@ -526,11 +605,11 @@ def _train(job: _Job, state: ParallelState, progress: bool) -> TrainResult:
     )
 
 
-def _progress_bar(steps: int, start: int) -> Any:
+def _progress_bar(steps: int, start: int, desc: str) -> Any:
     """The training progress bar (rank 0), starting at ``start`` of ``steps``."""
     from tqdm import tqdm
 
-    return tqdm(total=steps, initial=start, desc="train", unit="step", dynamic_ncols=True)
+    return tqdm(total=steps, initial=start, desc=desc, unit="step", dynamic_ncols=True)
 
 
 @dataclass(frozen=True)
@@ -608,10 +687,10 @@ def _step_record(
     }
 
 
-def _save_checkpoint(run: _Run, job: _Job, state: ParallelState, step: int) -> None:
+def _save_checkpoint(run: _Run, job: TrainJob, state: ParallelState, step: int) -> None:
     """The distributed checkpoint of ``step`` (the oldest beyond ``train.checkpoint.keep`` removed)."""
     save_checkpoint(
-        run.layout.checkpoints,
+        job.paths.checkpoints,
         step,
         run.model,
         run.optimizer,
@@ -622,21 +701,29 @@ def _save_checkpoint(run: _Run, job: _Job, state: ParallelState, step: int) -> N
 
 
 def export_checkpoint(
-    train: TrainConfig, *, context: ContextConfig, output: Path, step: int, tokenizer: Path | None = None
+    train: TrainConfig,
+    *,
+    context: ContextConfig,
+    output: Path,
+    step: int,
+    tokenizer: Path | None = None,
+    stage: int | None = None,
 ) -> Path:
-    """``longctx train --export STEP``: write checkpoint ``step`` as a Hugging Face folder under
-    ``<output>/train/export/``, at any world size: the model is sharded over every rank of this job
-    (no ring: exporting runs no attention, so ``train.cp`` and ``train.dp_replicate`` do not apply) and
-    DCP reshards the checkpoint onto it, whatever mesh wrote it."""
+    """``longctx train --export STEP [--stage K]``: write checkpoint ``step`` (of stage ``stage`` in a
+    staged run) as a Hugging Face folder under ``<output>/train/export/`` (the stage's ``export/``), at
+    any world size: the model is sharded over every rank of this job (no ring: exporting runs no
+    attention, so ``train.cp`` and ``train.dp_replicate`` do not apply) and DCP reshards the checkpoint
+    onto it, whatever mesh wrote it."""
     import torch.distributed as dist
 
+    layout = RunLayout(output)
+    paths = export_paths(train, layout, stage)
     owned = not (dist.is_available() and dist.is_initialized())
     state = init_parallel(1, train.comm_timeout_s)
     try:
-        layout = RunLayout(output)
-        folder = checkpoint_folder(layout.checkpoints, step)
+        folder = checkpoint_folder(paths.checkpoints, step)
         if not folder.is_dir():
-            raise CheckpointError(f"no checkpoint of step {step} in {layout.checkpoints}")
+            raise CheckpointError(f"no checkpoint of step {step} in {paths.checkpoints}")
         problem = damage(folder, state)
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
@@ -644,7 +731,7 @@ def export_checkpoint(
         config = saved_model_config(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
-        return _export(built.model, _Job(train, context, layout, tokenizer), state, layout.export(step))
+        return _export(built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step))
     finally:
         shutdown(owned)
 

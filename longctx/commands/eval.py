@@ -15,11 +15,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "per position bucket on packed windows (a healthy extended model's loss keeps falling past the "
             "original context) and a needle-retrieval grid of context lengths x depths, several samples per "
             "cell, scored by greedy decoding. Each run writes a new folder <output>/eval/<NNN>/ "
-            "(loss_by_position.{json,png,txt}, needle.{json,png}, summary.json) and never replaces an "
-            "earlier one. Models (eval.models, default: base trained): 'base' is the model training starts "
-            "from (train.model), 'trained' is <output>/train/final, anything else a Hugging Face checkpoint "
-            "folder (Llama, Mistral and Qwen2 run on longctx's decoder, other RoPE decoders on their "
-            "transformers code: train.model.implementation)."
+            "(loss_by_position.{json,png,txt}, needle.{json,png}, score_by_length.png, summary.json) and "
+            "never replaces an earlier one. It reports each model's effective context length (the largest "
+            "needle length whose score reaches the bar, eval.effective) with its score per task, and, with "
+            "eval.short_context, its loss on held-out short windows as a ratio to eval.baseline's. Models "
+            "(eval.models, default: base trained): 'base' is the model training starts from (train.model), "
+            "'trained' is <output>/train/final (a staged run's last stage's), anything else a Hugging Face "
+            "checkpoint folder (Llama, Mistral and Qwen2 run on longctx's decoder, other RoPE decoders on "
+            "their transformers code: train.model.implementation)."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with an eval section")
@@ -47,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.eval is None:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)
+    for label in result["added_as_baseline"]:
+        print(f"\n{label} was evaluated too: it is eval.baseline (the bar and the short-context ratio)")
     print("\nloss by position (mean next-token loss per bucket)")
     print(result["loss_table"])
     if result["needle_accuracy"] is not None:
@@ -56,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
                 f"{c['context_tokens']}: {c['accuracy']:.0%}" for c in result["needle_by_length"][label]
             )
             print(f"  {label}: {accuracy:.1%}  ({by_length})")
+    if result["effective_length"] is not None:
+        from longctx.trainer.evaluate import format_effective
+
+        print("\n" + format_effective(result["effective_length"], result["task_scores"]))
     print(f"\nwritten to {result['folder']}:")
     print("\n".join(f"  {path}" for path in result["files"]))
     return 0

@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--config",
         type=Path,
         help="a run config: its train section sets --cp, --dp-replicate, --activation-checkpointing and the "
-        "model (train.model.hf_path), and context.target the length, unless given here",
+        "model (train.model.hf_path), and context.target the length (train.stages: every stage's length, "
+        "and a table of each stage's steps, tokens, memory and time per step), unless given here",
     )
     parser.add_argument(
         "--model",
@@ -100,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
         parse_count,
         parse_lengths,
         plan_length,
+        plan_stage,
     )
-    from longctx.trainer.plan_report import format_report, write_csv
+    from longctx.trainer.plan_report import format_report, format_stages, write_csv
 
     csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
@@ -139,6 +141,18 @@ def run(args: argparse.Namespace) -> int:
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))
+    stages = defaults.get("stages")
+    if stages:
+        gpus = args.gpus or cp * replicas
+        keys = {"world_key": "--gpus", "cp_key": "cp", "replicas_key": "dp_replicate"}
+        data_parallel = MeshShape.for_world(gpus, cp, replicas, **keys).dp_size
+        staged = [  # rows per step default to one per data-parallel rank, as in longctx train
+            plan_stage(
+                model, **{**stage, "rows": stage["rows"] or data_parallel}, gpus=gpus, settings=settings
+            )
+            for stage in stages  # type: ignore[attr-defined]
+        ]
+        print("\n" + format_stages(staged, settings, gpus, args.gpus is not None))
     if csv is not None:
         write_csv(csv, model, settings, plans)
         print(f"\nwrote {csv}")
@@ -149,6 +163,8 @@ def _config_defaults(path: Path) -> dict[str, object]:
     """What a run config says about the plan: model, length, cp, replicas, activation checkpointing."""
     from longctx.config import check_world, load_config
     from longctx.core.errors import ConfigError
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.stage_plan import resolve_stages
 
     cfg = load_config(path)
     if cfg.train is None:
@@ -162,4 +178,25 @@ def _config_defaults(path: Path) -> dict[str, object]:
     }
     if cfg.train.model.hf_path is not None:
         defaults["model"] = str(cfg.train.model.hf_path)
+    if cfg.train.stages:
+        stages = resolve_stages(cfg.train, RunLayout(cfg.output))
+        defaults["lengths"] = ",".join(str(s.seq_len) for s in stages)
+        defaults["stages"] = [
+            {
+                "number": s.number,
+                "length": s.seq_len,
+                "rope": _rope(s.rope_scaling),
+                "steps": s.steps,
+                "rows": s.config.global_batch_rows or cfg.train.global_batch_rows,
+            }
+            for s in stages
+        ]
     return defaults
+
+
+def _rope(scaling: dict[str, object] | None) -> str:
+    """A stage's RoPE scaling in a table cell: ``yarn x4``, or ``checkpoint's``."""
+    if scaling is None:
+        return "checkpoint's"
+    kind = scaling.get("rope_type", scaling.get("type"))
+    return f"{kind} x{scaling['factor']:g}" if "factor" in scaling else str(kind)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # imported when run, keeping `longctx --help` fast
     from longctx.config import RootConfig
     from longctx.core.layout import RunLayout
     from longctx.trainer.launch import Rendezvous
+    from longctx.trainer.stages import StagedResult
     from longctx.trainer.train import TrainResult
 
 
@@ -29,7 +30,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "the world size divided by train.cp is the data-parallel size. Refuses shards whose positions "
             "never reach the required position, and models the ring cannot train. Writes "
             "<output>/train/{metrics.jsonl,checkpoints/,final/}; a killed run resumes from its newest intact "
-            "checkpoint when started again, at any world size."
+            "checkpoint when started again, at any world size. With train.stages, each stage trains in "
+            "<output>/train/stages/<k>-<seq_len>/ from the previous one's weights and is checked by its "
+            "gate; a failed gate stops the run (exit 2), and a run started again resumes in the stage it "
+            "stopped in."
         ),
     )
     parser.add_argument("--config", type=Path, required=True, help="YAML config with a train section")
@@ -69,6 +73,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="do not train: write checkpoint STEP as a Hugging Face folder under <output>/train/export/ "
         "(one process unless --nproc is given; any number of processes reads a checkpoint of any run)",
     )
+    parser.add_argument(
+        "--stage",
+        type=int,
+        metavar="K",
+        help="with --export and train.stages: the stage (from 1) whose checkpoint STEP is exported",
+    )
     parser.set_defaults(func=run)
 
 
@@ -77,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
+    from longctx.jobs import finished_training
     from longctx.trainer.launch import follow_launcher, quiet_agent_cpp_logs, rank_errors
-    from longctx.trainer.resume import describe_finished, finished_run
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
@@ -103,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
         rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None  # before torch is imported
         layout = RunLayout(cfg.output)
         with compiler_cache(layout.compile_cache):
-            finished = finished_run(layout, cfg.train.steps) if args.export is None else None
+            finished = finished_training(cfg) if args.export is None else None
             if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
                 if int(os.environ.get("RANK", "0")) == 0:
-                    print(describe_finished(layout, finished, cfg.train.steps))
+                    print(finished)
                 return 0
             return _run(args, cfg, launcher, rendezvous, rank_env)
 
@@ -129,14 +139,14 @@ def _run(
     jobs.check(cfg, "train")  # before torchrun starts any rank
     world = args.nproc * args.nnodes if launcher else int(os.environ.get("WORLD_SIZE", "1"))
     if args.export is not None:  # any world size: the checkpoint is resharded onto it
-        check_before_export(cfg.train, cfg.output, args.export)
+        check_before_export(cfg.train, cfg.output, args.export, args.stage)
     else:
         check_before_start(cfg.train, cfg.context, cfg.output, world)
     if launcher:
         return launch_training(args.nproc, torchrun_args(args), cfg.output, rendezvous, rank_env)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if args.export is not None:
-        folder = jobs.export(cfg, args.export)
+        folder = jobs.export(cfg, args.export, args.stage)
         if main_rank:
             print(f"exported step {args.export} to {folder}")
         return 0
@@ -163,18 +173,35 @@ def compiler_cache(folder: Path) -> Iterator[None]:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
-def summary(result: TrainResult, layout: RunLayout) -> str:
-    """The lines ``longctx train`` ends with: what this run trained and where the results are."""
+def summary(result: TrainResult | StagedResult, layout: RunLayout) -> str:
+    """The lines ``longctx train`` ends with: what this run trained and where the results are, per
+    stage (with its gate) in a staged run."""
+    from longctx.trainer.stages import StagedResult
+
+    if not isinstance(result, StagedResult):
+        return f"{_trained(result)}\nmetrics: {layout.metrics}\nmodel: {result.final_model}"
+    lines = []
+    for outcome in result.stages:
+        stage = outcome.stage
+        done = _trained(outcome.result) if outcome.result is not None else "finished in an earlier run"
+        lines.append(f"{stage.describe()}: {done}; metrics: {stage.layout.metrics}")
+        if outcome.gate is not None:
+            verdict = "passed" if outcome.gate.passed else "FAILED"
+            lines.append(f"  gate {verdict}: {outcome.gate.summary()}")
+    lines.append(f"model: {result.final_model}")
+    return "\n".join(lines)
+
+
+def _trained(result: TrainResult) -> str:
+    """What one run (or stage) trained in this process."""
     if not result.losses:  # resumed from the last step's checkpoint: only the final export was left
-        trained = f"no step left to train (resumed at step {result.resumed_from}); wrote the final model"
-    else:
-        resumed = f" (resumed from step {result.resumed_from})" if result.resumed_from else ""
-        trained = (
-            f"trained steps {result.resumed_from + 1}-{result.steps}{resumed}; loss "
-            f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}; {result.tokens_per_s:,.0f} tokens/s; "
-            f"largest trained position {result.coverage['max_position']}"
-        )
-    return f"{trained}\nmetrics: {layout.metrics}\nmodel: {result.final_model}"
+        return f"no step left to train (resumed at step {result.resumed_from}); wrote the final model"
+    resumed = f" (resumed from step {result.resumed_from})" if result.resumed_from else ""
+    return (
+        f"trained steps {result.resumed_from + 1}-{result.steps}{resumed}; loss "
+        f"{result.losses[0]:.4f} -> {result.losses[-1]:.4f}; {result.tokens_per_s:,.0f} tokens/s; "
+        f"largest trained position {result.coverage['max_position']}"
+    )
 
 
 def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:
@@ -210,6 +237,7 @@ def torchrun_args(args: argparse.Namespace) -> list[str]:
         ("--steps", args.steps),
         ("--shards", args.shards),
         ("--export", args.export),
+        ("--stage", args.stage),
     ):
         if value is not None:
             argv += [flag, str(value)]

@@ -92,8 +92,14 @@ def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_pat
         "windows of 2048",
         "all invariants hold",
         "training loss",
+        "stage 1 (1024 tokens): gate passed (short_loss_ratio",
+        "stage 2 (2048 tokens) starts from the weights of runs/demo/train/stages/1-1024/checkpoints/",
+        "  stage 1: 1024 tokens, RoPE factor 2, 6 steps, loss ",
+        "  stage 2: 2048 tokens, RoPE factor 4, 6 steps, loss ",
         "evaluate (base vs trained)",
         "needle retrieval accuracy: base",
+        "effective context length: base ",
+        "short-context loss ratio to base (8 held-out windows of 512 tokens, source code): base 1.000, ",
         "where things are",
     ):
         assert expected in out, expected
@@ -104,19 +110,31 @@ def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_pat
         "shards/seq1024/manifest.json",
         "shards/seq2048/manifest.json",
         "documents/synthetic",
-        "train/final/config.json",
-        "train/metrics.jsonl",
+        "train/stages/1-1024/final/config.json",
+        "train/stages/1-1024/gate.json",
+        "train/stages/2-2048/final/config.json",
+        "train/stages/2-2048/metrics.jsonl",
+        "train/stages/2-2048/gate.json",
         "eval/001/loss_by_position.png",
         "eval/001/needle.png",
+        "eval/001/score_by_length.png",
         "eval/001/summary.json",
     ):
         assert (root / path).exists(), path
+    for stage in ("1-1024", "2-2048"):  # the gates the demo's tiny model passes, as the summary says
+        gate = json.loads((root / "train" / "stages" / stage / "gate.json").read_text())
+        (check,) = gate["checks"]
+        assert gate["passed"] and check["metric"] == "short_loss_ratio" and check["value"] <= 1.0
+        assert f"short_loss_ratio {check['value']:.3f} (limit 1)" in out
     scored = json.loads((root / "eval" / "001" / "loss_by_position.json").read_text())
     assert scored["held_out_rows"] == 8 == len(scored["rows"])
     assert [m["label"] for m in scored["models"]] == ["base", "trained"]
     losses_line = next(line for line in out.splitlines() if line.startswith("training loss"))
     first_loss, last_loss = (float(x) for x in losses_line.split()[2:5:2])
     assert last_loss < first_loss
+    summary = json.loads((root / "eval" / "001" / "summary.json").read_text())
+    for label, verdict in summary["effective_length"]["models"].items():
+        assert f"{label} {verdict['effective_length'] or 'none'}" in out
 
     second = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=HANG_S, env=env)
     assert second.returncode == 0, second.stderr[-3000:]

@@ -63,9 +63,11 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
             "coverage": {"required_position": 200},
             "checkpoint": {"every": 3, "keep": 1},
         },
-        # the README's eval section, on this run's short windows and few steps
+        # the README's eval section, on this run's short windows and few steps; the effective length's
+        # bar at 256 tokens (context.original, 128, leaves no room for a needle)
         "eval": {
             **readme_eval,
+            "effective": {"baseline_length": 256},
             "rows": 4,
             "needle": {
                 **readme_eval["needle"],
@@ -148,9 +150,13 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert main(["eval", "--config", str(config), "--model", "trained"]) == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     second = json.loads((root / "eval" / "002" / "summary.json").read_text())
-    assert [m["label"] for m in second["models"]] == ["trained"]
+    # base, the effective length's bar (eval.baseline), is evaluated although --model left it out
+    assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [
+        ("trained", False),
+        ("base", True),
+    ]
     assert second["needle_accuracy"] == [
-        {"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}
+        {"label": label, "accuracy": needles["models"][label]["accuracy"]} for label in ("trained", "base")
     ]
 
 

@@ -396,7 +396,7 @@ def test_eval_loads_checkpoints_with_the_implementation_that_reads_them(tmp_path
     """longctx eval scores a checkpoint folder with the own decoder where it reads it (Llama) and
     with its transformers code otherwise (Qwen3); both give transformers' per-document loss."""
     from longctx.core.config import ContextConfig
-    from longctx.trainer.eval_job import ModelSpec, _load
+    from longctx.trainer.eval_job import ModelSpec, load_model_spec
     from longctx.trainer.evaluate import loss_by_position
 
     row = packed(DOCS, TINY["vocab_size"], seed=4)
@@ -411,7 +411,7 @@ def test_eval_loads_checkpoints_with_the_implementation_that_reads_them(tmp_path
     for model_type, kind in (("llama", Transformer), ("qwen3", HFCausalLM)):
         folder = save_random(tmp_path / model_type, model_type)
         spec = ModelSpec(model_type, str(folder), folder)
-        model = _load(
+        model = load_model_spec(
             spec, None, ContextConfig(original=16, target=48), TINY["vocab_size"], torch.device("cpu")
         )
         assert type(model) is kind

@@ -539,3 +539,45 @@ def test_cli_user_errors_exit_2_without_traceback(
     assert main(["plan", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_staged_config_plans_every_stage(capsys: pytest.CaptureFixture) -> None:
+    """``longctx plan --config`` on the staged recipe: one column per stage length, and a row per
+    stage whose tokens per step, tokens, memory per rank and step time are worked out here from the
+    config's own numbers (rows x length; 6 N_matmul + 6 n q L causal training FLOPs per token)."""
+    import yaml
+
+    path = Path(__file__).parents[2] / "configs" / "llama3_8b_128k_staged.yaml"
+    stages = yaml.safe_load(path.read_text())["train"]["stages"]
+    argv = ["plan", "--config", str(path), "--model", "llama-3-8b", "--gpus", "64", "--gpu-memory", "80GB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    lengths = [s["seq_len"] for s in stages]
+    header = next(line for line in out.splitlines() if line.startswith(" " * 10) and "K" in line)
+    assert header.split() == [f"{n // 1024}K" for n in lengths]
+    totals = next(line for line in out.splitlines() if line.startswith("rank: total")).split()[
+        -2 * len(lengths) :
+    ]
+    table = out[out.index("stages (train.stages) on 64 GPUs") :].splitlines()
+    model = plan.load_model_shape("llama-3-8b")
+    n_matmul = flop_model.matmul_param_count(model)
+    q = model.num_heads * model.head_dim
+    tokens = 0
+    for stage, row, total in zip(stages, table[2:], zip(totals[::2], totals[1::2]), strict=False):
+        cells = row.split()
+        rows, length = stage["global_batch_rows"], stage["seq_len"]
+        per_token = 6 * n_matmul + 6 * model.num_layers * q * length  # PaLM 12 n q L, halved: causal
+        step = rows * length * per_token / (64 * 989e12 * 0.4)
+        # stage, length, RoPE (2 words), steps, rows/step, tokens/step, tokens, memory, fits, time/step
+        assert cells[:4] == [
+            str(stages.index(stage) + 1),
+            f"{length // 1024}K",
+            "llama3",
+            f"x{stage['factor']:g}",
+        ]
+        assert cells[4:7] == [f"{stage['steps']:,}", f"{rows:,}", plan_report.human_count(rows * length)]
+        assert " ".join(cells[8:10]) == " ".join(total) and cells[10] == "yes"  # its length's column
+        assert " ".join(cells[11:13]) == plan_report.human_seconds(step)
+        tokens += stage["steps"] * rows * length
+    assert 0.99 * 800e9 <= tokens <= 1.01 * 800e9  # about 800B tokens, as the Llama 3 report says
+    assert table[-1].startswith(f"total: {plan_report.human_count(tokens)} tokens")
