@@ -150,7 +150,7 @@ class FileSignatureIndex(MinhashDedupSignature):
     def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
         mins = shingles.reshape(-1).astype(self.config.hash_config.np_dtype)
         self._signature = mins.tolist()
-        return [part.tolist() for part in np.split(mins, self.config.num_buckets)]
+        return mins.reshape(self.config.num_buckets, -1).tolist()
 
     def _recording(self, data: DocumentsPipeline, rows: dict[str, list]) -> Iterator[Document]:
         """Pass documents to datatrove's signature loop, recording each one once it was hashed."""

@@ -497,7 +497,7 @@ def minhash_signature(text: str, config: MinhashConfig | None = None) -> list[li
     mins = minhash_minima(text, config)
     if mins is None:
         return None
-    return [part.tolist() for part in np.split(mins.astype(config.hash_config.np_dtype), config.num_buckets)]
+    return mins.astype(config.hash_config.np_dtype).reshape(config.num_buckets, -1).tolist()
 
 
 class MinhashSignature(MinhashDedupSignature):
@@ -526,4 +526,4 @@ class MinhashSignature(MinhashDedupSignature):
 
     def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
         mins = shingles.reshape(-1).astype(self.config.hash_config.np_dtype)
-        return [part.tolist() for part in np.split(mins, self.config.num_buckets)]
+        return mins.reshape(self.config.num_buckets, -1).tolist()

@@ -210,6 +210,7 @@ class TokenEncoder:
         for owners, pieces in self._calls(texts):
             encodings = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
             for owner, encoding in zip(owners, encodings):
-                parts[owner].append(np.array(encoding.ids, dtype=np.uint32))
+                ids = encoding.ids
+                parts[owner].append(np.fromiter(ids, np.uint32, len(ids)))  # faster than np.array
             del encodings  # before the next call: the tokenizer's temporaries are the bulk of its memory
         return [p[0] if len(p) == 1 else np.concatenate(p) if p else np.empty(0, np.uint32) for p in parts]

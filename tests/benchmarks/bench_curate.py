@@ -27,7 +27,8 @@ With several ``--copies`` (e.g. ``--copies 1 4``), every size is measured in the
 cost of the megabytes between the smallest and the largest is printed too: each contender's seconds
 per extra MB and its fixed cost (the intercept at 0 MB), the marginal throughput of curate + pack
 against the tokenizer's (what a curation of gigabytes runs at) and the size from which it reaches
-0.75x.
+0.75x; and the CPU seconds per extra MB of curate + pack against the one-thread tokenizer's, which
+the load of a shared machine moves far less than wall time.
 
     .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4]
         [--input corpus|mixed] [--one-line-mb 50]
@@ -459,8 +460,8 @@ def print_marginal(
     the other, so every figure is computed per repetition and printed as median [min-max]."""
     (mb1, rows1), (mb2, rows2) = small, large
 
-    def slopes(name: str) -> list[float]:
-        return [(b - a) / (mb2 - mb1) for a, b in zip(rows1[name]["wall"], rows2[name]["wall"])]
+    def slopes(name: str, kind: str = "wall") -> list[float]:
+        return [(b - a) / (mb2 - mb1) for a, b in zip(rows1[name][kind], rows2[name][kind])]
 
     def fixed(name: str) -> list[float]:
         return [a - s * mb1 for a, s in zip(rows1[name]["wall"], slopes(name))]
@@ -489,6 +490,13 @@ def print_marginal(
         f"{fmt(ratios(cur1, cur2))}x; the tokenizer's own, 1 thread / 2 processes of 1 thread: "
         f"{fmt(ratios(tok1, TOKENIZER_PROCESSES))}x, "
         f"1 thread / 1 process of 2 threads: {fmt(ratios(tok1, tok2))}x"
+    )
+    # CPU seconds are what the work costs, whatever else runs on the cores; wall seconds swing with the
+    # load of a shared machine. The extra CPU over the one-thread tokenizer's is what curation adds.
+    cpu_ratios = [t / e for t, e in zip(slopes(tok1, "cpu"), slopes(e2e, "cpu"))]
+    print(
+        f"  CPU per extra MB: tokenizer (1 thread) {fmt(slopes(tok1, 'cpu'))} s, curate + pack (2 tasks) "
+        f"{fmt(slopes(e2e, 'cpu'))} s; tokenizer's CPU / curate + pack's: {fmt(cpu_ratios)}x"
     )
     # the size S from which tok(S) >= 0.75 e2e(S), with each repetition's line; none if it never does
     crossing = [

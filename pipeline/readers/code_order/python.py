@@ -39,8 +39,11 @@ class PythonImport:
     names: tuple[str, ...]
 
 
-# Nodes that can hold statements: statements themselves, ``except`` handlers and ``match`` cases.
-_BLOCK_NODES = (ast.stmt, ast.excepthandler, ast.match_case)
+_BLOCK_FIELDS = ("body", "handlers", "orelse", "finalbody", "cases")
+"""The fields of a node that hold statements, ``except`` handlers or ``match`` cases (an expression
+never holds a statement)."""
+_NODE_BLOCKS: dict[type, tuple[str, ...]] = {}
+"""Per node type, its :data:`_BLOCK_FIELDS` in the type's field order (filled as types are met)."""
 
 
 def python_imports(source: str) -> list[PythonImport]:
@@ -99,8 +102,14 @@ def load_time_imports(tree: ast.Module) -> list[PythonImport]:
         elif isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(reversed(node.orelse))
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            # Imports are statements: descend only into nested blocks (pushed reversed: popped in order).
-            stack.extend(reversed([c for c in ast.iter_child_nodes(node) if isinstance(c, _BLOCK_NODES)]))
+            # Imports are statements: descend only into nested blocks (pushed reversed: popped in order),
+            # read from the fields that hold them rather than by visiting every child expression.
+            kind = type(node)
+            fields = _NODE_BLOCKS.get(kind)
+            if fields is None:
+                fields = _NODE_BLOCKS[kind] = tuple(f for f in kind._fields if f in _BLOCK_FIELDS)
+            for field in reversed(fields):
+                stack.extend(reversed(getattr(node, field)))
     return found
 
 
