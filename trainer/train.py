@@ -61,7 +61,7 @@ from longctx.trainer.hf_io import stored_dtype
 from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, shutdown
+from longctx.trainer.parallel import ParallelState, all_gather_stats, barrier, init_parallel, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
@@ -731,7 +731,13 @@ def export_checkpoint(
         config = saved_model_config(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
-        return _export(built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step))
+        exported = _export(
+            built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step)
+        )
+        # every rank's last sends are done before any rank tears its group down (gloo aborted a rank
+        # that destroyed its group while its peer still finished the export's last collective)
+        barrier(state)
+        return exported
     finally:
         shutdown(owned)
 

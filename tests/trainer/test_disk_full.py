@@ -62,7 +62,7 @@ def roomy(packed: Path, tmp_path_factory) -> tuple[dict, Path]:
     path = root / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     done = run_cli("train", "--config", str(path), "--nproc", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return cfg, root / "run"
 
 
@@ -117,7 +117,7 @@ def test_a_checkpoint_on_a_full_disk(roomy: tuple[dict, Path], tmp_path: Path) -
         # with room, the same command trains and exports
         resize(disk, 16 * 1024)
         done = run_cli("train", "--config", str(path), "--nproc", "2")
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert sorted(p.name for p in checkpoints.iterdir()) == ["step_0000002"]
         assert (disk / "train" / "final" / "config.json").is_file()
 
@@ -153,6 +153,6 @@ def test_an_export_on_a_full_disk(roomy: tuple[dict, Path], tmp_path: Path) -> N
 
         resize(disk, 16 * 1024)
         done = run_cli(*argv)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         for file in (reference / "train" / "final").iterdir():
             assert (written / file.name).read_bytes() == file.read_bytes(), file.name
