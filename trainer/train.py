@@ -28,7 +28,7 @@ import torch
 
 from longctx.core import remote
 from longctx.core.config import ContextConfig
-from longctx.core.errors import ConfigError
+from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
@@ -734,8 +734,14 @@ def export_checkpoint(
         exported = _export(
             built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step)
         )
-        # every rank's last sends are done before any rank tears its group down (gloo aborted a rank
-        # that destroyed its group while its peer still finished the export's last collective)
+    except LongctxError:
+        # every rank raises these together (the same checks, or agreed by first_problem), so they
+        # meet before tearing their groups down, as below
+        barrier(state)
+        raise
+    else:
+        # every rank's last sends are done before any rank tears its group down (gloo aborted a
+        # rank that destroyed its group while its peer still finished the export's last collective)
         barrier(state)
         return exported
     finally:
