@@ -28,7 +28,7 @@ repository it copies. Copies inside one repository are left alone (they are part
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -47,7 +47,10 @@ from longctx.pipeline.keep import file_rank
 from longctx.pipeline.provenance import ELSEWHERE, declarations, provenance
 from longctx.pipeline.readers.code import CodeRepoReader, scan_repo
 from longctx.pipeline.readers.listing import Tree, assign_by_size
-from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, permuted_minima, shingle_set
+from longctx.pipeline.signatures import RegexWordTokenizer, exact_hash, minima_of_sets, shingle_sets
+
+BATCH_CHARS = 1 << 22
+"""Characters of files whose signatures are computed together (bounds the batch's arrays)."""
 
 FILE_INDEX_SCHEMA = pa.schema(
     [
@@ -134,23 +137,48 @@ class FileSignatureIndex(MinhashDedupSignature):
         self.min_words = cfg.min_words
         self._ngrams = 0
         self._signature: list[int] = []
+        self._computed: deque[tuple[int, np.ndarray | None]] = deque()
 
     def get_shingles(self, text: str) -> np.ndarray:
-        """The file's permuted minima as a (1, num_hashes) array (empty below ``min_words``), from
-        :func:`~longctx.pipeline.signatures.shingle_set`: datatrove's shingles and minima, at array
-        speed. Records the distinct n-gram count."""
-        count, unique = shingle_set(text, self.config)
-        words = count + self.config.n_grams - 1 if count else 0
-        if words < self.min_words:
-            self._ngrams = 0
-            return np.empty((0, 1), np.uint64)
-        self._ngrams = int(unique.shape[0])
-        return permuted_minima(unique, self.config).reshape(1, -1)
+        """The file's permuted minima as a (1, num_hashes) array (empty below ``min_words``): computed
+        for a batch of files before datatrove's loop asks for them (:meth:`_recording`), in order."""
+        self._ngrams, minima = self._computed.popleft()
+        return np.empty((0, 1), np.uint64) if minima is None else minima.reshape(1, -1)
 
     def get_signature(self, shingles: np.ndarray) -> list[list[int]]:
         mins = shingles.reshape(-1).astype(self.config.hash_config.np_dtype)
         self._signature = mins.tolist()
         return mins.reshape(self.config.num_buckets, -1).tolist()
+
+    def _compute(self, docs: list[Document]) -> None:
+        """Distinct n-gram counts and minima of a batch of files, from
+        :func:`~longctx.pipeline.signatures.shingle_sets` and
+        :func:`~longctx.pipeline.signatures.minima_of_sets`: datatrove's shingles and minima, at array
+        speed over many files at once. Files of fewer than ``min_words`` words get none."""
+        sets = shingle_sets([doc.text for doc in docs], self.config)
+        short = [count + self.config.n_grams - 1 < self.min_words if count else True for count, _ in sets]
+        minima = minima_of_sets(
+            [np.empty(0, np.uint64) if s else u for s, (_, u) in zip(short, sets)], self.config
+        )
+        self._computed.extend(
+            (0, None) if s else (int(u.size), m) for s, (_, u), m in zip(short, sets, minima)
+        )
+
+    def _batches(self, data: DocumentsPipeline) -> Iterator[Document]:
+        """The files in order, each batch of about :data:`BATCH_CHARS` characters hashed before its
+        first file is passed on."""
+        batch: list[Document] = []
+        chars = 0
+        for doc in data:
+            batch.append(doc)
+            chars += len(doc.text)
+            if chars >= BATCH_CHARS:
+                self._compute(batch)
+                yield from batch
+                batch, chars = [], 0
+        if batch:
+            self._compute(batch)
+            yield from batch
 
     def _recording(self, data: DocumentsPipeline, rows: dict[str, list]) -> Iterator[Document]:
         """Pass documents to datatrove's signature loop, recording each one once it was hashed."""
@@ -167,7 +195,7 @@ class FileSignatureIndex(MinhashDedupSignature):
             rows["ngrams"].append(self._ngrams)
             rows["signature"].append(self._signature if self._ngrams else [])
 
-        for doc in data:
+        for doc in self._batches(data):
             if pending is not None:
                 record(pending)
             self._ngrams, self._signature = 0, []

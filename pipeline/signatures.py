@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -356,13 +356,15 @@ def _reference_minima(hashes: np.ndarray, a: np.ndarray, b: np.ndarray, precisio
     return mins
 
 
-def _first_block(h: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) -> np.ndarray:
-    """Exact minima over a small block, all permutations in one 2-D pass.
+def _ordered_residues(h: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) -> np.ndarray:
+    """A (permutations x hashes) array ordered like the residues ``(h * a + b) mod 2**64 mod p``
+    within each row, in a few in-place passes (see :func:`_first_block` for how it maps back).
 
-    With ``x = hi * 2**61 + lo`` (``hi`` < 8): ``s = lo + hi`` is ``x mod p`` unless ``s >= p``,
-    in which case the residue is ``s - p`` (0..7). For 64-bit precision ``g = s - p`` (mod 2**64)
-    orders like the residue within each case; a minimum ``g <= 7`` shows the rare case occurred
-    (about 2**-58 per value), and the block is then redone with datatrove's arithmetic.
+    With ``x = hi * 2**61 + lo`` (``hi`` < 8): ``s = lo + hi`` is ``x mod p`` unless ``s >= p``, in
+    which case the residue is ``s - p`` (0..7). For 32-bit precision the array holds the masked
+    residues themselves. For 64-bit precision it holds ``g = s - p`` (mod 2**64), which orders like the
+    residue within each case; a minimum ``g <= 7`` shows the rare case occurred (about 2**-58 per
+    value), and a residue is then ``g + p`` (mod 2**64) only where it did not.
     """
     x = h[None, :] * a
     x += b
@@ -373,9 +375,17 @@ def _first_block(h: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) ->
         np.subtract(x, MERSENNE, out=y)
         np.minimum(x, y, out=x)  # s - p wraps high when s < p
         x &= U64(0xFFFFFFFF)
-        return x.min(axis=1)
+        return x
     x -= MERSENNE
-    mins = x.min(axis=1)
+    return x
+
+
+def _first_block(h: np.ndarray, a: np.ndarray, b: np.ndarray, precision: int) -> np.ndarray:
+    """Exact minima over a small block, all permutations in one 2-D pass (:func:`_ordered_residues`);
+    for 64-bit precision, a block where the rare case shows is redone with datatrove's arithmetic."""
+    mins = _ordered_residues(h, a, b, precision).min(axis=1)
+    if precision == 32:
+        return mins
     if mins.min() <= 7:
         return _reference_minima(h, a, b, precision)
     return mins + MERSENNE  # every g wrapped: residue = g + p (mod 2**64)
@@ -453,6 +463,103 @@ def _last_words(buf: bytes, k: int) -> bytes:
         if cut < 0:
             return buf
     return buf[cut + 1 :]
+
+
+BATCH_COLUMNS = 1 << 13
+"""Shingle hashes of small sets whose permuted minima are computed in one 2-D pass (8 MB of uint64
+scratch for 120 permutations)."""
+
+
+def minima_of_sets(sets: Sequence[np.ndarray], config: MinhashConfig) -> list[np.ndarray | None]:
+    """:func:`permuted_minima` of each set of shingle hashes (None for an empty one), for many sets at
+    once: the sets of at most :data:`FIRST_BLOCK` hashes, a source file's usual size, go through
+    :func:`_ordered_residues` together, a batch of them side by side, and are reduced per set
+    (``np.minimum.reduceat``), instead of a few numpy calls per set; larger sets one at a time."""
+    num_hashes = config.num_buckets * config.hashes_per_bucket
+    a, b = _parameters(config.seed, num_hashes)
+    precision = config.hash_config.precision
+    out: list[np.ndarray | None] = [None] * len(sets)
+    batch: list[int] = []
+    columns = 0
+
+    def flush() -> None:
+        bounds = np.cumsum([0] + [sets[k].size for k in batch[:-1]])
+        with np.errstate(over="ignore"):
+            values = _ordered_residues(np.concatenate([sets[k] for k in batch]), a, b, precision)
+            mins = np.minimum.reduceat(values, bounds, axis=1)
+        for col, k in enumerate(batch):
+            m = mins[:, col]
+            if precision == 32:
+                out[k] = m.copy()
+            elif m.min() <= 7:  # the rare case (see _ordered_residues): datatrove's arithmetic
+                with np.errstate(over="ignore"):
+                    out[k] = _reference_minima(sets[k], a, b, precision)
+            else:
+                out[k] = m + MERSENNE
+        batch.clear()
+
+    for k, values in enumerate(sets):
+        if values.size == 0:
+            continue
+        if values.size > FIRST_BLOCK:
+            out[k] = permuted_minima(values, config)
+            continue
+        batch.append(k)
+        columns += values.size
+        if columns >= BATCH_COLUMNS:
+            flush()
+            columns = 0
+    if batch:
+        flush()
+    return out
+
+
+def shingle_sets(texts: Sequence[str], config: MinhashConfig) -> list[tuple[int, np.ndarray]]:
+    """:func:`shingle_set` of each text, hashed together: the words of texts of at most
+    :data:`PIECE_CHARS` characters (one piece each) are joined into one buffer, their n-grams (none
+    across two texts) hashed in one :func:`~longctx.pipeline.xxhash_np.span_hashes` call, and made
+    distinct per text by one sort. Many small texts (a repository's files) cost a few array passes
+    rather than a few dozen numpy calls each."""
+    out: list[tuple[int, np.ndarray] | None] = [None] * len(texts)
+    batched: list[int] = []
+    words: list[bytes] = []
+    fast = (
+        config.hash_config.hash_fc == "xxhash" and config.norm_config == DEF_TEXT_NORM_CONFIG and _FAST_PATH
+    )
+    for k, text in enumerate(texts):
+        if not fast or len(text) > PIECE_CHARS:
+            out[k] = shingle_set(text, config)
+            continue
+        piece = _words_piece(text) if text else b""
+        if not piece or piece.count(b" ") + 1 < config.n_grams:  # fewer words than one n-gram
+            out[k] = (0, np.empty(0, U64))
+            continue
+        batched.append(k)
+        words.append(piece)
+    if batched:
+        buf = b" ".join(words)
+        sp = _separators(buf)  # word w of the buffer is buf[sp[w] + 1 : sp[w + 1]]
+        n = config.n_grams
+        counts = np.array([w.count(b" ") + 1 for w in words], np.int64)  # words per text
+        shingles = counts - n + 1  # per text, all >= 1
+        first_word = np.cumsum(counts) - counts
+        owner = np.repeat(np.arange(len(words)), shingles)
+        ends = np.cumsum(shingles)
+        word = np.arange(int(ends[-1])) + np.repeat(first_word - (ends - shingles), shingles)
+        starts = sp[word].astype(np.int64) + 1
+        hashes = span_hashes(
+            buf, starts, sp[word + n].astype(np.int64) - starts, config.hash_config.precision
+        )
+        order = np.lexsort((hashes, owner))
+        hashes, owner = hashes[order], owner[order]
+        keep = np.empty(hashes.size, bool)
+        keep[0] = True
+        np.logical_or(hashes[1:] != hashes[:-1], owner[1:] != owner[:-1], out=keep[1:])
+        hashes, owner = hashes[keep], owner[keep]
+        cuts = np.searchsorted(owner, np.arange(len(words) + 1))
+        for j, k in enumerate(batched):
+            out[k] = (int(shingles[j]), hashes[cuts[j] : cuts[j + 1]])
+    return out  # type: ignore[return-value]
 
 
 def minhash_minima(text: str, config: MinhashConfig) -> np.ndarray | None:

@@ -155,46 +155,64 @@ def xxh64(ld: Loader, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def xxh32(ld: Loader, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """XXH32 (seed 0) of each span, widened to uint64 (what datatrove stores for 32-bit precision)."""
+    """XXH32 (seed 0) of each span, widened to uint64 (what datatrove stores for 32-bit precision).
+
+    As :func:`xxh64`: each phase (16-byte stripes, 4-byte words, single bytes) runs on the spans that
+    need it, sorted so that they form a prefix; a 64-bit aligned read gives two 4-byte lanes."""
     P1, P2, P3, P4, P5 = _Q32
-
-    def u32(offsets: np.ndarray) -> np.ndarray:
-        return ld.u64(offsets).astype(np.uint32)  # keeps the low (first) four bytes
-
-    h = np.full(starts.size, P5, np.uint32)
+    U32 = np.uint32
+    h = np.full(starts.size, P5, U32)
     stripes = lengths >> 4
-    if stripes.any():
+    if stripes.any():  # 16-byte stripes, most first so that the active ones are a prefix
         order = np.flatnonzero(stripes)
         order = order[np.argsort(-stripes[order], kind="stable")]
-        ns, base = stripes[order], starts[order]
-        acc = [np.full(order.size, v, np.uint32) for v in (P1 + P2, P2, np.uint32(0), np.uint32(0) - P1)]
+        ns = stripes[order]
+        lanes = _Lanes(ld.words, starts[order])
+        acc = [np.full(order.size, v, U32) for v in (P1 + P2, P2, U32(0), U32(0) - P1)]
         for j in range(int(ns[0])):
             k = int(np.count_nonzero(ns > j))
-            for lane in range(4):
-                v = acc[lane][:k]
-                v += u32(base[:k] + (16 * j + 4 * lane)) * P2
-                acc[lane][:k] = _rotl(v, 13) * P1
+            for half in range(2):
+                word = lanes.next(2 * j + half, k)
+                for lane, part in (
+                    (2 * half, word.astype(U32)),
+                    (2 * half + 1, (word >> U64(32)).astype(U32)),
+                ):
+                    v = acc[lane][:k]
+                    part *= P2
+                    v += part
+                    v[:] = _rotl(v, 13) * P1
         h[order] = _rotl(acc[0], 1) + _rotl(acc[1], 7) + _rotl(acc[2], 12) + _rotl(acc[3], 18)
-    h += lengths.astype(np.uint32)  # XXH32 adds the length modulo 2**32
+    h += lengths.astype(U32)  # XXH32 adds the length modulo 2**32
     pos = starts + (stripes << 4)
-    rem = lengths & 15
-    for j in range(3):
-        m = (rem >> 2) > j
-        if not m.any():
-            break
-        np.copyto(h, _rotl(h + u32(pos) * P3, 17) * P4, where=m)
-        pos = pos + (m << 2)
-    for j in range(3):
-        m = (rem & 3) > j
-        if not m.any():
-            break
-        np.copyto(h, _rotl(h + ld.bytes[pos].astype(np.uint32) * P5, 11) * P1, where=m)
-        pos = pos + m
-    h ^= h >> np.uint32(15)
+    rem = (lengths & 15).astype(np.uint8)
+    if rem.any():  # then (rem >> 2) 4-byte words and (rem & 3) single bytes, most first
+        o = np.argsort(np.uint8(15) - rem, kind="stable")
+        hs, ps = h[o], pos[o]
+        at_least = np.append(np.bincount(rem, minlength=16)[::-1].cumsum()[::-1], 0)  # rem >= r
+        for j in range(3):  # word j exists when rem >= 4 (j + 1)
+            c = int(at_least[4 * (j + 1)])
+            if c == 0:
+                break
+            k = ld.u64(ps[:c] + 4 * j).astype(U32)  # the low (first) four bytes
+            k *= P3
+            hv = hs[:c]
+            hv += k
+            hv[:] = _rotl(hv, 17) * P4
+        ps += (rem[o] & np.uint8(12)).astype(ps.dtype)
+        low = rem[o] & np.uint8(3)
+        for j in range(3):  # byte j exists when (rem & 3) > j: not a prefix, so masked
+            m = low > j
+            if not m.any():
+                break
+            idx = np.flatnonzero(m)
+            hv = hs[idx] + ld.bytes[ps[idx] + j].astype(U32) * P5
+            hs[idx] = _rotl(hv, 11) * P1
+        h[o] = hs
+    h ^= h >> U32(15)
     h *= P2
-    h ^= h >> np.uint32(13)
+    h ^= h >> U32(13)
     h *= P3
-    h ^= h >> np.uint32(16)
+    h ^= h >> U32(16)
     return h.astype(U64)
 
 

@@ -411,3 +411,59 @@ def test_grouped_buckets_write_what_one_task_per_bucket_writes(tmp_path: Path, t
     theirs = {p.name: p.read_bytes() for p in sorted((tmp_path / "theirs").iterdir())}
     assert len(theirs) == config.num_buckets and any(theirs.values())
     assert {p.name: p.read_bytes() for p in sorted((tmp_path / "ours").iterdir())} == theirs
+
+
+@pytest.mark.parametrize("name", ["32", "64", "1g"])
+def test_batched_sets_and_minima_equal_datatrove_per_text(
+    name: str, sig_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many texts hashed together (a repository's files: :func:`shingle_sets`, then
+    :func:`minima_of_sets`, several 2-D batches and sets above ``FIRST_BLOCK`` among them) give each
+    text datatrove's own shingle count, distinct shingles and signature, as hashed one text at a time.
+    Texts over ``PIECE_CHARS`` (made small here) take the piecewise path in the same call."""
+    monkeypatch.setattr(sg, "PIECE_CHARS", 3000)
+    monkeypatch.setattr(sg, "BATCH_COLUMNS", 700)
+    config = CONFIGS[name]
+    rng = random.Random(name)
+    texts = ["", "   ", "one", "two words", "a b c d", "x y z w v u", "é1 2,5 Ἀ\u0301 ΣΑΣ " * 3]
+    texts += [_random_text(rng, rng.choice([5, 40, 300, 900, 2500]), "abcdé1. ") for _ in range(40)]
+    texts += [" ".join(f"w{i % 7}" for i in range(200))]  # repeats: few distinct shingles
+    rng.shuffle(texts)
+    step = datatrove_step(config, sig_dir)
+    sets = sg.shingle_sets(texts, config)
+    minima = sg.minima_of_sets([unique for _, unique in sets], config)
+    assert any(u.size > sg.FIRST_BLOCK for _, u in sets) and any(len(t) > 3000 for t in texts)
+    for text, (count, unique), mins in zip(texts, sets, minima):
+        ref = step.get_shingles(text).ravel()
+        assert count == ref.size
+        assert unique.tolist() == sorted(set(ref.tolist()))
+        if ref.size:
+            signature = mins.astype(config.hash_config.np_dtype).reshape(config.num_buckets, -1).tolist()
+            assert signature == step.get_signature(ref.reshape(-1, 1))
+        else:
+            assert mins is None
+
+
+def test_batched_minima_exact_at_the_mersenne_wrap() -> None:
+    """Small sets holding hashes that hit the rare wrap case of 64-bit precision are redone with
+    datatrove's arithmetic inside a batch, the others in the same batch are not disturbed."""
+    config = MinhashConfig()
+    a, b = sg._parameters(config.seed, 112)
+    p = (1 << 61) - 1
+    aj, bj = next((int(a[j, 0]), int(b[j, 0])) for j in range(112) if int(a[j, 0]) % 2)
+    inv = pow(aj, -1, 1 << 64)
+    wraps = [
+        ((((hi << 61) | lo) - bj) * inv) % (1 << 64) for hi in range(1, 8) for lo in (0, 1, p - 3, p - 1, p)
+    ]
+    rng = random.Random(3)
+    sets = [
+        np.array(sorted({rng.getrandbits(64) for _ in range(rng.randrange(1, 300))}), np.uint64)
+        for _ in range(30)
+    ]
+    sets[4] = distinct(np.concatenate([sets[4], np.array(wraps, np.uint64)]))
+    with np.errstate(over="ignore"):
+        expected = [sg._reference_minima(s, a, b, 64) for s in sets]
+    got = sg.minima_of_sets(sets, config)
+    assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+    with np.errstate(over="ignore"):  # the wrap case (lo + hi >= p) really occurred in set 4
+        assert sg._ordered_residues(sets[4], a, b, 64).min() <= 7
