@@ -550,15 +550,16 @@ def shingle_sets(texts: Sequence[str], config: MinhashConfig) -> list[tuple[int,
         hashes = span_hashes(
             buf, starts, sp[word + n].astype(np.int64) - starts, config.hash_config.precision
         )
-        order = np.lexsort((hashes, owner))
-        hashes, owner = hashes[order], owner[order]
-        keep = np.empty(hashes.size, bool)
-        keep[0] = True
-        np.logical_or(hashes[1:] != hashes[:-1], owner[1:] != owner[:-1], out=keep[1:])
-        hashes, owner = hashes[keep], owner[keep]
-        cuts = np.searchsorted(owner, np.arange(len(words) + 1))
+        bounds = np.concatenate([[0], ends])
+        if config.hash_config.precision == 32:  # (text, hash) pairs as one sortable key
+            uniq = distinct((owner.astype(U64) << U64(32)) | hashes)
+            hashes = uniq & U64(0xFFFFFFFF)
+            bounds = np.searchsorted(uniq >> U64(32), np.arange(len(words) + 1))
+            parts = [hashes[bounds[j] : bounds[j + 1]] for j in range(len(words))]
+        else:
+            parts = [distinct(hashes[bounds[j] : bounds[j + 1]]) for j in range(len(words))]
         for j, k in enumerate(batched):
-            out[k] = (int(shingles[j]), hashes[cuts[j] : cuts[j + 1]])
+            out[k] = (int(shingles[j]), parts[j])
     return out  # type: ignore[return-value]
 
 
