@@ -1,23 +1,23 @@
-"""What finding Python imports costs in code curation, and how much of it an exact method could save.
+"""What finding Python imports costs in code curation: the outline against parsing the whole file.
 
-``python_imports`` (``pipeline/readers/code_order/python.py``) parses every Python file with ``ast.parse`` and
-returns ``[]`` for a file that does not parse. Any method that returns exactly the same must still
-run CPython's parser over the whole file (an error anywhere, even in a function body, means ``[]``),
-so the parser alone is the floor of an exact method. Measured in one run, ``--reps`` interleaved
-repetitions (the order reversed every other one), median [min-max] of CPU and wall seconds, ratios
-of medians against ``reference``:
+``python_imports`` (``pipeline/readers/code_order/python.py``) parses each file's outline (literals
+and comments emptied, function bodies made ``pass``) and the whole file only when the outline does
+not parse. Measured in one run, ``--reps`` interleaved repetitions (the order reversed every other
+one), median [min-max] of CPU and wall seconds, ratios of medians against ``reference``:
 
-* ``reference``: ``ast.parse`` with the garbage collector left on, then the same walk
-  (:func:`load_time_imports`): ``python_imports`` as it was before the collector was paused;
+* ``reference``: ``ast.parse`` of the whole file with the garbage collector left on, then the same
+  walk (:func:`load_time_imports`): ``python_imports`` as it was before the collector was paused and
+  before the outline;
+* ``whole parse``: ``parsed_imports``, the whole file parsed with the collector paused (the fallback);
 * ``python_imports``: the function as shipped, over every file;
 * ``parse floor``: ``symtable.symtable`` over every file: CPython's parser without building Python
-  ``ast`` objects (plus its cheap symbol-table pass), the least any exact method pays;
-* ``bodies blanked``: ``python_imports`` on the text with every ``def`` body replaced by ``pass``, found
-  by indentation (:func:`blank_function_bodies`). NOT exact (a syntax error in a function body no
-  longer empties the result, and a line of a multi-line string can end a body early): it shows what
-  relaxing the ``[]`` rule to the code that can hold load-time imports would allow;
+  ``ast`` objects (plus its cheap symbol-table pass), the least any method that parses the whole file
+  pays;
 * ``file_dependencies``: the whole dependency step, one call per package (imports resolved too),
   once as shipped and once with ``reference`` in place of ``python_imports``.
+
+It also counts the files whose imports differ from ``reference`` (only files whose syntax errors are
+all inside function bodies may).
 
 ``--live-objects N`` keeps N small lists alive during the run, as a curation worker keeps its
 tokenizer and pipeline: a full collection scans every live object, so collections cost more there.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
-import re
 import symtable
 import sysconfig
 import warnings
@@ -50,35 +49,7 @@ from longctx.pipeline.readers.code_order import (
     load_time_imports,
     python_imports,
 )
-
-_DEF_LINE = re.compile(r"([ \t]*)(?:async[ \t]+)?def[ \t]")
-
-
-def blank_function_bodies(source: str) -> str:
-    """``source`` with each ``def`` statement (header and body) replaced by ``def _(): pass``.
-
-    A body ends at the first line indented no deeper than its ``def`` that is not blank, a comment or
-    a closing bracket (``) -> int:`` of a long header); strings, brackets and continuation lines are
-    not tracked, so this is a measurement aid, not a parser.
-    """
-    out: list[str] = []
-    lines = source.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        match = _DEF_LINE.match(lines[i])
-        if match is None:
-            out.append(lines[i])
-            i += 1
-            continue
-        indent = match.group(1)
-        out.append(f"{indent}def _(): pass\n")
-        i += 1
-        while i < len(lines):
-            stripped = lines[i].lstrip(" \t")
-            if stripped and stripped[0] not in "\r\n#)]}" and len(lines[i]) - len(stripped) <= len(indent):
-                break
-            i += 1
-    return "".join(out)
+from longctx.pipeline.readers.code_order.python import parsed_imports
 
 
 def read_packages(all_stdlib: bool) -> dict[str, dict[str, str]]:
@@ -154,8 +125,8 @@ def main() -> None:
     contenders = {
         "reference": lambda: [reference(t) for t in texts],
         "python_imports": lambda: [python_imports(t) for t in texts],
+        "whole parse": lambda: [parsed_imports(t) for t in texts],
         "parse floor": lambda: parse_floor(texts),
-        "bodies blanked": lambda: [python_imports(blank_function_bodies(t)) for t in texts],
         "file_dependencies": lambda: [file_dependencies(files, name) for name, files in packages.items()],
         "file_deps reference": lambda: dependencies_with_reference(packages),
     }
@@ -173,10 +144,7 @@ def main() -> None:
     deps = samples["file_dependencies"].median_cpu / samples["file_deps reference"].median_cpu
     print(f"file_dependencies vs file_deps reference: CPU {deps:.2f}x")
     same = sum(1 for t in texts if python_imports(t) == reference(t))
-    blanked = sum(1 for t in texts if python_imports(blank_function_bodies(t)) == reference(t))
-    print(
-        f"same imports as reference: python_imports {same}, bodies blanked {blanked}, of {len(texts)} files"
-    )
+    print(f"same imports as reference: python_imports {same} of {len(texts)} files")
     del live
 
 
