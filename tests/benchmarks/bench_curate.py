@@ -498,6 +498,14 @@ def print_marginal(
         f"  CPU per extra MB: tokenizer (1 thread) {fmt(slopes(tok1, 'cpu'))} s, curate + pack (2 tasks) "
         f"{fmt(slopes(e2e, 'cpu'))} s; tokenizer's CPU / curate + pack's: {fmt(cpu_ratios)}x"
     )
+    # The same work split as curation splits it: two one-thread processes on two cores, half the
+    # texts each (two processes cost more CPU per MB than one: they share the cores' caches).
+    procs = slopes(TOKENIZER_PROCESSES, "cpu")
+    split = [t / e for t, e in zip(procs, slopes(e2e, "cpu"))]
+    print(
+        f"  ... against the tokenizer as 2 processes of 1 thread ({fmt(procs)} s per extra MB, "
+        f"curation's split of the texts): {fmt(split)}x"
+    )
     # the size S from which tok(S) >= 0.75 e2e(S), with each repetition's line; none if it never does
     crossing = [
         max(0.0, (0.75 * f_e - f_t) / (s_t - 0.75 * s_e)) if s_t > 0.75 * s_e else float("inf")

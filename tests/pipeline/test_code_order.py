@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import random
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +25,6 @@ from longctx.pipeline.readers.code_order import (
     rust_mods,
     strongly_connected_components,
 )
-from longctx.pipeline.readers.code_order.python import outline, parsed_imports
 
 # ----------------------------------------------------------------------------------------- extraction
 
@@ -73,72 +71,6 @@ def test_python_imports_unparsable_source_has_none() -> None:
     assert python_imports("import os\nclass K:\n    x = (\n") == []
     # A SyntaxWarning (invalid escape) must not escape either.
     assert python_imports('import re\nPATTERN = "\\d"\n') == [PythonImport("re", 0, ())]
-
-
-def test_a_syntax_error_inside_a_function_body_does_not_hide_the_imports() -> None:
-    """Function bodies are not parsed (they hold no load-time import): a Python 2 ``print`` in one
-    leaves the module's imports found; the whole-file parse finds none."""
-    source = "import os\nfrom . import sibling\ndef f():\n    print 'python 2'\n"
-    assert python_imports(source) == [PythonImport("os", 0, ()), PythonImport("", 1, ("sibling",))]
-    assert parsed_imports(source) == []
-
-
-OUTLINE_CASES = {
-    "strings holding code": '''
-import a
-TEXT = """
-def not_a_function():
-import not_an_import
-"""
-def f(x=\'):\', y="#"):
-    s = \'\'\'
-import not_load_time
-\'\'\'
-    return rb"\\\\" + f"{x!r}" + u\'\\\'\'
-import b  # a comment with a quote " and a bracket (
-''',
-    "dedented continuation lines in a body": """
-def f():
-    x = call(
-1, 2)
-    y = 1 + \\
-2
-    return {
-'k': x}
-import c
-""",
-    "multi-line headers, annotations, lambdas and decorators": """
-import typing
-@decorator(arg={1: 2})
-def f(a: int = (lambda: 1)(),
-      b: dict[str, int] = {'x': 1},
-) -> typing.Callable[[int], int]:
-    import inside
-    return a
-async def g(): import also_inside
-class K:
-    import in_class
-    def method(self):
-        def nested():
-            import deep
-        import inside_method
-    if TYPE_CHECKING:
-        import typing_only
-    import after_method
-import d
-""",
-    'one-line functions, tabs, if"x" and the end of the text': (
-        'import e\nif"x" in y: import f\ndef g(): return 1\nclass T:\n\tdef h(self): pass\n'
-        "\timport g\ndef last():\n    return 2"
-    ),
-}
-
-
-@pytest.mark.parametrize("name", sorted(OUTLINE_CASES))
-def test_python_imports_from_the_outline_equal_the_whole_parse(name: str) -> None:
-    source = OUTLINE_CASES[name]
-    assert outline(source) is not None
-    assert python_imports(source) == parsed_imports(source) != []
 
 
 def test_c_includes() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from longctx.pipeline.readers.code_order import PythonImport, python_imports
+from longctx.pipeline.readers.code_order.python import outline, parsed_imports
 
 
 def _reference(source: str) -> list[PythonImport]:
@@ -105,15 +106,12 @@ def _modules(source: str) -> list[str]:
         ("if TYPE_CHECKING and x:\n    import a\n", ["a"]),
         ("f = lambda: __import__('a')\nimportlib.import_module('b')\n", []),
         # source that does not parse has no imports, wherever the error is
-        ("import a\ndef f():\n    print 'python 2'\n", []),
-        ("import a\nclass C:\n    def f(self):\n        return (\n", []),
         ("import a\nif x:\n  import b\n    import c\n", []),
         ("import a\nx = 1\0\n", []),
         ("import a\nx = '\udcff'\n", []),  # a lone surrogate: not encodable as UTF-8
         ("import a\nx = " + "(" * 300 + ")" * 300 + "\n", []),
         ("import a\nx = " + "-" * 100_000 + "1\n", []),
         ("import a\nx = a" + ".b" * 100_000 + "\n", []),
-        ("import a\ndef f():\n    x = " + "lambda: " * 100_000 + "0\n", []),
     ],
 )
 def test_hostile_sources(source: str, expected: list[str]) -> None:
@@ -131,3 +129,79 @@ def test_garbage_collector_left_as_it_was(enabled: bool, source: str) -> None:
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import a\ndef f():\n    print 'python 2'\n",
+        "import a\nclass C:\n    def f(self):\n        return (\n",
+        "import a\ndef f():\n    x = " + "lambda: " * 100_000 + "0\n",
+    ],
+)
+def test_a_broken_function_body_does_not_hide_the_module_imports(source: str) -> None:
+    """Function bodies are not parsed (they hold no load-time import): a syntax error, an unclosed
+    bracket or nesting too deep inside one leaves the module's imports found, where parsing the whole
+    file finds none."""
+    assert _modules(source) == ["a"]
+    assert parsed_imports(source) == _reference(source) == []
+
+
+OUTLINE_CASES = {
+    "strings holding code": '''
+import a
+TEXT = """
+def not_a_function():
+import not_an_import
+"""
+def f(x=\'):\', y="#"):
+    s = \'\'\'
+import not_load_time
+\'\'\'
+    return rb"\\\\" + f"{x!r}" + u\'\\\'\'
+import b  # a comment with a quote " and a bracket (
+''',
+    "dedented continuation lines in a body": """
+def f():
+    x = call(
+1, 2)
+    y = 1 + \\
+2
+    return {
+'k': x}
+import c
+""",
+    "multi-line headers, annotations, lambdas and decorators": """
+import typing
+@decorator(arg={1: 2})
+def f(a: int = (lambda: 1)(),
+      b: dict[str, int] = {'x': 1},
+) -> typing.Callable[[int], int]:
+    import inside
+    return a
+async def g(): import also_inside
+class K:
+    import in_class
+    def method(self):
+        def nested():
+            import deep
+        import inside_method
+    if TYPE_CHECKING:
+        import typing_only
+    import after_method
+import d
+""",
+    'one-line functions, tabs, if"x" and the end of the text': (
+        'import e\nif"x" in y: import f\ndef g(): return 1\nclass T:\n\tdef h(self): pass\n'
+        "\timport g\ndef last():\n    return 2"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUTLINE_CASES))
+def test_the_outline_keeps_what_the_scan_must_not_be_fooled_by(name: str) -> None:
+    """Texts that a line scan misreads unless it follows literals, comments, brackets, backslashes
+    and indentation: the outline parses, and its imports are the reference's of the whole file."""
+    source = OUTLINE_CASES[name]
+    assert outline(source) is not None
+    assert python_imports(source) == _reference(source) != []
