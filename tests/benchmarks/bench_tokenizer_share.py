@@ -1,0 +1,167 @@
+"""What curation spends outside its own tokenizer calls, per extra megabyte, as a share of them.
+
+``bench_curate.py`` times curation and the bare tokenizer in separate processes. On a shared machine
+the CPU seconds of the same work then swing by a third or more within an hour, so the marginal
+cost of a megabyte, a difference of two such timings, cannot resolve a 10% change. Here both parts
+are measured in one process at the same time: ``longctx curate`` with one task on one core (in this
+process), its calls to ``Tokenizer.encode_batch_fast`` timed apart from everything else. The
+machine's speed moves both alike, so their ratio holds still.
+
+For each input size, every repetition gives ``other / tokenizer`` (CPU seconds outside the
+tokenizer's calls over CPU seconds in them); from the medians at the smallest and the largest size
+comes the cost of the megabytes in between: ``v``, the extra megabytes' CPU outside the tokenizer
+as a share of their tokenizer CPU, and ``1 / (1 + v)``, curation's marginal throughput against its
+own tokenizer (the bare tokenizer does the same ``encode_batch_fast`` work). ``pack`` is not
+included (``bench_curate.py`` measures it: about 0.04 of the tokenizer's CPU per megabyte).
+
+    .venv/bin/python tests/benchmarks/bench_tokenizer_share.py [--input mixed] [--copies 1 2]
+        [--reps 3] [--corpus DIR]
+
+The inputs are ``bench_curate.py``'s (``--input mixed``: installed Python packages as repositories,
+about a third of every megabyte, with the shared corpus's books and papers and their shuffled copies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from bench_curate import build_input, reader_texts, train_tokenizer
+from benchtools import CORPUS, require_corpus
+
+
+def child(config: str) -> None:
+    """Child: ``longctx curate`` in this process, its tokenizer calls timed apart. Prints
+    ``tokenizer <cpu> other <cpu>``."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from longctx.cli import main
+    from longctx.pipeline import tokens
+
+    spent = [0.0]
+
+    class Timed:
+        """The tokenizer, with the CPU time of its ``encode_batch_fast`` calls added up."""
+
+        def __init__(self, tokenizer) -> None:
+            self.tokenizer = tokenizer
+
+        def encode_batch_fast(self, *args, **kwargs):
+            start = time.process_time()
+            try:
+                return self.tokenizer.encode_batch_fast(*args, **kwargs)
+            finally:
+                spent[0] += time.process_time() - start
+
+        def __getattr__(self, name: str):
+            return getattr(self.tokenizer, name)
+
+    encode = tokens.TokenEncoder.encode
+
+    def timed_encode(self, texts):
+        if not isinstance(self.tokenizer, Timed):
+            self.tokenizer = Timed(self.tokenizer)
+        return encode(self, texts)
+
+    tokens.TokenEncoder.encode = timed_encode
+    start = time.process_time()
+    try:
+        code = main(["curate", "--config", config])
+    except SystemExit as exit_:
+        code = exit_.code
+    total = time.process_time() - start
+    if code:
+        sys.exit(f"bench_tokenizer_share: curate failed ({code})")
+    print(f"tokenizer {spent[0]:.3f} other {total - spent[0]:.3f}")
+
+
+def measure(input_dir: Path, tokenizer: Path, work: Path) -> tuple[float, float]:
+    """CPU seconds in the tokenizer's calls and outside them, of one curation of ``input_dir``."""
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    config = work / "curate.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(out),
+                "context": {"original": 1024, "target": 4096},
+                "tokenizer": {"path": str(tokenizer)},
+                "curate": {"input": str(input_dir), "executor": {"tasks": 1, "workers": 1}},
+            }
+        )
+    )
+    core = {min(os.sched_getaffinity(0))}
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(config)],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, core),
+    )
+    if done.returncode != 0:
+        sys.exit(f"bench_tokenizer_share: curate failed:\n{done.stderr[-3000:]}")
+    words = done.stdout.split()
+    return float(words[-3]), float(words[-1])
+
+
+def fmt(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--input", choices=["corpus", "mixed"], default="mixed")
+    parser.add_argument("--copies", type=int, nargs=2, default=[1, 2])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return 0
+    require_corpus(args.corpus, "bench_tokenizer_share")
+    work = Path(tempfile.mkdtemp(prefix="bench_tokenizer_share_"))
+    try:
+        inputs = {c: build_input(args.corpus, work / f"input{c}", c, args.input) for c in args.copies}
+        megabytes = {
+            c: sum(len(t.encode("utf-8")) for t in reader_texts(path, work / f"read{c}")) / 1e6
+            for c, path in inputs.items()
+        }
+        tokenizer = train_tokenizer(
+            reader_texts(inputs[args.copies[0]], work / "sample"), work / "tok.json", args.vocab
+        )
+        shares: dict[int, list[float]] = {c: [] for c in args.copies}
+        for rep in range(args.reps):
+            for c in args.copies if rep % 2 == 0 else reversed(args.copies):
+                tok, other = measure(inputs[c], tokenizer, work)
+                shares[c].append(other / tok)
+                print(f"  {megabytes[c]:.1f} MB: tokenizer {tok:.2f} s, other {other:.2f} s CPU", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    (c1, mb1), (c2, mb2) = sorted(megabytes.items())
+    for c, mb in ((c1, mb1), (c2, mb2)):
+        print(
+            f"{mb:.1f} MB: CPU outside the tokenizer / in it, median [min-max] of {args.reps}: "
+            f"{fmt(shares[c])}"
+        )
+    r1, r2 = statistics.median(shares[c1]), statistics.median(shares[c2])
+    extra = (r2 * mb2 - r1 * mb1) / (mb2 - mb1)
+    print(
+        f"per extra MB from {mb1:.1f} to {mb2:.1f} MB: CPU outside the tokenizer {extra:.3f}x its CPU; "
+        f"curation's marginal throughput against its own tokenizer {1 / (1 + extra):.3f}x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
