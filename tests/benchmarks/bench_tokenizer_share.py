@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import yaml
-from bench_curate import build_input, reader_texts, train_tokenizer
+from bench_curate import build_input, curate_config, reader_texts, train_tokenizer
 from benchtools import CORPUS, require_corpus
 
 
@@ -88,16 +88,7 @@ def measure(input_dir: Path, tokenizer: Path, work: Path) -> tuple[float, float]
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     config = work / "curate.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "output": str(out),
-                "context": {"original": 1024, "target": 4096},
-                "tokenizer": {"path": str(tokenizer)},
-                "curate": {"input": str(input_dir), "executor": {"tasks": 1, "workers": 1}},
-            }
-        )
-    )
+    config.write_text(yaml.safe_dump(curate_config(input_dir, out, tokenizer, 1)))
     core = {min(os.sched_getaffinity(0))}
     done = subprocess.run(
         [sys.executable, __file__, "--child", str(config)],
