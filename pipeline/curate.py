@@ -12,7 +12,8 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
    Ray): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
    copy chosen by the keep policy.
-4. ``write`` (N tasks): duplicate filter, curated documents per source, kept rows of the ledger.
+4. ``write`` (N tasks): the documents that are not duplicates, from the stage files' Arrow columns into
+   curated files per source; the kept and duplicate rows of the ledger.
 5. ``finalize`` (1 task): merged ledger checked against the inputs and the files under every folder
    source, stats and figure.
 6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
@@ -67,8 +68,8 @@ from longctx.core.tokenizer import (
     tokenizer_fingerprint,
 )
 from longctx.pipeline.config import CurateConfig, SourceConfig
-from longctx.pipeline.dedup import DedupIndex, DuplicateFilter, DuplicateResolver, GroupedMinhashBuckets
-from longctx.pipeline.docstore import DocumentWriter, RankDocumentReader, StageDocumentWriter
+from longctx.pipeline.dedup import DedupIndex, DuplicateResolver, GroupedMinhashBuckets
+from longctx.pipeline.docstore import StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
 from longctx.pipeline.inputs import check_inputs, list_inputs, mark_changes
@@ -78,6 +79,7 @@ from longctx.pipeline.publish import publish_curation
 from longctx.pipeline.readers.listing import count_files, is_url, list_tree, open_folder
 from longctx.pipeline.signatures import MinhashSignature
 from longctx.pipeline.stats import plot_summary, summarize_ledger
+from longctx.pipeline.write_stage import WriteCuratedDocuments
 
 INPUT_SUBFOLDERS = ("books", "papers", "code")
 FOLDER_KINDS = frozenset(INPUT_SUBFOLDERS)
@@ -478,16 +480,14 @@ def build_stages(
         keep=curate.dedup.keep,
     )
     stages.append(("resolve", [resolver], 1))
-    write: list[PipelineStep] = [
-        RankDocumentReader(work / "filtered"),
-        DuplicateFilter(
-            work / "dedup" / "decisions.parquet",
-            exclusion_writer=LedgerWriter(work / "ledger" / "duplicate", "duplicate"),
-        ),
-        DocumentWriter(layout.documents, "${source}/${rank}.parquet", tokenizer_sha256=tokenizer_sha256),
-        LedgerWriter(work / "ledger" / "kept", "kept"),
-    ]
-    stages.append(("write", write, tasks))
+    write = WriteCuratedDocuments(
+        work / "filtered",
+        work / "dedup" / "decisions.parquet",
+        layout.documents,
+        work / "ledger",
+        tokenizer_sha256,
+    )
+    stages.append(("write", [write], tasks))
     folder_sources = {
         s.name: open_folder(s.path, s.storage_options) for s in sources if s.kind in FOLDER_KINDS
     }

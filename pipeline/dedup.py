@@ -17,11 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from datatrove.data import Document, DocumentsPipeline
+from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
-from datatrove.pipeline.filters.base_filter import BaseFilter
-from datatrove.pipeline.writers.disk_base import DiskWriter
 
 from longctx.core.atomic import write_table
 from longctx.pipeline.dedup_inputs import read_minhash_pairs, read_rank_index
@@ -207,25 +205,9 @@ class DuplicateResolver(PipelineStep):
             yield from data
 
 
-class DuplicateFilter(BaseFilter):
-    """Drops the documents the resolver marked, setting ``metadata["duplicate_of"]``."""
-
-    name = "🫂 Duplicates"
-
-    def __init__(self, decisions_file: str | os.PathLike, exclusion_writer: DiskWriter | None = None) -> None:
-        super().__init__(exclusion_writer=exclusion_writer)
-        self.decisions_file = Path(decisions_file)
-        self._decisions: dict[str, tuple[str, str]] | None = None
-
-    def filter(self, doc: Document) -> bool | tuple[bool, str]:
-        if self._decisions is None:
-            table = read_parquet(self.decisions_file, DECISIONS_SCHEMA)
-            self._decisions = {
-                i: (d, k)
-                for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
-            }
-        decision = self._decisions.get(doc.id)
-        if decision is None:
-            return True
-        doc.metadata["duplicate_of"] = decision[0]
-        return False, decision[1]
+def read_decisions(decisions_file: str | os.PathLike) -> dict[str, tuple[str, str]]:
+    """The resolver's decisions: each duplicate's id -> (the id it duplicates, the kind of duplicate)."""
+    table = read_parquet(decisions_file, DECISIONS_SCHEMA)
+    return {
+        i: (d, k) for i, d, k in zip(*(table.column(c).to_pylist() for c in ("id", "duplicate_of", "kind")))
+    }

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from datatrove.data import Document, DocumentsPipeline
+from datatrove.data import Document
 from datatrove.io import DataFolder
-from datatrove.pipeline.base import PipelineStep
 from datatrove.pipeline.readers import ParquetReader
 from datatrove.pipeline.writers.parquet import ParquetWriter
 
@@ -32,7 +31,6 @@ from longctx.pipeline.documents import (
     DOCUMENTS_GLOB,
     FILE_TOKENIZER,
     TOKENIZER_KEY,
-    document_metadata,
     encode_metadata,
     token_id_views,
 )
@@ -75,6 +73,31 @@ def stage_token_ids(column: pa.Array) -> list[np.ndarray | None]:
     return [values[offsets[i] // 4 : offsets[i + 1] // 4] if valid[i] else None for i in range(len(column))]
 
 
+def document_file_writer(
+    sink: Any, schema: pa.Schema, compression: str | None, content_defined_chunking: Any
+) -> pq.ParquetWriter:
+    """The Parquet writer of one file of documents (:data:`DOCUMENT_SCHEMA` or :data:`STAGE_SCHEMA`),
+    with the options every such file is written with."""
+    # No dictionary and no statistics for the values that hold a whole document (the text, and ids as
+    # bytes): both would copy it (a 50 MB text costs 300 MB more to write with them), and neither
+    # helps a reader.
+    whole = {"text", "token_ids"} if pa.types.is_large_binary(schema.field("token_ids").type) else {"text"}
+    small = [name for name in schema.names if name not in whole]
+    # Token ids as a list are dictionary-encoded too (Parquet names them by their leaf path): a
+    # vocabulary fits one dictionary page, so each id takes ~log2(vocabulary) bits before compression
+    # instead of 32; the column is ~30% smaller, faster to write and 2x faster to read back. Their
+    # min/max statistics would tell a reader nothing.
+    lists = {name for name in small if pa.types.is_large_list(schema.field(name).type)}
+    return pq.ParquetWriter(
+        sink,
+        schema=schema,
+        compression=compression,
+        use_dictionary=[f"{name}.list.element" if name in lists else name for name in small],
+        write_statistics=[name for name in small if name not in lists],
+        use_content_defined_chunking=content_defined_chunking,
+    )
+
+
 class DocumentWriter(ParquetWriter):
     """Parquet writer for documents with the fixed :data:`DOCUMENT_SCHEMA`.
 
@@ -111,23 +134,8 @@ class DocumentWriter(ParquetWriter):
 
     def _write(self, document: dict, file_handler, filename: str) -> None:
         if filename not in self._writers:
-            # No dictionary and no statistics for the values that hold a whole document (the text, and
-            # ids as bytes): both would copy it (a 50 MB text costs 300 MB more to write with them),
-            # and neither helps a reader.
-            whole = {"text", "token_ids"} if self.ids_as_bytes else {"text"}
-            small = [name for name in self.schema.names if name not in whole]
-            # Token ids as a list are dictionary-encoded too (Parquet names them by their leaf path):
-            # a vocabulary fits one dictionary page, so each id takes ~log2(vocabulary) bits before
-            # compression instead of 32; the column is ~30% smaller, faster to write and 2x faster to
-            # read back. Their min/max statistics would tell a reader nothing.
-            lists = {name for name in small if pa.types.is_large_list(self.schema.field(name).type)}
-            self._writers[filename] = pq.ParquetWriter(
-                file_handler,
-                schema=self.schema,
-                compression=self.compression,
-                use_dictionary=[f"{name}.list.element" if name in lists else name for name in small],
-                write_statistics=[name for name in small if name not in lists],
-                use_content_defined_chunking=self.use_content_defined_chunking,
+            self._writers[filename] = document_file_writer(
+                file_handler, self.schema, self.compression, self.use_content_defined_chunking
             )
         self._batches[filename].append(document)
         self._buffered_chars[filename] += len(document["text"])
@@ -151,8 +159,8 @@ class DocumentWriter(ParquetWriter):
 
 class StageDocumentWriter(DocumentWriter):
     """Writes documents between two stages of one job (:data:`STAGE_SCHEMA`, read back by
-    :class:`RankDocumentReader`): ids as flat bytes, and no content-defined chunking (these files
-    are never uploaded)."""
+    :class:`~longctx.pipeline.write_stage.WriteCuratedDocuments`): ids as flat bytes, and no
+    content-defined chunking (these files are never uploaded)."""
 
     name = "📒 Stage documents"
     base_schema = STAGE_SCHEMA
@@ -162,42 +170,6 @@ class StageDocumentWriter(DocumentWriter):
         super().__init__(output_folder, output_filename)
         self.use_content_defined_chunking = False
         self.compression = None
-
-
-def document_from_row(row: dict) -> Document:
-    """Inverse of :class:`DocumentWriter`'s adapter."""
-    return Document(text=row["text"], id=row["id"], metadata=document_metadata(row))
-
-
-class RankDocumentReader(PipelineStep):
-    """Reads back the file that :class:`StageDocumentWriter` wrote for the same rank in an earlier
-    stage (``{rank:05d}.parquet``), ids as numpy views.
-
-    Reading by rank, not by listing, keeps positions aligned with per-rank side files (MinHash
-    signatures, dedup index) even when some ranks wrote no documents at all.
-    """
-
-    type = "📖 - READER"
-    name = "📒 Rank documents"
-
-    def __init__(self, folder: str | os.PathLike) -> None:
-        super().__init__()
-        self.folder = Path(folder)
-
-    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
-        if data:
-            yield from data
-        path = self.folder / f"{rank:05d}.parquet"
-        if not path.exists():
-            return
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=16):
-            ids = stage_token_ids(batch.column("token_ids"))
-            rows = batch.drop_columns(["token_ids"]).to_pylist()
-            del batch  # the text buffers; the ids' buffer stays alive through its views
-            for row, row_ids in zip(rows, ids):
-                row["token_ids"] = row_ids
-                self.stat_update("documents")
-                yield document_from_row(row)
 
 
 class GroupTexts:

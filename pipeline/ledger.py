@@ -80,19 +80,25 @@ class LedgerWriter(ParquetWriter):
 
     def _default_adapter(self, document: Document) -> dict:
         meta = document.metadata
-        reason = "" if self.outcome == "kept" else str(meta.get("filter_reason", ""))
-        return {
-            "id": document.id,
-            "source": str(meta.get("source", "")),
-            "path": str(meta.get("path", "")),
-            "outcome": self.outcome,
-            "reason": reason,
-            "duplicate_of": str(meta.get("duplicate_of", "")),
-            "tokens": int(meta.get("token_count", -1)),
-            "chars": 0 if meta.get("skip_reason") else len(document.text),
-            "files": int(meta.get("input_files", 0)),
-            "note": ledger_note(meta),
-        }
+        chars = 0 if meta.get("skip_reason") else len(document.text)
+        return ledger_row(document.id, meta, self.outcome, chars)
+
+
+def ledger_row(doc_id: str, meta: dict, outcome: str, chars: int) -> dict:
+    """The ledger row of a document with metadata ``meta`` and ``chars`` characters of text (0 for an
+    input that was never read); a dropped document's reason is its ``filter_reason``."""
+    return {
+        "id": doc_id,
+        "source": str(meta.get("source", "")),
+        "path": str(meta.get("path", "")),
+        "outcome": outcome,
+        "reason": "" if outcome == "kept" else str(meta.get("filter_reason", "")),
+        "duplicate_of": str(meta.get("duplicate_of", "")),
+        "tokens": int(meta.get("token_count", -1)),
+        "chars": chars,
+        "files": int(meta.get("input_files", 0)),
+        "note": ledger_note(meta),
+    }
 
 
 def ledger_note(meta: dict) -> str:
