@@ -338,6 +338,15 @@ def test_killed_run_resumes_to_the_same_output(tmp_path: Path, tokenizer_file) -
         and proc.poll() is None
     ):
         time.sleep(0.05)
+    # kill while a pool of workers is up, so that its named semaphores are left: between two stages
+    # (the driver's own, after both read tasks finished together) there are none
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and SEMAPHORE_FOLDER.is_dir()
+        and not _semaphores(killed / "work" / "curate")
+    ):
+        time.sleep(0.005)
     assert proc.poll() is None, "the run finished before it could be killed"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
