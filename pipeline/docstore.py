@@ -36,7 +36,10 @@ from longctx.pipeline.documents import (
 )
 
 BATCH_CHARS = 1 << 24
-"""Characters of text a writer buffers before writing a row group (as well as at most 64 documents)."""
+"""Characters of text a writer buffers before writing a row group (as well as at most
+:data:`ROWS_PER_GROUP` documents)."""
+ROWS_PER_GROUP = 64
+"""Documents a writer buffers before writing a row group."""
 
 STAGE_SCHEMA = pa.schema(
     [pa.field("token_ids", pa.large_binary()) if f.name == "token_ids" else f for f in DOCUMENT_SCHEMA]
@@ -125,7 +128,7 @@ class DocumentWriter(ParquetWriter):
             output_filename=output_filename,
             schema=schema,
             max_file_size=-1,
-            batch_size=64,
+            batch_size=ROWS_PER_GROUP,
         )
         self._buffered_chars: Counter[str] = Counter()
 

@@ -29,15 +29,13 @@ from longctx.core.atomic import atomic_path, write_table
 from longctx.pipeline.dedup import read_decisions
 from longctx.pipeline.docstore import (
     BATCH_CHARS,
+    ROWS_PER_GROUP,
     document_file_writer,
     stage_token_ids,
     token_ids_array,
 )
 from longctx.pipeline.documents import DOCUMENT_SCHEMA, TOKENIZER_KEY
 from longctx.pipeline.ledger import LEDGER_SCHEMA, ledger_row
-
-ROWS_PER_GROUP = 64
-"""Documents per row group of a curated file (as :class:`~longctx.pipeline.docstore.DocumentWriter`)."""
 
 
 class _SourceFile:
