@@ -38,7 +38,7 @@ import xxhash
 
 from longctx.core.atomic import TEMP_SUFFIX, commit, discard, temporary_path, write_json
 from longctx.core.errors import LongctxError, OutputError
-from longctx.trainer.parallel import ParallelState, barrier, first_problem
+from longctx.trainer.parallel import ParallelState, barrier, first_problem, settle
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
@@ -212,6 +212,7 @@ def save_checkpoint(
             problem = _disk_problem(err, root, needed, what)
             if problem is None:
                 raise
+            settle(state)
             raise OutputError(problem) from None
 
         def own_files() -> dict[str, Any]:
@@ -278,9 +279,7 @@ def damage(folder: Path, state: ParallelState, *, hashes: bool = True) -> str | 
     if problem is None:
         names = sorted(files)[state.rank :: state.world_size]
         problems = [p for name in names if (p := _check_file(folder, name, files[name], hashes))]
-        problem = problems[0] if problems else None
-        found = [p for p in _gather(problem, state) if p]
-        problem = found[0] if found else None
+        problem = first_problem(problems[0] if problems else None, state)
     return problem
 
 

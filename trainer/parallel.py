@@ -152,33 +152,31 @@ def all_gather_stats(values: torch.Tensor, state: ParallelState) -> torch.Tensor
     return out.cpu().view(state.world_size, values.numel())
 
 
-def all_reduce_sum(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Sum over every rank, in place; a no-op for one process."""
-    if state.world_group is not None:
-        on_device = tensor.to(state.device)
-        dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=state.world_group)
-        tensor.copy_(on_device)
-    return tensor
-
-
-def all_reduce_min(tensor: torch.Tensor, state: ParallelState) -> torch.Tensor:
-    """Minimum over every rank, in place (e.g. a flag every rank must agree on)."""
-    if state.world_group is not None:
-        on_device = tensor.to(state.device)
-        dist.all_reduce(on_device, op=dist.ReduceOp.MIN, group=state.world_group)
-        tensor.copy_(on_device)
-    return tensor
-
-
 def first_problem(problem: str | None, state: ParallelState) -> str | None:
     """The first rank's problem (a one-line message, or None for none) as every rank sees it: a
     collective in place of a barrier after work some ranks may fail, so that all of them raise the
-    same error together instead of the others waiting on a rank that is gone."""
+    same error together instead of the others waiting on a rank that is gone. When there is one, the
+    ranks :func:`settle` before it is returned."""
     if state.world_group is None:
         return problem
     problems: list[str | None] = [None] * state.world_size
     dist.all_gather_object(problems, problem, group=state.world_group)
-    return next((p for p in problems if p is not None), None)
+    agreed = next((p for p in problems if p is not None), None)
+    if agreed is not None:
+        settle(state)
+    return agreed
+
+
+def settle(state: ParallelState) -> None:
+    """Meet every rank once more before all of them raise the same error and tear their groups down.
+
+    A collective's work is released by the backend's worker thread after the caller has its result;
+    on gloo, releasing an ``all_gather_object``'s tensors takes the GIL. A rank that raised at once
+    could reach interpreter shutdown first, and the worker thread taking the GIL then aborts the
+    process ('terminate called without an active exception'). The barrier waits without the GIL, so
+    the worker is done before any rank leaves, and it carries no Python tensors of its own.
+    """
+    barrier(state)
 
 
 def barrier(state: ParallelState) -> None:

@@ -61,7 +61,7 @@ from longctx.trainer.hf_io import stored_dtype
 from longctx.trainer.memory import checkpointing_that_fits
 from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.parallel import ParallelState, all_gather_stats, barrier, init_parallel, shutdown
+from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, settle, shutdown
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.schedule import make_scheduler
 from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
@@ -735,14 +735,10 @@ def export_checkpoint(
             built.model, TrainJob(train, context, layout, tokenizer), state, paths.export(step)
         )
     except LongctxError:
-        # every rank raises these together (the same checks, or agreed by first_problem), so they
-        # meet before tearing their groups down, as below
-        barrier(state)
+        settle(state)  # every rank raises these together: the same checks, or agreed by first_problem
         raise
     else:
-        # every rank's last sends are done before any rank tears its group down (gloo aborted a
-        # rank that destroyed its group while its peer still finished the export's last collective)
-        barrier(state)
+        settle(state)  # after the export's last collective
         return exported
     finally:
         shutdown(owned)
