@@ -42,6 +42,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from longctx.core.lifetime import process_exists
 
@@ -327,15 +328,32 @@ def rank_errors(command: str) -> Iterator[None]:
         raise SystemExit(2) from None
     except Exception as err:
         if _recorded(error_file):
-            raise SystemExit(2) from None
+            _leave(2)
         if _peer_lost(err):
             _record(
                 error_file,
                 f"longctx {command}: lost contact with the job's other ranks ({_first_line(err)}): a "
                 "process or machine of the job stopped; run again to resume from the newest checkpoint\n",
             )
-            raise SystemExit(2) from None
+            _leave(2)
         raise
+
+
+def _leave(status: int) -> NoReturn:
+    """End this rank with ``status`` after a failure elsewhere in the job: the exit handlers run (the
+    trackers close), the interpreter's shutdown does not.
+
+    The collective that broke may still be released by its process group's worker thread, which takes
+    the GIL to do so; during the interpreter's shutdown that aborts the process ('terminate called
+    without an active exception', pytorch/pytorch#190489). Nothing of the rank is lost by skipping it:
+    its files are written atomically or not at all, and the launcher stops the job's ranks anyway.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _peer_lost(err: BaseException) -> bool:
