@@ -5,14 +5,17 @@ the disk is too small) should say so before it does any work, in one line naming
 :func:`check_output_folder`. A fault that only shows during the run (the disk fills up meanwhile)
 becomes an :class:`~longctx.core.errors.OutputError` naming the file instead of a traceback:
 :func:`disk_fault` converts the ``OSError`` (the atomic writers of :mod:`longctx.core.atomic` do it
-for every file they write), and they remove their temporary file on the way out.
+for every file they write, and remove their temporary file on the way out; :func:`disk_faults` does
+it for a file appended in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from longctx.core.errors import OutputError
@@ -94,6 +97,20 @@ def disk_fault(err: OSError, path: Path | str | None = None) -> OutputError | No
     reason = err.strerror or str(err)
     hint = "; free some space and run again to resume" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     return OutputError(f"{where}: {reason}{hint}" if where else f"{reason}{hint}")
+
+
+@contextlib.contextmanager
+def disk_faults(path: Path | str) -> Iterator[None]:
+    """Raise a disk fault met in the block (a full or read-only disk) as :func:`disk_fault`'s
+    one-line :class:`OutputError` naming ``path``: for files written in place, such as the lines
+    appended to a log, which the atomic writers do not cover."""
+    try:
+        yield
+    except OSError as err:
+        fault = disk_fault(err, path)
+        if fault is None:
+            raise
+        raise fault from err
 
 
 def _free_bytes(path: Path) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 from longctx.core.atomic import write_text
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout, StageLayout
+from longctx.core.preflight import disk_faults
 
 SUPERSEDED = "metrics.superseded.jsonl"
 
@@ -88,12 +89,14 @@ def prepare_metrics(path: Path, resume_step: int, restart: bool) -> None:
         number = 1
         while (aside := path.with_name(f"metrics.before-restart-{number}.jsonl")).exists():
             number += 1
-        path.rename(aside)
+        with disk_faults(path):
+            path.rename(aside)
         return
     lines = [line for line in path.read_text(encoding="utf-8").splitlines(keepends=True) if line.strip()]
     later = [line for line in lines if not _kept(line, resume_step)]
     if not later:
         return
-    with open(path.with_name(SUPERSEDED), "a", encoding="utf-8") as handle:
+    superseded = path.with_name(SUPERSEDED)
+    with disk_faults(superseded), open(superseded, "a", encoding="utf-8") as handle:
         handle.writelines(line if line.endswith("\n") else line + "\n" for line in later)
     write_text(path, "".join(line for line in lines if _kept(line, resume_step)))

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from longctx.core.atomic import write_text
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
+from longctx.core.preflight import disk_faults
 from longctx.trainer.config import LogConfig, WandbConfig
 
 
@@ -80,7 +81,9 @@ class JsonlSink:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
+        """Append ``record``; a full or read-only disk is an ``OutputError`` naming the file (rank 0
+        alone writes metrics: its recorded error ends the job, and the launcher stops the others)."""
+        with disk_faults(self.path), open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def close(self) -> None:

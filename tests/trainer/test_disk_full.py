@@ -1,6 +1,8 @@
 """A disk that fills up while 2 ranks save a checkpoint or export the model: one line naming the folder
 and the space needed, every rank stopping together (no traceback, no gloo 'Connection closed'),
-nothing partial left, and the same command working once there is room (issue 27).
+nothing partial left, and the same command working once there is room (issue 27). Metrics, which
+rank 0 alone appends, fail there alone: one line naming the file, the other rank stopped by the
+launcher.
 
 The disk is a real ``tmpfs`` of a chosen size (``tests/core/disks.py``; the tests skip where it cannot
 be mounted). Sizes are measured, not assumed: a first run on a roomy disk gives the pages a checkpoint
@@ -10,6 +12,7 @@ and an export really take, and the model's tensors give the bytes the state hold
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,3 +159,54 @@ def test_an_export_on_a_full_disk(roomy: tuple[dict, Path], tmp_path: Path) -> N
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         for file in (reference / "train" / "final").iterdir():
             assert (written / file.name).read_bytes() == file.read_bytes(), file.name
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """A file taking all but ``leave`` bytes of ``disk``'s free space."""
+    stats = os.statvfs(disk)
+    filler = disk / "filler"
+    filler.write_bytes(bytes(stats.f_bavail * stats.f_frsize - leave))
+    return filler
+
+
+def test_a_metrics_line_on_a_full_disk(tmp_path: Path) -> None:
+    """Rank 0 alone appends metrics: a full disk there is one line naming the file, not a traceback."""
+    from longctx.core.errors import OutputError
+    from longctx.trainer.tracking import JsonlSink
+
+    with small_disk(tmp_path / "disk", 64) as disk:
+        sink = JsonlSink(disk / "train" / "metrics.jsonl")
+        sink.write({"step": 1, "loss": 5.0})
+        fill(disk, 0)
+        expected = f"{disk / 'train' / 'metrics.jsonl'}: No space left on device"
+        with pytest.raises(OutputError, match="^" + re.escape(expected)):
+            sink.write({"step": 2, "loss": 4.0, "text": "x" * 2 * PAGE})
+
+
+@pytest.mark.slow
+def test_setting_metrics_aside_on_a_full_disk(packed: Path, tmp_path: Path) -> None:
+    """A rerun sets aside the metrics lines of steps it will train again; on a full disk rank 0 fails
+    doing so while rank 1 waits in a collective: one line naming the file, the other rank stopped by
+    the launcher, and with room the same command gets as far as before."""
+    cfg = train_config(packed, tmp_path / "run", cp=2, steps=2, checkpoint={"every": 2, "keep": 1})
+    with small_disk(tmp_path / "disk", 64) as disk:
+        path = tmp_path / "run.yaml"
+        path.write_text(yaml.safe_dump({**cfg, "output": str(disk)}))
+        argv = ("train", "--config", str(path), "--nproc", "2")
+        refused = "longctx train: {}: no room for checkpoint step 2"
+        checkpoints = disk / "train" / "checkpoints"
+        assert one_line(run_cli(*argv)).startswith(refused.format(checkpoints))
+        metrics = (disk / "train" / "metrics.jsonl").read_text()
+        assert metrics.count("\n") == 2
+
+        filler = fill(disk, 2 * PAGE)  # the launcher's job folder takes two pages
+        line = one_line(run_cli(*argv))
+        assert line == (
+            f"longctx train: {disk / 'train' / 'metrics.superseded.jsonl'}: No space left on device; "
+            "free some space and run again to resume"
+        )
+        assert (disk / "train" / "metrics.jsonl").read_text() == metrics
+
+        filler.unlink()
+        assert one_line(run_cli(*argv)).startswith(refused.format(checkpoints))
+        assert (disk / "train" / "metrics.superseded.jsonl").read_text().endswith(metrics)
