@@ -196,6 +196,7 @@ def training_session(train: TrainConfig, output: Path) -> Iterator[ParallelState
     try:
         with run_lock(RunLayout(output).train, "train"):
             yield state
+        settle(state)  # after the job's last collective (an error settles where the ranks agree on it)
     finally:
         shutdown(owned)
 
