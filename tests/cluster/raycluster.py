@@ -2,8 +2,9 @@
 
 ``ray start --head`` with a fixed number of CPUs, every port chosen free (so that two clusters on
 one machine do not collide), its temporary folder and object store under a folder of its own, and
-every process it starts marked in its environment. Stopping it ends exactly those processes (by
-id: SIGTERM, then SIGKILL) and removes the folder. ``ray stop --force`` is not used: it ends every
+every process it starts marked in its environment. Stopping it ends exactly those processes, found by
+that mark or by the files they hold open in the cluster's folder (by id: SIGTERM, then SIGKILL), and
+removes the folder. ``ray stop --force`` is not used: it ends every
 Ray process of the machine, other users' clusters included.
 """
 
@@ -34,21 +35,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def processes_marked(mark: str) -> list[int]:
-    """Live processes whose environment holds ``MARKER_KEY=mark``."""
+def cluster_processes(mark: str, temp: Path) -> list[int]:
+    """Live processes of one test cluster: those whose environment holds ``MARKER_KEY=mark``, and those
+    holding a file open under its folder ``temp`` (every Ray process keeps its log files there open).
+    The second test is needed: Ray's agents write their process title over their environment, so
+    the marker cannot always be read, and an agent that outlived its raylet would be missed."""
     needle = f"{MARKER_KEY}={mark}".encode()
+    inside = str(temp) + os.sep
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if needle not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state in ("Z", "X"):
+                continue
+            if needle in (entry / "environ").read_bytes().split(b"\0") or any(
+                os.readlink(fd).startswith(inside) for fd in (entry / "fd").iterdir()
+            ):
+                found.append(int(entry.name))
         except OSError:
             continue
-        if state not in ("Z", "X"):
-            found.append(int(entry.name))
     return found
 
 
@@ -70,7 +77,7 @@ class RayCluster:
     mark: str
 
     def processes(self) -> list[int]:
-        return processes_marked(self.mark)
+        return cluster_processes(self.mark, self.temp_dir)
 
     def task_workers(self, name: str) -> list[int]:
         """The cluster's worker processes running an actor or task whose name starts with ``name``."""
@@ -136,7 +143,7 @@ def local_ray_cluster(num_cpus: int = 2) -> Iterator[RayCluster]:
         address = (temp / "ray_current_cluster").read_text().strip()
         yield RayCluster(address, num_cpus, temp, mark)
     finally:
-        left = stop_processes(lambda: processes_marked(mark))
+        left = stop_processes(lambda: cluster_processes(mark, temp))
         shutil.rmtree(temp, ignore_errors=True)
         if left:
             raise RuntimeError(f"Ray processes left after stopping the cluster: {left}")
