@@ -325,7 +325,7 @@ def rank_errors(command: str) -> Iterator[None]:
         yield
     except LongctxError as err:
         _record(error_file, f"longctx {command}: {err}\n")
-        raise SystemExit(2) from None
+        _leave(2)
     except Exception as err:
         if _recorded(error_file):
             _leave(2)
@@ -340,13 +340,15 @@ def rank_errors(command: str) -> Iterator[None]:
 
 
 def _leave(status: int) -> NoReturn:
-    """End this rank with ``status`` after a failure elsewhere in the job: the exit handlers run (the
-    trackers close), the interpreter's shutdown does not.
+    """End this rank with ``status`` after a failure, its own or elsewhere in the job: the exit
+    handlers run (the trackers close), the interpreter's shutdown does not.
 
-    The collective that broke may still be released by its process group's worker thread, which takes
-    the GIL to do so; during the interpreter's shutdown that aborts the process ('terminate called
-    without an active exception', pytorch/pytorch#190489). Nothing of the rank is lost by skipping it:
-    its files are written atomically or not at all, and the launcher stops the job's ranks anyway.
+    A collective (the one that broke, or the one the ranks agreed on the error through) may still be
+    released by its process group's worker thread, which takes the GIL to do so; during the
+    interpreter's shutdown that aborts the process ('terminate called without an active exception',
+    pytorch/pytorch#190489; ``parallel.settle`` narrows the window but did not close it). Nothing of
+    the rank is lost by skipping it: its files are written atomically or not at all, its error is
+    recorded, and the launcher stops the job's ranks anyway.
     """
     import atexit
 
