@@ -173,8 +173,10 @@ def settle(state: ParallelState) -> None:
     A collective's work is released by the backend's worker thread after the caller has its result;
     on gloo, releasing an ``all_gather_object``'s tensors takes the GIL. A rank that raised at once
     could reach interpreter shutdown first, and the worker thread taking the GIL then aborts the
-    process ('terminate called without an active exception'). The barrier waits without the GIL, so
-    the worker is done before any rank leaves, and it carries no Python tensors of its own.
+    process ('terminate called without an active exception', pytorch/pytorch#190489). The barrier
+    waits without the GIL, which gives the worker time to finish; it narrows the window without
+    closing it, so the launcher's ranks also leave without the interpreter's shutdown after a
+    failure (``launch.rank_errors``).
     """
     barrier(state)
 
