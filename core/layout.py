@@ -74,7 +74,7 @@ class StageLayout:
 
     @property
     def gate(self) -> Path:
-        """The stage's gate result (``longctx.trainer.gates``), written once it is evaluated."""
+        """The stage's gate result (``longctx.trainer.evaluation.gates``), written once it is evaluated."""
         return self.folder / "gate.json"
 
 

@@ -36,7 +36,7 @@ from longctx.core.remote import is_remote
 from longctx.packer.config import PackConfig
 from longctx.pipeline.config import CurateConfig
 from longctx.trainer.config import EvalConfig, TrainConfig, check_base_model
-from longctx.trainer.mesh import MeshShape
+from longctx.trainer.parallel.mesh import MeshShape
 from longctx.trainer.stage_plan import check_stage_plan
 
 
@@ -83,7 +83,8 @@ def check_sections(cfg: RootConfig, origin: str) -> None:
     that would fail in a later job (training after curation and packing) fails before the first.
 
     The rules are their owners': the window length a ``train.cp`` can split is the mesh's
-    (:meth:`~longctx.trainer.mesh.MeshShape.check_window`), the shard folder training reads is the run
+    (:meth:`~longctx.trainer.parallel.mesh.MeshShape.check_window`), the shard folder training reads is the
+    run
     layout's, ``base`` needing a train section is evaluation's, a stage plan's are
     :func:`~longctx.trainer.stage_plan.check_stage_plan`'s. A section left out (None) is not checked.
     """

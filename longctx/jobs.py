@@ -108,7 +108,7 @@ def train(cfg: RootConfig, *, progress: bool = True, restart: bool = False) -> T
     check(cfg, "train")
     tokenizer = _configured_tokenizer(cfg)
     if cfg.train.stages:
-        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.evaluation.gates import GateSettings
         from longctx.trainer.stages import train_staged
 
         return train_staged(
@@ -143,7 +143,7 @@ def finished_training(cfg: RootConfig) -> str | None:
 
     layout = RunLayout(cfg.output)
     if cfg.train.stages:
-        from longctx.trainer.gates import GateSettings
+        from longctx.trainer.evaluation.gates import GateSettings
         from longctx.trainer.stages import describe_finished_stages, finished_stages
 
         settings = GateSettings(cfg.eval, _curated_documents(cfg))
@@ -173,11 +173,11 @@ def export(cfg: RootConfig, step: int, stage: int | None = None) -> Path:
 
 
 def evaluate(cfg: RootConfig) -> dict[str, Any]:
-    """``longctx eval``: see :func:`longctx.trainer.eval_job.run_eval`."""
+    """``longctx eval``: see :func:`longctx.trainer.evaluation.job.run_eval`."""
     if cfg.eval is None:
         raise ConfigError("the config has no 'eval' section")
     check(cfg, "eval")
-    from longctx.trainer.eval_job import run_eval
+    from longctx.trainer.evaluation.job import run_eval
 
     return run_eval(
         cfg.eval,
@@ -202,7 +202,7 @@ def _curated_documents(cfg: RootConfig) -> Path | None:
 
 def latest_evaluation(cfg: RootConfig) -> dict[str, Any] | None:
     """The newest ``longctx eval`` result of ``cfg.eval``'s settings made after the trained model,
-    or None: see :func:`longctx.trainer.eval_job.latest_evaluation`."""
-    from longctx.trainer.eval_job import latest_evaluation as latest
+    or None: see :func:`longctx.trainer.evaluation.job.latest_evaluation`."""
+    from longctx.trainer.evaluation.job import latest_evaluation as latest
 
     return latest(cfg.eval, cfg.output, cfg.train) if cfg.eval is not None else None

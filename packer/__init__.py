@@ -7,7 +7,7 @@ The reading side is importable from the package root (imported on first use, so 
     from longctx.packer import PackedCollator, read_header, to_transformers  # transformers / datasets
 
 Splitting a window over context-parallel ranks is the trainer's job
-(``longctx.trainer.attention.zigzag``).
+(``longctx.trainer.parallel.zigzag``).
 """
 
 from __future__ import annotations

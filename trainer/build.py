@@ -1,15 +1,15 @@
 """Building the training model: on the meta device, sharded, then filled shard by shard.
 
 The model is created on the meta device (no memory), sharded with FSDP2 when the job has more than
-one rank (``longctx.trainer.sharding``), materialized with ``to_empty`` (only this rank's shards are
+one rank (``longctx.trainer.parallel.sharding``), materialized with ``to_empty`` (only this rank's shards are
 allocated, on its device) and then filled: from a Hugging Face checkpoint by reading this rank's
-slices of the safetensors files (``hf_io.load_weights``), or, for the tiny random model, from the
+slices of the safetensors files (``folder.load_weights``), or, for the tiny random model, from the
 seeded initialization, one parameter at a time. No rank ever holds the whole model.
 
 The base model, the one training starts from and ``longctx eval`` calls ``base``, is defined here:
 the config of ``train.model`` with the run's RoPE settings (:func:`model_config`) and its weights
 (:func:`fill_base_weights`), run by the implementation :func:`choose_implementation` picks: the own
-decoder (``model.Transformer``) or the model's transformers code (``hf_model.HFCausalLM``).
+decoder (``model.Transformer``) or the model's transformers code (``hf.HFCausalLM``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import torch
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.trainer.config import KernelsConfig, TrainConfig
-from longctx.trainer.hf_io import config_json, load_weights, local_region, materialize
-from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model
-from longctx.trainer.kernel_choice import KernelChoice, apply_kernels
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer, initial_value
-from longctx.trainer.parallel import ParallelState
-from longctx.trainer.sharding import shard_model
+from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer, initial_value
+from longctx.trainer.models.folder import config_json, load_weights, local_region, materialize
+from longctx.trainer.models.hf import HFCausalLM, HFModelConfig, check_model
+from longctx.trainer.models.kernels import KernelChoice, apply_kernels
+from longctx.trainer.parallel.sharding import shard_model
+from longctx.trainer.parallel.state import ParallelState
 
 TrainedModel = Transformer | HFCausalLM
 AnyModelConfig = ModelConfig | HFModelConfig
@@ -67,11 +67,11 @@ def build_model(
     compile_cache: Path | None = None,
 ) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
-    uninitialized weights: fill them with ``hf_io.load_weights``, :func:`fill_random` or a checkpoint.
+    uninitialized weights: fill them with ``folder.load_weights``, :func:`fill_random` or a checkpoint.
     Buffers (a transformers model's RoPE frequencies) keep the values they were built with.
 
     ``kernels`` (``train.kernels``) picks the attention kernel, fused ops and compiled blocks
-    (``kernel_choice.apply_kernels``, compile caches in ``compile_cache``; a transformers model takes the
+    (``kernels.apply_kernels``, compile caches in ``compile_cache``; a transformers model takes the
     attention kernel only); rank 0 prints a line for each choice that falls back."""
     attention = RingAttention(group=state.cp_group)
     if isinstance(config, HFModelConfig):
@@ -158,7 +158,7 @@ def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> 
 def check_training_model(tcfg: TrainConfig, context: ContextConfig, seq_len: int, vocab_size: int) -> None:
     """Refuse (:class:`ConfigError`, one line naming ``train.model``) a model this run cannot train at
     ``seq_len``-token windows: a checkpoint the chosen implementation cannot read, the own decoder's
-    config checks, or the transformers model's (``hf_model.check_model``)."""
+    config checks, or the transformers model's (``hf.check_model``)."""
     section = tcfg.model
     where = f"train.model ({section.hf_path or 'the tiny model'}, implementation {section.implementation})"
     try:

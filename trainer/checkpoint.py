@@ -38,7 +38,7 @@ import xxhash
 
 from longctx.core.atomic import TEMP_SUFFIX, commit, discard, temporary_path, write_json
 from longctx.core.errors import LongctxError, OutputError
-from longctx.trainer.parallel import ParallelState, barrier, first_problem, settle
+from longctx.trainer.parallel.state import ParallelState, barrier, first_problem, settle
 
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer.json"
@@ -124,7 +124,7 @@ def _state_dicts(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
 def state_tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the whole model and optimizer state a checkpoint holds (every rank's shards together;
     a replicated copy counted once, as DCP writes it once): its size, less DCP's per-tensor overhead."""
-    from longctx.trainer.sharding import optimizer_tensors
+    from longctx.trainer.parallel.sharding import optimizer_tensors
 
     tensors = [*model.parameters(), *optimizer_tensors(optimizer)]
     return sum(t.numel() * t.element_size() for t in tensors)

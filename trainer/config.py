@@ -13,7 +13,7 @@ from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCh
 from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
-from longctx.trainer.rope_keys import check_rope_scaling, takes_factor
+from longctx.trainer.models.rope_keys import check_rope_scaling, takes_factor
 
 
 class TinyModelConfig(StrictModel):
@@ -212,7 +212,7 @@ class LogConfig(StrictModel):
 
 
 class KernelsConfig(StrictModel):
-    """Which implementations compute the model (``longctx.trainer.kernel_choice``). Each choice that is
+    """Which implementations compute the model (``longctx.trainer.models.kernels``). Each choice that is
     not installed or fails its start-up probe on the device falls back, with one line saying why.
     Optional packages: ``pip install 'longctx[gpu]'`` (liger-kernel, flash-attn-4)."""
 
@@ -245,7 +245,8 @@ class KernelsConfig(StrictModel):
 
 
 class GateConfig(StrictModel):
-    """What a stage must reach before the next one starts (``longctx.trainer.gates``), measured on the
+    """What a stage must reach before the next one starts (``longctx.trainer.evaluation.gates``), measured
+    on the
     stage's exported model right after its last step, with the ``eval`` section's settings (needle
     kinds, depths and samples; short-context source and windows; the baseline model). Each key left
     null is not checked; a gate with none set passes."""
@@ -481,7 +482,8 @@ class NeedleEvalConfig(StrictModel):
 
 
 class EffectiveLengthConfig(StrictModel):
-    """Effective context length (``longctx.trainer.effective``): the largest needle-grid length whose
+    """Effective context length (``longctx.trainer.evaluation.effective``): the largest needle-grid length
+    whose
     score (the mean over task kinds of each kind's mean over depths and samples) clears a bar.
 
     ``threshold``: a fixed bar in [0, 1]; null (the default) measures it: the ``eval.baseline``
@@ -504,7 +506,8 @@ class EffectiveLengthConfig(StrictModel):
 
 
 class ShortContextConfig(StrictModel):
-    """The short-context guard (``longctx.trainer.short_context``): each model's mean next-token loss
+    """The short-context guard (``longctx.trainer.evaluation.short_context``): each model's mean next-token
+    loss
     on ``windows`` windows of ``length`` tokens (default ``context.original``) cut from the curated
     documents of ``source``, and its ratio to the ``eval.baseline`` model's. Windows start at
     multiples of ``length`` in their document (a shorter document is one window) and are drawn by

@@ -1,7 +1,7 @@
 """Export the trained model as a Hugging Face folder that ``transformers`` opens as it is.
 
 The folder holds the weights (``huggingface_hub``'s safetensors shards and index, see
-``hf_io.write_checkpoint``), ``config.json`` with the trained RoPE scaling and
+``folder.write_checkpoint``), ``config.json`` with the trained RoPE scaling and
 ``max_position_embeddings`` = the target context, the tokenizer and how to stop generating:
 
 - ``tokenizer.json``: the one the shards were packed with;
@@ -42,9 +42,9 @@ from longctx.core.tokenizer import (
     document_specials,
     load_tokenizer,
 )
-from longctx.trainer.hf_io import write_checkpoint
-from longctx.trainer.model import Transformer
-from longctx.trainer.parallel import ParallelState, first_problem
+from longctx.trainer.models.decoder import Transformer
+from longctx.trainer.models.folder import write_checkpoint
+from longctx.trainer.parallel.state import ParallelState, first_problem
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 GENERATION_CONFIG = "generation_config.json"

@@ -1,7 +1,7 @@
 """Training metrics: the device peak for MFU and per-token losses (records go through
 ``longctx.trainer.tracking``).
 
-The FLOPs an MFU figure divides by come from ``longctx.trainer.flops``, the model ``longctx plan``
+The FLOPs an MFU figure divides by come from ``longctx.trainer.planning.flops``, the model ``longctx plan``
 uses too.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from longctx.trainer.model import Transformer
+from longctx.trainer.models.decoder import Transformer
 
 # Dense bf16 peak per device, FLOP/s, by a substring of torch.cuda.get_device_name().
 PEAK_BF16_FLOPS = {

@@ -1,7 +1,7 @@
 """Checks of a training run that need only its config, the shards' manifest, the model's
 ``config.json`` and the output folder: run by ``longctx train`` before any rank starts (and by each
 rank under a plain ``torchrun``), so a run that cannot work is refused in one line instead of after N
-processes have started. The rules are the mesh's (``longctx.trainer.mesh``) and the model's
+processes have started. The rules are the mesh's (``longctx.trainer.parallel.mesh``) and the model's
 (``build.check_training_model``: a model the chosen implementation cannot read, sliding windows shorter
 than the windows, a transformers model the ring cannot train); the folders are the run layout's; the
 output folders are checked as curate and pack check theirs (``longctx.core.preflight``)."""
@@ -18,7 +18,7 @@ from longctx.core.remote import is_remote
 from longctx.packer.manifest import load_manifest
 from longctx.trainer.config import TrainConfig
 from longctx.trainer.coverage import CoverageError, check_shard_coverage, required_position
-from longctx.trainer.mesh import MeshShape
+from longctx.trainer.parallel.mesh import MeshShape
 from longctx.trainer.stage_plan import export_paths, resolve_stages, stage_context, stage_train_config
 
 
@@ -69,7 +69,7 @@ def check_before_start(train: TrainConfig, context: ContextConfig, output: Path,
         )
     # torch: only once the cheap checks pass
     from longctx.trainer.build import check_training_model
-    from longctx.trainer.hf_io import check_model_folder
+    from longctx.trainer.models.folder import check_model_folder
 
     if train.model.hf_path is not None:
         check_model_folder(train.model.hf_path)

@@ -36,7 +36,7 @@ def finished_run(layout: RunLayout | StageLayout, steps: int) -> int | None:
     at ``steps`` or beyond and intact (every file matches its manifest entry, checksums included, as
     resuming from it would check; a damaged one is left to the resume, which reports it)."""
     from longctx.trainer.checkpoint import damage, list_checkpoints
-    from longctx.trainer.parallel import ParallelState
+    from longctx.trainer.parallel.state import ParallelState
 
     if not (layout.final_model / "config.json").is_file():
         return None

@@ -26,7 +26,7 @@ from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.trainer.config import GateConfig, StageConfig, TrainConfig
-from longctx.trainer.mesh import MeshShape
+from longctx.trainer.parallel.mesh import MeshShape
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ each stage (``longctx.trainer.stage_plan``):
    ``lr``), the first stage from the base model. So a run killed mid-stage resumes in that stage,
    and one killed between stages starts the next one.
 2. **Gate.** With a ``gate``, rank 0 measures it once every rank has freed the stage's model
-   (``longctx.trainer.gates``; a result recorded for the same step and settings is reused) and
+   (``longctx.trainer.evaluation.gates``; a result recorded for the same step and settings is reused) and
    hands the verdict to the other ranks. A failed gate stops every rank with one line
-   (:class:`~longctx.trainer.gates.GateFailed`, exit status 2), leaving the finished stages as they
+   (:class:`~longctx.trainer.evaluation.gates.GateFailed`, exit status 2), leaving the finished stages as they
    are; with ``train.on_gate_fail: continue`` the failure is printed and the next stage starts.
 """
 
@@ -31,7 +31,7 @@ from longctx.core.config import ContextConfig
 from longctx.core.layout import RunLayout
 from longctx.trainer.checkpoint import Checkpoint, checkpoint_folder, latest_checkpoint
 from longctx.trainer.config import TrainConfig
-from longctx.trainer.gates import (
+from longctx.trainer.evaluation.gates import (
     GateFailed,
     GateMemo,
     GateResult,
@@ -40,7 +40,7 @@ from longctx.trainer.gates import (
     failure_line,
     recorded_gate,
 )
-from longctx.trainer.parallel import ParallelState
+from longctx.trainer.parallel.state import ParallelState
 from longctx.trainer.resume import finished_run
 from longctx.trainer.stage_plan import Stage, resolve_stages, stage_context, stage_train_config
 from longctx.trainer.train import StageStart, TrainJob, TrainResult, train_job, training_session

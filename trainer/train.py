@@ -5,7 +5,7 @@ One optimizer step takes ``train.global_batch_rows`` packed rows over all data-p
 (``longctx.trainer.data``); each row is split across the ``cp`` ranks of its ring (zigzag). Every rank
 backpropagates the plain sum of its tokens' losses; after the step's micro-batches, one collective
 gathers every rank's token count and statistics, and the gradients (summed over ranks by FSDP2, see
-``longctx.trainer.sharding``) are divided by the token count of the whole batch. So the loss is the
+``longctx.trainer.parallel.sharding``) are divided by the token count of the whole batch. So the loss is the
 mean over the batch's loss-masked tokens, whatever the mesh.
 
 Around the loop: the mesh (``parallel``), the model built on the meta device and filled shard by shard
@@ -32,7 +32,6 @@ from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
-from longctx.trainer.attention.zigzag import zigzag_split
 from longctx.trainer.build import (
     AnyModelConfig,
     TrainedModel,
@@ -56,15 +55,16 @@ from longctx.trainer.config import TrainConfig
 from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard_coverage, required_position
 from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
-from longctx.trainer.flops import training_flops
-from longctx.trainer.hf_io import stored_dtype
-from longctx.trainer.memory import checkpointing_that_fits
-from longctx.trainer.mesh import MeshShape
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.parallel import ParallelState, all_gather_stats, init_parallel, settle, shutdown
+from longctx.trainer.models.folder import stored_dtype
+from longctx.trainer.parallel.mesh import MeshShape
+from longctx.trainer.parallel.sharding import local_bytes, optimizer_tensors, scale_gradients
+from longctx.trainer.parallel.state import ParallelState, all_gather_stats, init_parallel, settle, shutdown
+from longctx.trainer.parallel.zigzag import zigzag_split
+from longctx.trainer.planning.flops import training_flops
+from longctx.trainer.planning.memory import checkpointing_that_fits
 from longctx.trainer.resume import check_settings, prepare_metrics
 from longctx.trainer.schedule import make_scheduler
-from longctx.trainer.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.stage_plan import Stage, export_paths
 from longctx.trainer.tracking import Tracker
 

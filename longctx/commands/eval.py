@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             )
             print(f"  {label}: {accuracy:.1%}  ({by_length})")
     if result["effective_length"] is not None:
-        from longctx.trainer.evaluate import format_effective
+        from longctx.trainer.evaluation.measures import format_effective
 
         print("\n" + format_effective(result["effective_length"], result["task_scores"]))
     print(f"\nwritten to {result['folder']}:")

@@ -1,7 +1,8 @@
 """``longctx plan``: the capacity table to read before a long-context run.
 
-The formulas are ``longctx.trainer.plan`` and the FLOP model ``longctx.trainer.flops``; the report is
-``longctx.trainer.plan_report``. This module only reads the arguments.
+The formulas are ``longctx.trainer.planning.plan`` and the FLOP model ``longctx.trainer.planning.flops``;
+the report is
+``longctx.trainer.planning.report``. This module only reads the arguments.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from longctx.commands import local_path
     from longctx.core.errors import ConfigError
-    from longctx.trainer.mesh import MeshShape
-    from longctx.trainer.plan import (
+    from longctx.trainer.parallel.mesh import MeshShape
+    from longctx.trainer.planning.plan import (
         RunSettings,
         load_model_shape,
         parse_bytes,
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         plan_length,
         plan_stage,
     )
-    from longctx.trainer.plan_report import format_report, format_stages, write_csv
+    from longctx.trainer.planning.report import format_report, format_stages, write_csv
 
     csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}

@@ -162,7 +162,7 @@ def compiler_cache(folder: Path) -> Iterator[None]:
     own setting wins), for this process and the ranks it starts, before torch is imported: importing
     ``torch._dynamo`` (optimizers and FSDP2 do) creates torch's compiler cache folder, by default
     ``$TMPDIR/torchinductor_<user>``, which outlives the run; ``train.kernels.compile`` compiles into
-    the same folder (``kernel_choice.use_compile_cache``)."""
+    the same folder (``kernels.use_compile_cache``)."""
     if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
         yield
         return

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from longctx.trainer import hf_io
-from longctx.trainer.generate import greedy_generate
+from longctx.trainer.evaluation.generate import greedy_generate
+from longctx.trainer.models import folder as hf_io
 
 
 def recompute_generate(model, prompt: list[int], new: int) -> list[int]:

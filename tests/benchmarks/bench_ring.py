@@ -38,7 +38,7 @@ from layouts import document_segments
 from longctx.trainer.attention import RingPlan, build_ring_plan, ring_attention
 from longctx.trainer.attention.kernels import kernel_calls
 from longctx.trainer.attention.select import select_kernels
-from longctx.trainer.attention.zigzag import zigzag_indices
+from longctx.trainer.parallel.zigzag import zigzag_indices
 
 
 def time_attention(

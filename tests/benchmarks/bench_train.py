@@ -388,10 +388,10 @@ def load_worker(mode: str, checkpoint: Path, out: Path) -> None:
     import torch.distributed as dist
 
     from longctx.trainer.build import build_model
-    from longctx.trainer.hf_io import load_config, load_weights
-    from longctx.trainer.model import RingAttention, Transformer
-    from longctx.trainer.parallel import init_parallel
-    from longctx.trainer.sharding import local_bytes, shard_model
+    from longctx.trainer.models.decoder import RingAttention, Transformer
+    from longctx.trainer.models.folder import load_config, load_weights
+    from longctx.trainer.parallel.sharding import local_bytes, shard_model
+    from longctx.trainer.parallel.state import init_parallel
 
     torch.set_num_threads(1)
     state = init_parallel(cp=1, timeout_s=600)

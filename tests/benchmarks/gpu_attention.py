@@ -10,7 +10,8 @@ blocks of context parallelism (non-causal varlen sequences) run on the device's 
 layout, ``ring_attention`` also gets q, k and v as strided views (head_dim stride 2), which fused kernels
 must not read as contiguous.
 
-Speed: TFLOP/s of useful work (``longctx.trainer.flops``: ``4 q x pairs`` forward, 3x that forward plus
+Speed: TFLOP/s of useful work (``longctx.trainer.planning.flops``: ``4 q x pairs`` forward, 3x that forward
+plus
 backward, pairs counted with the causal and document masks) of ``ring_attention`` at P = 1, against
 ``torch.nn.functional.scaled_dot_product_attention`` with the flash backend on one causal document.
 """
@@ -50,8 +51,8 @@ from longctx.trainer.attention.kernels import (
 from longctx.trainer.attention.masks import block_mask
 from longctx.trainer.attention.merge import merge_into
 from longctx.trainer.attention.select import select_kernels
-from longctx.trainer.attention.zigzag import segment_ids, zigzag_indices
-from longctx.trainer.flops import TRAIN_FACTOR, attention_flops, causal_pair_count
+from longctx.trainer.parallel.zigzag import segment_ids, zigzag_indices
+from longctx.trainer.planning.flops import TRAIN_FACTOR, attention_flops, causal_pair_count
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 """The project's stated tolerances (tests/trainer/test_ring_attention.py), max error relative to the
@@ -628,7 +629,7 @@ def run_speed(settings, deadline: Deadline, emit: Emit) -> dict:
         "auto_chain": [k.name for k in select_kernels(device, dtype, head_dim, heads, kv_heads)],
         "pinned_backends": backends,
         "flop_model": "forward 4*q_dim*pairs (causal, document-masked); "
-        f"forward+backward {TRAIN_FACTOR:g}x forward (longctx.trainer.flops)",
+        f"forward+backward {TRAIN_FACTOR:g}x forward (longctx.trainer.planning.flops)",
         "goal": f"ring_attention speed >= {goal}x SDPA's on one document (sdpa_ms / ours_ms)",
         "rows": rows,
         "goal_met_at": met,

@@ -1,6 +1,6 @@
 """The GPU suite's exactness checks of the non-attention kernels (part of section 1, ``exactness``).
 
-* Fused ops (``longctx.trainer.fused``): liger-kernel's RMSNorm, SwiGLU, RoPE and fused linear
+* Fused ops (``longctx.trainer.models.fused``): liger-kernel's RMSNorm, SwiGLU, RoPE and fused linear
   cross-entropy, forward and the inputs' gradients, in bf16 and float32 against PyTorch's ops in float64
   on the CPU (``fused.probe_errors``, the start-up probe's cases). Where liger-kernel is not installed
   or cannot run (a CPU), PyTorch's own ops are checked the same way and liger is reported unavailable.
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from gpu_measure import Deadline, max_relative_error
 
-from longctx.trainer import fused
-from longctx.trainer.model import DecoderLayer, ModelConfig, RingAttention
+from longctx.trainer.models import fused
+from longctx.trainer.models.decoder import DecoderLayer, ModelConfig, RingAttention
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 FUSED_TOLERANCE = fused.PROBE_TOLERANCE
@@ -74,7 +74,7 @@ def _run_layer(layer: DecoderLayer, model_rope, x, dout, positions, segments, de
 
 def check_compiled_layer(settings, emit) -> list[str]:
     """A compiled decoder layer under bf16 autocast against the eager layer in float64 on the CPU."""
-    from longctx.trainer.model import Transformer
+    from longctx.trainer.models.decoder import Transformer
 
     config = ModelConfig.tiny(
         "llama",

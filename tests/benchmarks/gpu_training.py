@@ -4,7 +4,7 @@ and the longest context that fits (see ``gpu_suite.py``).
 The model and optimizer are built the way ``longctx train`` builds them at world size 1
 (``longctx.trainer.train.model_config``; ``check_memory``, which resolves ``activation_checkpointing:
 auto``; ``longctx.trainer.build.build_model`` on the meta device then ``fill_random``; the kernels of
-``train.kernels`` through ``longctx.trainer.kernel_choice.apply_kernels``; ``make_optimizer``), with
+``train.kernels`` through ``longctx.trainer.models.kernels.apply_kernels``; ``make_optimizer``), with
 ``precision: auto``: bf16 autocast on CUDA, float32 on CPU. At world size 1 the trainer does not shard
 (FSDP2 needs more than one rank), so neither does the suite. Windows are synthetic packed rows in the
 packer's format (random token ids; documents of the many-document layout of ``layouts.py``, or of random
@@ -14,10 +14,12 @@ trainer's ``_forward_backward`` and step do with one row: the model's forward wi
 inside forward), backward of the summed token losses, gradients divided by the row's loss-masked tokens,
 gradient clipping and AdamW.
 
-MFU counts model FLOPs only (``longctx.trainer.flops.training_flops``: 3x the forward, attention pairs
+MFU counts model FLOPs only (``longctx.trainer.planning.flops.training_flops``: 3x the forward, attention
+pairs
 counted with the causal and document masks of each row, recomputation not counted) against the device's
 dense bf16 peak (``longctx.trainer.metrics.peak_flops``). The memory estimate is the one memory model
-``longctx plan`` prints and ``longctx train`` checks (``longctx.trainer.memory.rank_memory``) for the same
+``longctx plan`` prints and ``longctx train`` checks (``longctx.trainer.planning.memory.rank_memory``) for
+the same
 model, length, state sharding (one rank), activation checkpointing and compute dtype.
 """
 
@@ -45,16 +47,17 @@ from longctx.core.errors import ConfigError
 from longctx.packer.dataset import row_to_sample
 from longctx.packer.reader import PackedRow
 from longctx.trainer.attention.comm import WAIT_CLOCK
-from longctx.trainer.attention.zigzag import ContextParallelShard, zigzag_split
 from longctx.trainer.build import build_model, fill_random, model_config, use_bf16
 from longctx.trainer.config import KernelsConfig, ModelSection, TinyModelConfig, TrainConfig
-from longctx.trainer.flops import ModelShape, causal_pair_count, param_count, training_flops
-from longctx.trainer.kernel_choice import KernelChoice, apply_kernels
-from longctx.trainer.memory import rank_memory
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.model import Transformer
-from longctx.trainer.parallel import ParallelState, init_parallel
-from longctx.trainer.sharding import scale_gradients
+from longctx.trainer.models.decoder import Transformer
+from longctx.trainer.models.kernels import KernelChoice, apply_kernels
+from longctx.trainer.models.shape import ModelShape
+from longctx.trainer.parallel.sharding import scale_gradients
+from longctx.trainer.parallel.state import ParallelState, init_parallel
+from longctx.trainer.parallel.zigzag import ContextParallelShard, zigzag_split
+from longctx.trainer.planning.flops import causal_pair_count, param_count, training_flops
+from longctx.trainer.planning.memory import rank_memory
 from longctx.trainer.train import check_memory, make_optimizer
 
 Emit = Callable[[dict], None]

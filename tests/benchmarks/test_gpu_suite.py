@@ -230,7 +230,7 @@ def test_training_step_is_the_trainers_step() -> None:
     from types import SimpleNamespace
 
     from longctx.trainer.coverage import CoverageTracker
-    from longctx.trainer.memory import rank_memory
+    from longctx.trainer.planning.memory import rank_memory
     from longctx.trainer.train import _forward_backward
 
     dims = {

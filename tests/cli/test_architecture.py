@@ -238,3 +238,52 @@ def test_checks_catch_back_edges_cycles_and_old_names(tmp_path: Path) -> None:
     assert len(problems) == 2
     assert find_cycles(graph) == [["longctx.packer.run", "longctx.trainer.train", "longctx.packer.run"]]
     assert [p.split(": ", 1)[1] for p in old_name_imports(modules)] == ["imports packer (use longctx.packer)"]
+
+
+# --- the trainer's parts ------------------------------------------------------------------------------------
+
+TRAINER_PARTS = ("attention", "models", "parallel", "evaluation", "planning")
+"""The trainer's sub-packages. Each is one part of it: ring attention, the models, parallelism (mesh,
+process groups, FSDP2, the zigzag split), evaluation, planning; the modules beside them run training."""
+
+
+def part_of(module: str) -> str:
+    """The trainer part a trainer module belongs to: its sub-package, or itself for a module beside them."""
+    rest = module.removeprefix("longctx.trainer.").split(".")
+    return rest[0] if rest[0] in TRAINER_PARTS else module
+
+
+def part_graph(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The trainer's import graph with each sub-package contracted to one node."""
+    parts: dict[str, dict[str, int]] = {}
+    for module, edges in graph.items():
+        if not module.startswith("longctx.trainer."):
+            continue
+        node = parts.setdefault(part_of(module), {})
+        for target, line in edges.items():
+            if target.startswith("longctx.trainer.") and part_of(target) != part_of(module):
+                node.setdefault(part_of(target), line)
+    return parts
+
+
+def test_the_trainer_parts_import_one_way() -> None:
+    """No two trainer parts import each other, even through other modules: the models know nothing of
+    parallelism, evaluation or planning, and ring attention knows nothing of the models."""
+    _, graph = import_graph()
+    parts = part_graph(graph)
+    cycles = find_cycles(parts)
+    assert not cycles, "trainer parts in a cycle: " + "; ".join(" -> ".join(c) for c in cycles)
+    assert set(parts["attention"]) == set()
+    assert set(parts["models"]) <= {"attention"}
+
+
+def test_the_trainer_part_check_catches_a_cycle_through_a_module() -> None:
+    graph = {
+        "longctx.trainer.models.decoder": {"longctx.trainer.train": 1},
+        "longctx.trainer.train": {"longctx.trainer.parallel.mesh": 1},
+        "longctx.trainer.parallel.mesh": {"longctx.trainer.models.shape": 1},
+        "longctx.trainer.models.shape": {},
+    }
+    assert find_cycles(part_graph(graph)) == [
+        ["longctx.trainer.train", "parallel", "models", "longctx.trainer.train"]
+    ]

@@ -301,7 +301,7 @@ def test_training_windows_are_not_scored_as_held_out(trained_run, tmp_path: Path
 def test_progress_counts_every_model_window_and_needle() -> None:
     import io
 
-    from longctx.trainer.eval_job import EvalProgress
+    from longctx.trainer.evaluation.job import EvalProgress
 
     out = io.StringIO()
     progress = EvalProgress(2, 3, 5, file=out, enabled=True)

@@ -1,7 +1,7 @@
 """Each rule that crosses parts is written once: read from the source tree, as a reviewer would grep it.
 
 * The zigzag window rule (``2 x cp`` chunks per window) and the world-size rule (``cp x dp_replicate``
-  divides the processes) are computed only in :class:`longctx.trainer.mesh.MeshShape`: no other
+  divides the processes) are computed only in :class:`longctx.trainer.parallel.mesh.MeshShape`: no other
   expression multiplies a ``cp`` by 2 or takes a remainder by a ``cp``.
 * The default shard folder training reads (``shards/seq<context.target>``) is derived only in
   ``core/layout.py``.
@@ -91,10 +91,10 @@ def test_the_predicates_find_the_copies_they_are_meant_to_find() -> None:
 
 
 def test_the_window_and_world_size_rules_live_in_the_mesh_only() -> None:
-    assert where(zigzag_divisor) == {("trainer/mesh.py", "MeshShape.chunks_per_window")}
+    assert where(zigzag_divisor) == {("trainer/parallel/mesh.py", "MeshShape.chunks_per_window")}
     assert where(remainder_by_cp) == {
-        ("trainer/mesh.py", "MeshShape.for_world"),
-        ("trainer/mesh.py", "MeshShape.window_splits"),
+        ("trainer/parallel/mesh.py", "MeshShape.for_world"),
+        ("trainer/parallel/mesh.py", "MeshShape.window_splits"),
     }
 
 
@@ -111,6 +111,6 @@ def test_the_default_training_shards_are_the_layouts() -> None:
 
 
 def test_the_evaluation_job_imports_nothing_from_the_training_job() -> None:
-    tree = ast.parse((REPO / "trainer" / "eval_job.py").read_text(encoding="utf-8"))
+    tree = ast.parse((REPO / "trainer" / "evaluation" / "job.py").read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert "longctx.trainer.train" not in imported

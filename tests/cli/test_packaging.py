@@ -25,8 +25,8 @@ class NoDatatrove(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoDatatrove())
-import longctx.trainer, longctx.trainer.attention
-# the trainer's modules, the dataloader, and what evaluation reads of the pipeline
+import longctx.trainer
+# the trainer's modules and sub-packages, the dataloader, and what evaluation reads of the pipeline
 names = [
     "longctx.packer.dataset",
     "longctx.packer.loader",
@@ -34,8 +34,7 @@ names = [
     "longctx.pipeline.documents",
     "longctx.pipeline.synthetic.tasks",
 ]
-for package in (longctx.trainer, longctx.trainer.attention):
-    names += [package.__name__ + "." + m.name for m in pkgutil.iter_modules(package.__path__)]
+names += [m.name for m in pkgutil.walk_packages(longctx.trainer.__path__, "longctx.trainer.")]
 for name in names:
     importlib.import_module(name)
 assert not any(m == "datatrove" or m.startswith("datatrove.") for m in sys.modules)
@@ -82,9 +81,7 @@ def _python(
 def test_trainer_imports_without_datatrove(tmp_path: Path) -> None:
     imported = int(_python(_NO_DATATROVE, cwd=tmp_path))
     # every module and subpackage of the trainer, the dataloader, and what evaluation reads
-    modules = [
-        p for p in (REPO / "trainer").rglob("*.py") if p.parent.name != "trainer" or p.stem != "__init__"
-    ]
+    modules = [p for p in (REPO / "trainer").rglob("*.py") if p != REPO / "trainer" / "__init__.py"]
     assert imported == len(modules) + 5
 
 

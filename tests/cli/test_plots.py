@@ -91,7 +91,7 @@ def test_inspect_plot(monkeypatch: pytest.MonkeyPatch, packed_run: PackedRun, tm
 
 
 def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from longctx.trainer import evaluate
+    from longctx.trainer.evaluation import measures as evaluate
 
     table = [{"start": 2**i, "end": 2 ** (i + 1), "tokens": 10, "mean_loss": 3.0 - 0.2 * i} for i in range(8)]
     tables = {"base": table, "extended": [dict(r, mean_loss=r["mean_loss"] - 0.3) for r in table]}
@@ -120,7 +120,7 @@ def test_evaluation_plots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
 def test_titles_count_in_the_singular_for_one(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """One needle per cell reads "1 sample per cell" (it read "1 samples")."""
-    from longctx.trainer import evaluate
+    from longctx.trainer.evaluation import measures as evaluate
 
     drawn = []
     monkeypatch.setattr(evaluate, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))

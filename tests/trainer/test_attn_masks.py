@@ -16,7 +16,7 @@ from longctx.trainer.attention.masks import (
     pair_extents,
     rows_with_keys,
 )
-from longctx.trainer.attention.zigzag import zigzag_indices
+from longctx.trainer.parallel.zigzag import zigzag_indices
 
 
 def document_mask(lengths: list[int]) -> torch.Tensor:

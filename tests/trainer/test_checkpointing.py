@@ -1,5 +1,6 @@
-"""Activation checkpointing (``longctx.trainer.checkpointing``) against no checkpointing, and the memory
-model (``longctx.trainer.memory``) against what a block's forward really leaves alive.
+"""Activation checkpointing (``longctx.trainer.models.checkpointing``) against no checkpointing, and the
+memory
+model (``longctx.trainer.planning.memory``) against what a block's forward really leaves alive.
 
 - Gradients: ``selective`` and ``full`` give the loss and gradients of ``none`` in float64 (Llama with a
   tied embedding, Qwen2 with q/k/v biases; packed rows of several documents, chunked loss). ``selective``
@@ -21,9 +22,11 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from longctx.trainer import checkpointing, memory
 from longctx.trainer.attention import ring
-from longctx.trainer.model import ModelConfig, Transformer
+from longctx.trainer.models import checkpointing
+from longctx.trainer.models.decoder import ModelConfig, Transformer
+from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
+from longctx.trainer.planning import memory
 
 TOKENS = 256
 LENGTHS = [40, 1, 96, 119]  # documents of one packed row
@@ -201,20 +204,20 @@ def test_selective_keeps_less_than_none_and_more_than_full() -> None:
         for compute, residual in ((2, 4), (2, 2)):
             kept = [
                 memory.held_bytes_per_token(shape, mode, compute, residual)
-                for mode in memory.ACTIVATION_CHECKPOINTING
+                for mode in ACTIVATION_CHECKPOINTING
             ]
             assert kept == sorted(kept, reverse=True), (shape, kept)
 
 
 def test_auto_picks_the_cheapest_mode_that_fits() -> None:
-    from longctx.trainer.flops import ModelShape
-    from longctx.trainer.plan import PRESETS
+    from longctx.trainer.models.shape import ModelShape
+    from longctx.trainer.planning.plan import PRESETS
 
     shape = ModelShape.from_hf(PRESETS["llama-3-8b"], "llama-3-8b")
     setting = {"state_shards": 8, "compute_bytes": 2}
     totals = {
         mode: memory.rank_memory(shape, 32768, 1, activation_checkpointing=mode, **setting).total
-        for mode in memory.ACTIVATION_CHECKPOINTING
+        for mode in ACTIVATION_CHECKPOINTING
     }
     assert totals["none"] > totals["selective"] > totals["full"]
 

@@ -264,7 +264,7 @@ def test_export_opens_in_transformers_with_the_trained_logits(
         want = tensor if dtype == "float32" else tensor.to(torch.bfloat16).float()
         assert torch.equal(stored[name], want), name
     ids = torch.randint(0, 320, (1, 64), generator=torch.Generator().manual_seed(1))
-    from longctx.trainer.model import ModelConfig, Transformer
+    from longctx.trainer.models.decoder import ModelConfig, Transformer
 
     ours = Transformer(ModelConfig.from_hf(json.loads((folder / "config.json").read_text())))
     ours.load_state_dict(trained)

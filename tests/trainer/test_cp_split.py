@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.packer import IGNORE_INDEX, PackedDataset, collate_packed
-from longctx.trainer.attention.zigzag import ContextParallelShard, zigzag_indices, zigzag_split
+from longctx.trainer.parallel.zigzag import ContextParallelShard, zigzag_indices, zigzag_split
 from tests.packer.test_pack_helpers import PackedRun
 
 pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture

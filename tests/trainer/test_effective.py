@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from longctx.trainer.config import EffectiveLengthConfig, EvalConfig
-from longctx.trainer.effective import (
+from longctx.trainer.evaluation.effective import (
     bar_length,
     baseline_threshold,
     effective_length,
@@ -22,7 +22,7 @@ from longctx.trainer.effective import (
     task_scores,
     verdict,
 )
-from longctx.trainer.evaluate import NeedleResult
+from longctx.trainer.evaluation.measures import NeedleResult
 
 
 def result(task: str, n: int, score: float, depth: float = 0.0, sample: int = 0) -> NeedleResult:

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from longctx.pipeline.bpe import train_bpe
-from longctx.trainer import hf_io
-from longctx.trainer.evaluate import (
+from longctx.trainer.evaluation.generate import KVCache, cached_attention, greedy_generate
+from longctx.trainer.evaluation.measures import (
     answer_settled,
     loss_by_position,
     needle_grid,
@@ -21,7 +21,7 @@ from longctx.trainer.evaluate import (
     plot_needle_heatmap,
     score_answer,
 )
-from longctx.trainer.generate import KVCache, cached_attention, greedy_generate
+from longctx.trainer.models import folder as hf_io
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from longctx.trainer import flops, plan
 from longctx.trainer.launch import torchrun_command
-from longctx.trainer.model import ModelConfig
+from longctx.trainer.models.decoder import ModelConfig
+from longctx.trainer.planning import flops, plan
 
 
 def _tiny() -> ModelConfig:

@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from longctx.core.errors import ConfigError
 from longctx.trainer.build import build_model, fill_random, saved_model_config
 from longctx.trainer.config import KernelsConfig
-from longctx.trainer.generate import greedy_generate
-from longctx.trainer.hf_io import materialize
-from longctx.trainer.hf_model import HFCausalLM, HFModelConfig, check_model, load_hf_model
-from longctx.trainer.kernel_choice import KernelChoice
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
-from longctx.trainer.parallel import ParallelState
-from longctx.trainer.rope import RopeConfig, inverse_frequencies
+from longctx.trainer.evaluation.generate import greedy_generate
+from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.folder import materialize
+from longctx.trainer.models.hf import HFCausalLM, HFModelConfig, check_model, load_hf_model
+from longctx.trainer.models.kernels import KernelChoice
+from longctx.trainer.models.rope import RopeConfig, inverse_frequencies
+from longctx.trainer.parallel.state import ParallelState
 from tests.trainer.test_model_hf import randomize
 
 transformers = pytest.importorskip("transformers")
@@ -262,7 +262,7 @@ def test_memory_model_of_a_transformers_decoder_layer(model_type: str) -> None:
     and full exactly (the per-op policy keeps the same matmul and ring outputs as in the own decoder);
     none more, by the q/k norms' and transformers' own intermediate tensors, at most 25% here (the
     approximation docs/training.md states)."""
-    from longctx.trainer import memory
+    from longctx.trainer.planning import memory
     from tests.trainer.test_checkpointing import TOKENS, LiveStorages, row
 
     def held(mode: str, layers: int) -> tuple[int, Any]:
@@ -396,8 +396,8 @@ def test_eval_loads_checkpoints_with_the_implementation_that_reads_them(tmp_path
     """longctx eval scores a checkpoint folder with the own decoder where it reads it (Llama) and
     with its transformers code otherwise (Qwen3); both give transformers' per-document loss."""
     from longctx.core.config import ContextConfig
-    from longctx.trainer.eval_job import ModelSpec, load_model_spec
-    from longctx.trainer.evaluate import loss_by_position
+    from longctx.trainer.evaluation.job import ModelSpec, load_model_spec
+    from longctx.trainer.evaluation.measures import loss_by_position
 
     row = packed(DOCS, TINY["vocab_size"], seed=4)
     cu = torch.tensor([0, *itertools.accumulate(DOCS)])

@@ -26,12 +26,12 @@ from safetensors.torch import load_file
 
 from longctx import jobs
 from longctx.config import parse_config
-from longctx.trainer.attention.zigzag import zigzag_indices
 from longctx.trainer.build import build_model, saved_model_config
 from longctx.trainer.checkpoint import Checkpoint, load_checkpoint, read_trainer_state
-from longctx.trainer.hf_model import HFCausalLM, load_hf_model
-from longctx.trainer.model import RingAttention
-from longctx.trainer.parallel import ParallelState
+from longctx.trainer.models.decoder import RingAttention
+from longctx.trainer.models.hf import HFCausalLM, load_hf_model
+from longctx.trainer.parallel.state import ParallelState
+from longctx.trainer.parallel.zigzag import zigzag_indices
 from tests.trainer.test_hf_model import (
     DOCS,
     MODELS,

@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from longctx.trainer import fused
 from longctx.trainer.attention.select import BACKENDS, attention_backend
-from longctx.trainer.attention.zigzag import zigzag_indices
 from longctx.trainer.config import KernelsConfig
-from longctx.trainer.kernel_choice import apply_kernels
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models import fused
+from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.kernels import apply_kernels
+from longctx.trainer.parallel.zigzag import zigzag_indices
 from tests.trainer.test_ring_attention import launch
 
 CPU = torch.device("cpu")

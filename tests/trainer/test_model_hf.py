@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from longctx.trainer import hf_io
-from longctx.trainer.attention.zigzag import zigzag_indices
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
-from longctx.trainer.rope import RopeConfig
+from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.rope import RopeConfig
+from longctx.trainer.parallel.zigzag import zigzag_indices
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402

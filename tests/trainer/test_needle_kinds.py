@@ -14,9 +14,14 @@ from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.synthetic.checkers import score_generation
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS
 from longctx.pipeline.synthetic.tasks import build_example, derive_seed
-from longctx.trainer import hf_io
-from longctx.trainer.effective import score_by_length
-from longctx.trainer.evaluate import generation_budget, needle_accuracy, needle_examples, score_needles
+from longctx.trainer.evaluation.effective import score_by_length
+from longctx.trainer.evaluation.measures import (
+    generation_budget,
+    needle_accuracy,
+    needle_examples,
+    score_needles,
+)
+from longctx.trainer.models import folder as hf_io
 from tests.pipeline.test_synthetic import prose
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 

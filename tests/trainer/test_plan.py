@@ -11,8 +11,9 @@ import pytest
 
 from longctx.cli import main
 from longctx.core.errors import ConfigError
-from longctx.trainer import flops as flop_model
-from longctx.trainer import plan, plan_report
+from longctx.trainer.planning import flops as flop_model
+from longctx.trainer.planning import plan
+from longctx.trainer.planning import report as plan_report
 
 KiB, GiB = 1024, 1024**3
 
@@ -209,7 +210,7 @@ def test_one_unsharded_process_keeps_a_float32_residual_stream(toy: plan.ModelSh
 def test_the_peak_moves_to_the_end_of_backward_and_to_the_optimizer_step(toy: plan.ModelShape) -> None:
     """Short windows: every gradient outweighs the blocks' activations (the peak is backward's end), and
     AdamW's step, 20 bytes per parameter, outweighs all of backward."""
-    from longctx.trainer.memory import working_bytes_per_token
+    from longctx.trainer.planning.memory import working_bytes_per_token
 
     params = 105_280
     memory = plan.rank_memory(toy, 8, 1, activation_checkpointing="full")
@@ -220,7 +221,7 @@ def test_the_peak_moves_to_the_end_of_backward_and_to_the_optimizer_step(toy: pl
 
 
 def test_a_gpu_that_is_too_small_is_refused_with_the_breakdown(toy: plan.ModelShape) -> None:
-    from longctx.trainer.memory import check_fits, usable_bytes
+    from longctx.trainer.planning.memory import check_fits, usable_bytes
 
     memory = plan.rank_memory(toy, 1024, 4, state_shards=4)
     assert usable_bytes(80e9) == 0.9 * 80e9 - 2 * GiB
@@ -276,7 +277,7 @@ def test_a_bare_gpu_memory_is_gb_and_what_does_not_fit_says_what_would(capsys) -
     """The issue's command: 80 is 80 GB; 128K at cp 8 does not fit without checkpointing, and the plan
     names the smallest change of each kind that does, each checked here against the memory model
     directly."""
-    from longctx.trainer.memory import rank_memory, usable_bytes
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
 
     argv = ["plan", "--model", "llama-3-8b", "--lengths", "32K,128K", "--cp", "8", "--gpu-memory", "80"]
     assert main(argv) == 0
@@ -307,7 +308,8 @@ def test_auto_needs_a_change_only_when_even_full_checkpointing_does_not_fit(caps
     """With ``auto`` a length that fits in some mode gets no line (128K at cp 8 fits with full
     checkpointing); one that fits in none (1M) gets a line naming only a larger cp or more GPUs, judged
     in the mode ``auto`` would choose there, each checked against the memory model directly."""
-    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+    from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
 
     argv = ["plan", "--model", "llama-3-8b", "--lengths", "128K,1M", "--cp", "8", "--gpu-memory", "80"]
     assert main([*argv, "--activation-checkpointing", "auto"]) == 0
@@ -336,8 +338,9 @@ def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
     no mode fits at cp 1 however many GPUs shard the state, nor at cp 3, the next ring that splits the
     window; at cp 43,691 the tokens per rank are so few that no checkpointing is needed, and the
     change says so, with that mode's total."""
-    from longctx.trainer.fit import Layout, smallest_changes
-    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, rank_memory, usable_bytes
+    from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
+    from longctx.trainer.planning.fit import Layout, smallest_changes
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
 
     model, length, usable = plan.load_model_shape("llama-3-8b"), 262_146, usable_bytes(80e9)
 
@@ -358,8 +361,8 @@ def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
 def test_the_fewest_more_gpus_match_a_linear_scan() -> None:
     """More GPUs at the same ring shard the model state further: the binary search finds the GPU
     count a plain scan over every multiple of cp x replicas finds."""
-    from longctx.trainer.fit import Layout, smallest_changes
-    from longctx.trainer.memory import rank_memory, usable_bytes
+    from longctx.trainer.planning.fit import Layout, smallest_changes
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
 
     model = plan.load_model_shape("llama-3-70b")
     for cp, replicas in ((1, 1), (2, 2)):
@@ -383,8 +386,8 @@ def test_changes_together_when_none_fits_alone() -> None:
     the window; one GPU cannot hold the AdamW state whatever the checkpointing, and more GPUs cannot
     hold the activations without full checkpointing. The plan pairs full checkpointing with the fewest
     GPUs a plain scan finds."""
-    from longctx.trainer.fit import Layout, smallest_changes
-    from longctx.trainer.memory import rank_memory, usable_bytes
+    from longctx.trainer.planning.fit import Layout, smallest_changes
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
 
     model, length, usable = plan.load_model_shape("llama-3-8b"), 131_074, usable_bytes(141e9)
 
@@ -416,7 +419,8 @@ def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFix
 
 def test_auto_checkpointing_prints_the_cheapest_mode_that_fits(capsys: pytest.CaptureFixture) -> None:
     """``auto`` per length: each printed mode fits 80 GB, and every mode that recomputes less does not."""
-    from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, fits, rank_memory
+    from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
+    from longctx.trainer.planning.memory import fits, rank_memory
 
     lengths = [4096, 8192, 65536, 262144]
     argv = ["plan", "--model", "llama-3-8b", "--lengths", "4K,8K,64K,256K", "--gpus", "8"]

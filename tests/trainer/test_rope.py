@@ -9,8 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from longctx.trainer.attention.zigzag import zigzag_indices
-from longctx.trainer.rope import RopeConfig, apply_rotary, inverse_frequencies, ntk_theta, rotary_cos_sin
+from longctx.trainer.models.rope import (
+    RopeConfig,
+    apply_rotary,
+    inverse_frequencies,
+    ntk_theta,
+    rotary_cos_sin,
+)
+from longctx.trainer.parallel.zigzag import zigzag_indices
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig  # noqa: E402
@@ -254,7 +260,7 @@ def test_bad_configs_are_refused(caplog: pytest.LogCaptureFixture) -> None:
         RopeConfig(16, "longrope", short_factor=(1.0,) * 4, long_factor=(1.0,) * 8)
     with pytest.raises(ValueError, match="no max_position_embeddings"):
         RopeConfig.from_hf({"rope_theta": 1e4}, 16)
-    with caplog.at_level(logging.WARNING, logger="longctx.trainer.rope"):
+    with caplog.at_level(logging.WARNING, logger="longctx.trainer.models.rope"):
         config = RopeConfig.from_hf(
             {
                 "max_position_embeddings": 64,

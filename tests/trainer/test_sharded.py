@@ -29,8 +29,8 @@ import torch.multiprocessing as mp
 from longctx import jobs
 from longctx.config import parse_config
 from longctx.trainer.checkpoint import Checkpoint, list_checkpoints, load_checkpoint, read_trainer_state
-from longctx.trainer.model import ModelConfig, Transformer
-from longctx.trainer.parallel import ParallelState
+from longctx.trainer.models.decoder import ModelConfig, Transformer
+from longctx.trainer.parallel.state import ParallelState
 from tests.trainer.test_train import SEQ_LEN, train_config
 
 transformers = pytest.importorskip("transformers")

@@ -16,14 +16,14 @@ from longctx.core.errors import ConfigError
 from longctx.packer.format import TokenizerInfo
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.docstore import DocumentWriter
-from longctx.trainer import hf_io
-from longctx.trainer.short_context import (
+from longctx.trainer.evaluation.short_context import (
     ShortWindow,
     loss_ratios,
     short_windows,
     source_documents,
     window_loss,
 )
+from longctx.trainer.models import folder as hf_io
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 
 transformers = pytest.importorskip("transformers")

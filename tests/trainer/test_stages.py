@@ -10,7 +10,7 @@
 - Resume: a run killed mid-stage 2 (SIGKILL) and started again, or whose second stage is lost, ends
   with the weights of the uninterrupted run (1e-6).
 - Eval: the effective length and per-task scores in ``summary.json`` and on the console are
-  ``longctx.trainer.effective`` applied to the needle results written beside them; the baseline is
+  ``longctx.trainer.evaluation.effective`` applied to the needle results written beside them; the baseline is
   evaluated even when ``--model`` leaves it out.
 """
 
@@ -36,9 +36,9 @@ from longctx import jobs
 from longctx.cli import main
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
-from longctx.trainer.effective import effective_lengths, task_scores
-from longctx.trainer.evaluate import NeedleResult
-from longctx.trainer.short_context import NoHeldOutDocuments
+from longctx.trainer.evaluation.effective import effective_lengths, task_scores
+from longctx.trainer.evaluation.measures import NeedleResult
+from longctx.trainer.evaluation.short_context import NoHeldOutDocuments
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import make_run
 
@@ -243,7 +243,7 @@ def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
     """Both gates fail and the run still ends; the second gate, measured with what the first one
     kept (its windows, the baseline's loss), equals one measured from scratch."""
     from longctx.core.layout import RunLayout
-    from longctx.trainer.gates import GateSettings, evaluate_gate
+    from longctx.trainer.evaluation.gates import GateSettings, evaluate_gate
     from longctx.trainer.stage_plan import resolve_stages
 
     root = run_folder(packed_root, tmp_path)
@@ -441,7 +441,7 @@ def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size
     """A two-stage run trained by 2 ranks (--nproc 2, cp=2), its first gate passed: started again, it
     prints each stage's results and gate and changes nothing; ``--export 2 --stage 1`` in one process
     reads the 2-rank checkpoint and writes exactly the weights the run exported itself."""
-    from longctx.trainer.gates import GateResult
+    from longctx.trainer.evaluation.gates import GateResult
     from tests.core.disks import tree
 
     root = run_folder(packed_root, tmp_path)

@@ -30,10 +30,10 @@ from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.core.tokenizer import load_tokenizer
 from longctx.packer import PackedDataset
-from longctx.trainer.attention.zigzag import zigzag_split
 from longctx.trainer.coverage import CoverageError, CoverageTracker
-from longctx.trainer.model import ModelConfig, RingAttention, Transformer
-from longctx.trainer.rope import RopeConfig
+from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.rope import RopeConfig
+from longctx.trainer.parallel.zigzag import zigzag_split
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import make_run, synthetic_texts, write_curated
 

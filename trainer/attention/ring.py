@@ -10,7 +10,7 @@ values, bit for bit, at the cost of several window-sized fp32 passes, a large sh
 window holds many short documents.
 
 The autograd entry is the operator ``longctx::ring_attention`` (``torch.library``, :data:`RING_OP`):
-one opaque op for ``torch.utils.checkpoint``'s selective policies (``longctx.trainer.checkpointing``
+one opaque op for ``torch.utils.checkpoint``'s selective policies (``longctx.trainer.models.checkpointing``
 keeps its output instead of running the ring again). Its arguments are tensors and numbers, so the plan
 travels as a key into a registry of live plans (``plan_key``).
 """

@@ -2,10 +2,10 @@
 
 A config is read from and written to a ``config.json`` of Llama, Mistral or Qwen2 the way transformers
 reads it (:meth:`ModelConfig.from_hf`, :meth:`ModelConfig.to_hf`): transformers' defaults for the keys
-it omits, the keys this model does not interpret kept verbatim, RoPE through ``longctx.trainer.rope``,
+it omits, the keys this model does not interpret kept verbatim, RoPE through ``longctx.trainer.models.rope``,
 and the checkpoint's sliding-window attention read so that training can refuse to change it
-(:meth:`ModelConfig.check_context_length`). The modules themselves are ``longctx.trainer.model``;
-reading and writing weights is ``longctx.trainer.hf_io``.
+(:meth:`ModelConfig.check_context_length`). The modules themselves are ``longctx.trainer.models.decoder``;
+reading and writing weights is ``longctx.trainer.models.folder``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from longctx.trainer.flops import ModelShape
-from longctx.trainer.rope import HF_ROPE_KEYS, RopeConfig
+from longctx.trainer.models.rope import HF_ROPE_KEYS, RopeConfig
+from longctx.trainer.models.shape import ModelShape
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -47,7 +47,7 @@ _MODEL_KEYS = frozenset(
         "attention_bias",
         "mlp_bias",
         "attention_dropout",
-        # Storage dtype of the tensors, not a model property: written by hf_io when saving.
+        # Storage dtype of the tensors, not a model property: written by folder.write_checkpoint when saving.
         "dtype",
         "torch_dtype",
         "transformers_version",
@@ -98,7 +98,7 @@ class ModelConfig:
 
     @property
     def shape(self) -> ModelShape:
-        """The dimensions the FLOP model (``longctx.trainer.flops``) reads."""
+        """The dimensions the FLOP model (``longctx.trainer.planning.flops``) reads."""
         return ModelShape(
             name=self.model_type,
             hidden_size=self.hidden_size,

@@ -1,7 +1,7 @@
 """Load and save Hugging Face checkpoints: ``config.json`` plus safetensors, one file or sharded.
 
 Only safetensors are read: pickle-based ``pytorch_model.bin`` files can execute code when loaded
-and are refused with a message. Parameter names are the model's own (``longctx.trainer.model`` uses
+and are refused with a message. Parameter names are the model's own (``longctx.trainer.models.decoder`` uses
 Hugging Face's names), so the only translations are the ones transformers makes too: a tied model
 stores no ``lm_head.weight`` (one present anyway is ignored), and ``rotary_emb.inv_freq`` buffers
 saved by old Llama conversions are skipped (frequencies always come from the config).
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from longctx.core.atomic import atomic_path
 from longctx.core.errors import LongctxError
-from longctx.trainer.model import Attention, ModelConfig, Transformer
+from longctx.trainer.models.decoder import Attention, ModelConfig, Transformer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -155,7 +155,7 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike[str]) -> N
 
     ``model`` has Hugging Face parameter names and a ``config`` with ``model_type`` and
     ``tie_word_embeddings``: a :class:`Transformer` or a transformers model on the ring attention
-    path (``hf_model.HFCausalLM``).
+    path (``hf.HFCausalLM``).
 
     Every parameter must be present with its exact shape and no unknown tensor may be stored;
     all names and shapes are checked before anything is copied. Each parameter receives only the

@@ -2,11 +2,11 @@
 
 Every figure is a closed-form function of the model's shape (a Hugging Face ``config.json`` or a
 preset) and the run's settings, so a team can size a run before touching a GPU. Nothing here imports
-torch; ``longctx plan`` prints these figures and writes them as CSV (``longctx.trainer.plan_report``).
+torch; ``longctx plan`` prints these figures and writes them as CSV (``longctx.trainer.planning.report``).
 
 Conventions used throughout (symbols as in the docstrings below):
 
-* The model's shape, parameter counts and FLOPs are ``longctx.trainer.flops`` (the FLOP model the
+* The model's shape, parameter counts and FLOPs are ``longctx.trainer.planning.flops`` (the FLOP model the
   training metrics use too), with its symbols: ``h`` hidden size, ``i`` MLP intermediate size, ``n``
   layers, ``a``/``g`` query/key-value heads, ``d`` head dimension, ``q = a*d``, ``k = g*d``, ``V``
   vocabulary. FLOPs are *forward* unless named ``train``; training is 3x forward. Causal attention
@@ -28,11 +28,17 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.fit import Change, Layout, smallest_changes
-from longctx.trainer.flops import LayerFlops, ModelShape, layer_flops, param_count, train_flops_per_token  # noqa: F401
-from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
+from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING, ModelShape  # noqa: F401
+from longctx.trainer.parallel.mesh import MeshShape
+from longctx.trainer.planning.fit import Change, Layout, smallest_changes
+from longctx.trainer.planning.flops import (  # noqa: F401
+    LayerFlops,
+    layer_flops,
+    param_count,
+    train_flops_per_token,
+)
+from longctx.trainer.planning.memory import (  # noqa: F401 - the memory model, re-exported for the plan's readers
     ACTIVATION_BYTES,
-    ACTIVATION_CHECKPOINTING,
     CHECKPOINTING_SETTINGS,
     GRAD_ACCUM_BYTES,
     WEIGHT_AND_MOMENT_BYTES_PER_PARAM,
@@ -44,7 +50,6 @@ from longctx.trainer.memory import (  # noqa: F401 - the memory model, re-export
     rank_memory,
     usable_bytes,
 )
-from longctx.trainer.mesh import MeshShape
 
 ATTENTION_BACKWARD_FACTOR = 2.5
 """Backward attention FLOPs over forward: FlashAttention's backward does 5 ``b x b x d`` matmuls per head
@@ -158,7 +163,7 @@ def ring_step_flops(model: ModelShape, block_tokens: float, *, causal: bool = Tr
     """Forward FLOPs of one ring step of one layer: ``b`` queries against one block of ``b`` keys.
 
     Per head, ``QK^T`` and ``PV`` are each ``2 b^2 d``, so the full block pair is ``4 b^2 q``. With
-    causal attention in longctx's zigzag layout (``longctx.trainer.attention.zigzag.zigzag_indices``) every
+    causal attention in longctx's zigzag layout (``longctx.trainer.parallel.zigzag.zigzag_indices``) every
     step computes about half of the pair's scores, so ``2 b^2 q``.
     """
     return 4.0 * block_tokens**2 * model.q_dim * (0.5 if causal else 1.0)
@@ -276,10 +281,11 @@ class RunSettings:
     peak_flops: float = 989e12
     mfu: float = 0.4
     gpu_memory_bytes: float | None = None
-    """Device memory each setting is checked against (``longctx.trainer.memory.fits``); None: no check."""
+    """Device memory each setting is checked against (``longctx.trainer.planning.memory.fits``); None: no
+    check."""
     dp_replicate: int = 1
     """Replicas of the sharded state (HSDP): the GPUs a larger cp or more GPUs need come in multiples
-    of ``cp x dp_replicate`` (:mod:`longctx.trainer.fit`)."""
+    of ``cp x dp_replicate`` (:mod:`longctx.trainer.planning.fit`)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -339,7 +345,8 @@ class LengthPlan:
     fits: bool | None
     """Whether :attr:`memory` fits ``RunSettings.gpu_memory_bytes`` (None when no memory was given)."""
     changes: list[Change]
-    """When it does not fit: the smallest change of each kind that would (``longctx.trainer.fit``)."""
+    """When it does not fit: the smallest change of each kind that would
+    (``longctx.trainer.planning.fit``)."""
 
 
 def layout_of(settings: RunSettings) -> Layout:

@@ -4,7 +4,8 @@ Before anything is loaded, ``longctx train`` computes this estimate for its own 
 GPU, refuses to start when it exceeds the device's memory (:func:`check_fits`); ``longctx plan``
 prints the same figures and whether they fit a given ``--gpu-memory``. Nothing here imports torch.
 
-Symbols as in ``longctx.trainer.flops``; ``b = L / cp`` tokens per rank, ``S`` ranks the model state is
+Symbols as in ``longctx.trainer.planning.flops``; ``b = L / cp`` tokens per rank, ``S`` ranks the model
+state is
 sharded over, ``c`` bytes per element of the compute dtype (2 for bf16), ``r`` bytes per element of the
 residual stream: ``c`` under FSDP2 (parameters gathered in the compute dtype), 4 for one unsharded
 process, which keeps float32 parameters and computes under bf16 autocast, so the hidden states between
@@ -24,7 +25,7 @@ A step has two peaks, and the estimate is the larger (:attr:`RankMemory.total`):
     backpropagated (:func:`working_bytes_per_token`). Backward frees a block's held activations as it
     adds that block's gradients, so the peak is at its start (every block's activations, the output
     projection's gradient) or at its end (one block's activations, every gradient), whichever holds more;
-  * one chunk of the loss's logits: ``min(b, LOGITS_CHUNK_ELEMENTS / V) x V x (4 + 4 + c)`` bytes
+  * one chunk of the loss's logits: ``min(b, shape.LOGITS_CHUNK_ELEMENTS / V) x V x (4 + 4 + c)`` bytes
     (float32 logits, their gradient and the compute-dtype product);
   * ring buffers, the backward peak of one layer (``longctx.trainer.attention.ring``): the held and the
     arriving K/V block in bf16 plus the held and the arriving dK/dV accumulator in fp32;
@@ -36,7 +37,8 @@ storages a block's forward leaves alive for its backward, in every mode and for 
 (float32; bf16 autocast over float32 weights; bf16 weights), tests/trainer/test_checkpointing.py.
 Measured on one H200 (``tests/benchmarks/gpu_suite.py``, a 1.1B Llama-shaped model, one unsharded process,
 reports under ``tests/benchmarks/results/``, 2026-11-30, before selective checkpointing became the per-op
-policy of ``longctx.trainer.checkpointing``): the peak allocated memory was 0.92x this estimate with full
+policy of ``longctx.trainer.models.checkpointing``): the peak allocated memory was 0.92x this estimate with
+full
 checkpointing at 32K-256K tokens (1.00x at 16K, where the optimizer step is the peak) and 1.04-1.06x
 without checkpointing at 8K-16K. The earlier model, which kept the residual stream in bf16 and every
 gradient at the peak, was exceeded by up to 1.57x (256K).
@@ -55,7 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.flops import ModelShape, param_count
+from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING, ModelShape, logits_chunk_tokens
+from longctx.trainer.planning.flops import param_count
 
 ACTIVATION_BYTES = 2
 """Bytes per element of activations and of the key/value blocks sent around the ring (bf16)."""
@@ -77,26 +80,14 @@ OPTIMIZER_TEMP_BYTES_PER_PARAM = 4
 """The temporary AdamW's multi-tensor (``foreach``) update allocates: the square roots of the second
 moments of a whole parameter group at once."""
 
-LOGITS_CHUNK_ELEMENTS = 2**27
-"""Largest ``tokens x vocab`` block of logits the loss materializes at once (512 MiB in float32):
-longer inputs are cut into chunks of :func:`logits_chunk_tokens` tokens, each recomputed in backward."""
-
 RESERVED_BYTES = 2 * 1024**3
 """Device memory kept for the CUDA context, communication buffers and kernel workspaces."""
 
 HEADROOM_FRACTION = 0.10
 """Share of device memory kept free for allocator fragmentation and transient buffers."""
 
-ACTIVATION_CHECKPOINTING = ("none", "selective", "full")
-"""What a decoder block keeps for backward, from the most memory (and least recomputation) to the least."""
-
 CHECKPOINTING_SETTINGS = ("auto", *ACTIVATION_CHECKPOINTING)
 """Values of ``train.activation_checkpointing``: a mode, or ``auto`` (:func:`choose_checkpointing`)."""
-
-
-def logits_chunk_tokens(vocab_size: int) -> int:
-    """Tokens per chunk of the loss's logits (see :data:`LOGITS_CHUNK_ELEMENTS`)."""
-    return max(1, LOGITS_CHUNK_ELEMENTS // vocab_size)
 
 
 def block_param_count(model: ModelShape) -> int:
@@ -143,7 +134,7 @@ def held_bytes_per_token(
     residual_bytes: int = ACTIVATION_BYTES,
 ) -> float:
     """Bytes one decoder block keeps per token from its forward until its backward, by checkpointing mode
-    (``longctx.trainer.checkpointing``).
+    (``longctx.trainer.models.checkpointing``).
 
     ``full``: its input, ``r h``; ``selective``: its input and the outputs of its matmuls and of its
     attention: q, k, v ``c(q + 2k)``, the attention output ``cq`` and fp32 log-sum-exp ``4a``, the output

@@ -4,9 +4,10 @@ Architecture: token embedding, ``num_hidden_layers`` pre-norm blocks (RMSNorm, g
 self-attention with RoPE, RMSNorm, SwiGLU MLP), final RMSNorm, and an output projection that is
 either its own matrix or the transposed embedding (``tie_word_embeddings``). Module and parameter
 names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) so a
-checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.hf_io``). The
-model's configuration and its ``config.json`` form are :class:`~longctx.trainer.hf_config.ModelConfig`
-(imported here, so ``from longctx.trainer.model import ModelConfig`` works too).
+checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.models.folder``). The
+model's configuration and its ``config.json`` form are
+:class:`~longctx.trainer.models.decoder_config.ModelConfig`
+(imported here, so ``from longctx.trainer.models.decoder import ModelConfig`` works too).
 
 A row is a packed training window: several documents back to back, each token carrying its position
 in its own document (``position_ids``, for RoPE), its global index in the window (``token_index``,
@@ -33,11 +34,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
-from longctx.trainer.checkpointing import run_block
-from longctx.trainer.fused import EAGER, EagerOps
-from longctx.trainer.hf_config import ModelConfig
-from longctx.trainer.memory import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
-from longctx.trainer.rope import inverse_frequencies, rotary_cos_sin
+from longctx.trainer.models.checkpointing import run_block
+from longctx.trainer.models.decoder_config import ModelConfig
+from longctx.trainer.models.fused import EAGER, EagerOps
+from longctx.trainer.models.rope import inverse_frequencies, rotary_cos_sin
+from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
 
 # Attention interface ---------------------------------------------------------------------------------------
 
@@ -105,7 +106,8 @@ class RMSNorm(nn.Module):
     """Root-mean-square layer norm (Zhang & Sennrich, arXiv:1910.07467), normalized in float32."""
 
     ops: EagerOps = EAGER
-    """Its implementation (``longctx.trainer.fused``), set for the whole model by ``Transformer.use_ops``."""
+    """Its implementation (``longctx.trainer.models.fused``), set for the whole model by
+    ``Transformer.use_ops``."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -176,7 +178,7 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
 
     ``checkpointing`` (``none``, ``selective`` or ``full``) is what the block keeps for backward; see
-    ``longctx.trainer.checkpointing``.
+    ``longctx.trainer.models.checkpointing``.
     """
 
     def __init__(self, config: ModelConfig, *, checkpointing: str = "none") -> None:
@@ -213,7 +215,8 @@ class DecoderLayer(nn.Module):
 
 
 def checkpointing_mode(value: str | bool) -> str:
-    """What a decoder block keeps for backward (``longctx.trainer.checkpointing``): ``none``, ``selective``
+    """What a decoder block keeps for backward (``longctx.trainer.models.checkpointing``): ``none``,
+    ``selective``
     or ``full``. ``True``/``False`` (the old switch) mean full/none."""
     if isinstance(value, bool):
         return "full" if value else "none"
@@ -263,7 +266,7 @@ class Transformer(nn.Module):
 
     ``attention`` defaults to :class:`RingAttention` with no group (local).
     ``activation_checkpointing`` is a mode of :func:`checkpointing_mode`; recomputation uses
-    ``torch.utils.checkpoint``, non-reentrant (``longctx.trainer.checkpointing``).
+    ``torch.utils.checkpoint``, non-reentrant (``longctx.trainer.models.checkpointing``).
     Parameters are created with PyTorch's default initialization; call :meth:`init_weights` for the
     usual normal init.
 
@@ -291,7 +294,8 @@ class Transformer(nn.Module):
         )
 
     def use_ops(self, ops: EagerOps) -> None:
-        """Compute norms, SwiGLU, RoPE and the loss with ``ops`` (``longctx.trainer.fused``) everywhere."""
+        """Compute norms, SwiGLU, RoPE and the loss with ``ops`` (``longctx.trainer.models.fused``)
+        everywhere."""
         for module in self.modules():
             if isinstance(module, (Transformer, RMSNorm, SwiGLU, SelfAttention)):
                 module.ops = ops
@@ -420,7 +424,8 @@ def chunked_cross_entropy(
     ``logits_of`` computes.
 
     Logits are computed in float32 (float64 stays) at most ``chunk_tokens`` tokens at a time (default
-    ``longctx.trainer.memory.logits_chunk_tokens`` of ``vocab_size``); when the input takes more than one
+    ``longctx.trainer.models.shape.logits_chunk_tokens`` of ``vocab_size``); when the input takes more
+    than one
     chunk, each chunk is recomputed in backward, so at most one chunk of ``[chunk_tokens, vocab]``
     logits is alive. Summing gives the loss of this rank's tokens, which the caller normalizes by the
     token count of the whole (data- and context-parallel) batch.

@@ -11,7 +11,7 @@ row's ring plan, built once per forward and shared by all layers), which carry t
 (same segment id, causal in the window's token order).
 
 :func:`checkpoint_layers` makes each decoder layer keep less for backward, by the same modes and
-mechanism as the own model's blocks (``longctx.trainer.checkpointing.run_block``): ``full`` keeps the
+mechanism as the own model's blocks (``longctx.trainer.models.checkpointing.run_block``): ``full`` keeps the
 layer's input only; ``selective`` keeps the outputs of its matrix multiplications and of the ring
 attention operator, and recomputes the rest (norms, RoPE, activations), so the ring does not run again.
 """
@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from longctx.trainer.checkpointing import run_block
-from longctx.trainer.model import RowAttention
+from longctx.trainer.models.checkpointing import run_block
+from longctx.trainer.models.decoder import RowAttention
 
 ATTENTION_NAME = "longctx_ring"
 ROWS_KWARG = "longctx_rows"
@@ -67,7 +67,7 @@ def ring_attention_forward(
     if not isinstance(packed, PackedRows):
         raise ValueError(
             f"attn_implementation {ATTENTION_NAME!r} needs the rows' ring attention as "
-            f"{ROWS_KWARG}=PackedRows(...) in the model's forward (hf_model.HFCausalLM passes it)"
+            f"{ROWS_KWARG}=PackedRows(...) in the model's forward (hf.HFCausalLM passes it)"
         )
     if dropout:
         raise ValueError(f"ring attention has no attention dropout (got {dropout})")

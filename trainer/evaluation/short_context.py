@@ -46,7 +46,7 @@ from longctx.packer.tokens import framed
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import ShortContextConfig
 from longctx.trainer.metrics import token_losses
-from longctx.trainer.model import Transformer
+from longctx.trainer.models.decoder import Transformer
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,11 @@
 :class:`HFCausalLM` trains the model a checkpoint's ``config.json`` describes with that model's own
 transformers modeling code (its projections, q/k norms, biases, RoPE module), longctx's ring attention
 plugged in through transformers' ``AttentionInterface`` (``hf_attention``), and the same interface as
-the own decoder (``longctx.trainer.model.Transformer``): ``forward(input_ids, position_ids,
+the own decoder (``longctx.trainer.models.decoder.Transformer``): ``forward(input_ids, position_ids,
 token_index, segment_ids, rope_seq_len=..., labels=...)`` returns final hidden states, or each token's
 loss computed in chunks from them (``model.chunked_cross_entropy``: ``[tokens, vocab]`` logits never
-exist at once), ``logits(hidden)``, ``attention`` (the :class:`~longctx.trainer.model.RingAttention`),
+exist at once), ``logits(hidden)``, ``attention`` (the
+:class:`~longctx.trainer.models.decoder.RingAttention`),
 ``config`` (an :class:`HFModelConfig`) and Hugging Face parameter names (the causal LM's own children
 are the wrapper's, so its state dict, distributed checkpoints and the export use transformers' names).
 
@@ -33,29 +34,35 @@ import torch
 from torch import Tensor, nn
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.flops import ModelShape
-from longctx.trainer.hf_arch import (
-    LENGTH_DEPENDENT_ROPE,
-    config_problems,
-    model_problems,
-    rotary_modules,
-    window_pinnable,
-)
-from longctx.trainer.hf_attention import ATTENTION_NAME, ROWS_KWARG, PackedRows, checkpoint_layers, register
-from longctx.trainer.hf_io import config_json, load_weights, materialize
-from longctx.trainer.model import (
+from longctx.trainer.models.decoder import (
     Attention,
     RingAttention,
     bind_row,
     checkpointing_mode,
     chunked_cross_entropy,
 )
-from longctx.trainer.rope import RopeConfig, ntk_theta
+from longctx.trainer.models.folder import config_json, load_weights, materialize
+from longctx.trainer.models.hf_arch import (
+    LENGTH_DEPENDENT_ROPE,
+    config_problems,
+    model_problems,
+    rotary_modules,
+    window_pinnable,
+)
+from longctx.trainer.models.hf_attention import (
+    ATTENTION_NAME,
+    ROWS_KWARG,
+    PackedRows,
+    checkpoint_layers,
+    register,
+)
+from longctx.trainer.models.rope import RopeConfig, ntk_theta
+from longctx.trainer.models.shape import ModelShape
 
 EXTRA = "pip install 'longctx[transformers]'"
 _ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
 # Not part of the model: the writing library's version, the attention kernel, the storage dtype (the
-# export writes its own, see hf_io.write_checkpoint).
+# export writes its own, see folder.write_checkpoint).
 _UNSAVED_KEYS = (
     "transformers_version",
     "_attn_implementation_autoset",
@@ -372,7 +379,7 @@ class HFCausalLM(nn.Module):
 
     ``attention`` defaults to :class:`RingAttention` with no group (local); ``activation_checkpointing``
     is a mode of ``model.checkpointing_mode``. Built on the meta device for parameters (buffers on the
-    CPU): call ``to_empty`` and fill the weights (``hf_io.load_weights``, ``build.fill_random``).
+    CPU): call ``to_empty`` and fill the weights (``folder.load_weights``, ``build.fill_random``).
     """
 
     def __init__(
@@ -481,7 +488,7 @@ def load_hf_model(
     activation_checkpointing: str | bool = "none",
 ) -> HFCausalLM:
     """The transformers model of the checkpoint in ``directory`` with ring attention, unsharded, its
-    weights loaded in ``dtype`` on ``device`` (``hf_io.load_model``'s counterpart)."""
+    weights loaded in ``dtype`` on ``device`` (``folder.load_model``'s counterpart)."""
     config = HFModelConfig.from_hf(config_json(directory))
     model = HFCausalLM(config, attention=attention, activation_checkpointing=activation_checkpointing)
     materialize(model, device, dtype)

@@ -42,7 +42,7 @@ TOLERANCE = 1e-9
 
 
 class ScoredResult(Protocol):
-    """What a needle-grid result must provide (``longctx.trainer.evaluate.NeedleResult`` does)."""
+    """What a needle-grid result must provide (``longctx.trainer.evaluation.measures.NeedleResult`` does)."""
 
     task: str
     context_tokens: int

@@ -2,7 +2,7 @@
 
 Ring attention computes exact causal attention within each document of a packed window, with softmax
 scale and nothing else. A transformers causal LM trains on the ``transformers`` implementation
-(``longctx.trainer.hf_model``) when its attention is exactly that and its positions are RoPE. Refused,
+(``longctx.trainer.models.hf``) when its attention is exactly that and its positions are RoPE. Refused,
 in one line naming what is missing (:func:`architecture_problems`):
 
 * a model that is not a decoder-only causal LM of the installed transformers (encoder-decoders,
@@ -15,7 +15,7 @@ in one line naming what is missing (:func:`architecture_problems`):
 * logit soft-capping (``final_logit_softcapping``, ``attn_logit_softcapping``);
 * positions other than RoPE: ALiBi, absolute position embeddings, NoPE layers, no rotary module;
   length-dependent RoPE (``dynamic``, ``longrope``) whose rotary module cannot be given the window
-  length (see ``hf_model``);
+  length (see ``hf``);
 * modules or parameters outside the decoder and the output head (their computation would be skipped
   by the chunked loss, which applies the head to hidden states).
 """

@@ -4,11 +4,11 @@
   (plus a bucket edge at the original context). An extended model's loss keeps falling with
   position past the old window; a flat or rising tail means the extension did not take.
 - Needle retrieval: for a grid of context lengths x needle depths, greedy decoding (with a key/value
-  cache, ``longctx.trainer.generate``) answers each synthetic task, scored by its kind's checker
+  cache, ``longctx.trainer.evaluation.generate``) answers each synthetic task, scored by its kind's checker
   (``longctx.pipeline.synthetic.checkers``: the exact value, or the fraction of a list retrieved);
   several samples per cell.
 
-Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.hf_io``.
+Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.models.folder``.
 The plots and the table take one result per model, so that models are compared on the same windows
 and needles (a line or a panel per model).
 """
@@ -29,9 +29,9 @@ from longctx.pipeline.synthetic.checkers import generation_settled, score_genera
 from longctx.pipeline.synthetic.checkers import score_answer as score_answer
 from longctx.pipeline.synthetic.kinds import RECALL_KINDS
 from longctx.trainer.coverage import position_edges
-from longctx.trainer.generate import greedy_generate
+from longctx.trainer.evaluation.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
-from longctx.trainer.model import Transformer
+from longctx.trainer.models.decoder import Transformer
 
 _ANSWER_SLACK = 8  # tokens beyond a list answer's own, for separators a model may write differently
 
@@ -294,7 +294,7 @@ def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int)
 def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
     """Each model's needle score against context length (log2 x axis, one line per model), the bar
     as a dashed line and each model's effective length marked (``effective``: what
-    ``longctx.trainer.effective.effective_lengths`` returns)."""
+    ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
     fig = new_figure(figsize=(7, 4))
     ax = fig.subplots()
     for label, verdict in effective["models"].items():

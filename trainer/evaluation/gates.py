@@ -4,10 +4,10 @@ After a stage's last step, its gate (``train.stages[k].gate``) measures the stag
 (``train/stages/<k>-<N>/final``) with the run's ``eval`` settings, at the stage's length:
 
 - ``needle_score``: the needle grid's score at the stage's length (``eval.needle``'s kinds, depths
-  and samples; the mean over kinds of each kind's checker score, ``longctx.trainer.effective``),
+  and samples; the mean over kinds of each kind's checker score, ``longctx.trainer.evaluation.effective``),
   at least ``min_needle_score``;
 - ``short_loss_ratio``: the loss on held-out short windows (``eval.short_context``, documents no
-  training row of the run holds, ``longctx.trainer.short_context``) over the ``eval.baseline``
+  training row of the run holds, ``longctx.trainer.evaluation.short_context``) over the ``eval.baseline``
   model's, at most ``max_short_loss_ratio``;
 - ``effective_length``: with ``require_effective_length``, the effective context length (the bar of
   ``eval.effective``, by default the baseline's score at ``context.original``) reaches the stage's
@@ -213,7 +213,7 @@ def evaluate_gate(
     model and the shards whose documents count as trained on. ``memo`` carries what the run's
     earlier gates measured that this one would measure alike."""
     from longctx.trainer.build import use_bf16
-    from longctx.trainer.hf_io import load_model
+    from longctx.trainer.models.folder import load_model
 
     assert stage.gate is not None
     gate, section, started = stage.gate, settings.section, time.monotonic()
@@ -244,7 +244,7 @@ def evaluate_gate(
         baseline = _baseline_model(section, where, header.tokenizer.vocab_size, device)
     checks, measured = [], {}
     if needles is not None:
-        from longctx.trainer.effective import score_by_length
+        from longctx.trainer.evaluation.effective import score_by_length
 
         by_length = score_by_length(stage_needles)
         measured["score_by_length"] = [{"context_tokens": n, "score": s} for n, s in by_length.items()]
@@ -301,15 +301,15 @@ def evaluate_gate(
 
 
 def _bar_length(section: EvalConfig, context: ContextConfig) -> int | None:
-    from longctx.trainer.effective import bar_length
+    from longctx.trainer.evaluation.effective import bar_length
 
     return bar_length(section.effective, context.original)
 
 
 def _needles(section: EvalConfig, stage: Stage, bar: int | None, where: _Where, documents: Path) -> Any:
     """The needle grid at the stage's length (and at the bar's, when it is measured)."""
-    from longctx.trainer.effective import grid_lengths
-    from longctx.trainer.eval_job import build_needles
+    from longctx.trainer.evaluation.effective import grid_lengths
+    from longctx.trainer.evaluation.job import build_needles
 
     grid = (section.needle or NeedleEvalConfig()).model_copy(
         update={"lengths": grid_lengths([stage.seq_len], bar)}
@@ -319,7 +319,7 @@ def _needles(section: EvalConfig, stage: Stage, bar: int | None, where: _Where, 
 
 def _score(model: Any, needles: Any, device: torch.device, length: int | None = None) -> list[Any]:
     """``model``'s results on the needles (only those of ``length`` when given)."""
-    from longctx.trainer.evaluate import score_needles
+    from longctx.trainer.evaluation.measures import score_needles
 
     examples = [e for e in needles.examples if length is None or e.example.context_tokens == length]
     return score_needles(
@@ -329,9 +329,9 @@ def _score(model: Any, needles: Any, device: torch.device, length: int | None = 
 
 def _guard(section: EvalConfig, where: _Where, documents: Path, info: Any) -> Any:
     """The short-context guard's windows: documents no training row of the run holds. A source with
-    none left refuses the gate (:class:`~longctx.trainer.short_context.NoHeldOutDocuments`)."""
+    none left refuses the gate (:class:`~longctx.trainer.evaluation.short_context.NoHeldOutDocuments`)."""
     from longctx.core.tokenizer import load_tokenizer
-    from longctx.trainer.short_context import guard_windows, trained_documents
+    from longctx.trainer.evaluation.short_context import guard_windows, trained_documents
 
     config = section.short_context or ShortContextConfig()
     trained = trained_documents(
@@ -347,14 +347,14 @@ def _guard(section: EvalConfig, where: _Where, documents: Path, info: Any) -> An
 
 
 def _window_loss(model: Any, guard: Any, device: torch.device, bf16: bool) -> float | None:
-    from longctx.trainer.short_context import window_loss
+    from longctx.trainer.evaluation.short_context import window_loss
 
     return window_loss(model, guard.windows, device, bf16)["mean_loss"]
 
 
 def _baseline_model(section: EvalConfig, where: _Where, vocab_size: int, device: torch.device) -> Any:
     """The ``eval.baseline`` model (``base``: the model training started from)."""
-    from longctx.trainer.eval_job import load_model_spec, with_baseline
+    from longctx.trainer.evaluation.job import load_model_spec, with_baseline
 
     (spec,), _ = with_baseline([], section.baseline, where.layout, where.train)
     return load_model_spec(spec, where.train, where.context, vocab_size, device)
@@ -372,7 +372,7 @@ def _effective_check(
     memo: GateMemo,
 ) -> Check:
     """Whether the stage's effective length (over the stage's length and the bar's) reaches its length."""
-    from longctx.trainer.effective import baseline_threshold, score_by_length, verdict
+    from longctx.trainer.evaluation.effective import baseline_threshold, score_by_length, verdict
 
     if section.effective.threshold is not None or bar is None:  # a fixed bar: nothing measured
         threshold = float(section.effective.threshold or 0.0)

@@ -4,9 +4,9 @@ per metric (a line or a panel per model) into a new folder ``<output>/eval/<NNN>
 never replaces an earlier one.
 
 From the needle results it reports each model's effective context length
-(``longctx.trainer.effective``: the needle grid gains the length where the bar is measured) and its
+(``longctx.trainer.evaluation.effective``: the needle grid gains the length where the bar is measured) and its
 score per task and length; from the short windows, the short-context guard
-(``longctx.trainer.short_context``: loss on windows of documents no training row holds, as a ratio
+(``longctx.trainer.evaluation.short_context``: loss on windows of documents no training row holds, as a ratio
 to the baseline model's). The ``eval.baseline`` model is evaluated whenever one of them needs it,
 even when ``eval.models`` (or ``--model``) leaves it out.
 """
@@ -37,15 +37,15 @@ from longctx.trainer.config import (
     TrainConfig,
     check_base_model,
 )
-from longctx.trainer.effective import bar_length, effective_lengths, grid_lengths, task_scores
-from longctx.trainer.model import Transformer
+from longctx.trainer.evaluation.effective import bar_length, effective_lengths, grid_lengths, task_scores
+from longctx.trainer.models.decoder import Transformer
 from longctx.trainer.stage_plan import final_model, training_shards
 
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
     from longctx.packer.format import TokenizerInfo
-    from longctx.trainer.hf_model import HFCausalLM
-    from longctx.trainer.short_context import GuardWindows
+    from longctx.trainer.evaluation.short_context import GuardWindows
+    from longctx.trainer.models.hf import HFCausalLM
 
 T = TypeVar("T")
 
@@ -82,7 +82,7 @@ class ModelSpec:
 def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | None) -> list[ModelSpec]:
     """``eval.models`` as :class:`ModelSpec` s, checked before any work: ``trained`` must exist (a
     staged run's is its last stage's model), ``base`` needs the run's train section, and every
-    checkpoint folder must be readable whole (``hf_io.check_model_folder``)."""
+    checkpoint folder must be readable whole (``folder.check_model_folder``)."""
     check_base_model(models, train)
     specs = []
     trained = final_model(layout, train)
@@ -102,7 +102,7 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
             specs.append(ModelSpec("trained", str(trained), trained))
         else:
             specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
-    from longctx.trainer.hf_io import check_model_folder
+    from longctx.trainer.models.folder import check_model_folder
 
     for folder in [s.path for s in specs if s.path is not None] + (
         [train.model.hf_path] if "base" in models and train and train.model.hf_path else []
@@ -139,9 +139,9 @@ def load_model_spec(
     """The model of ``spec`` on ``device``: a checkpoint folder (run by the implementation
     ``train.model`` chooses for it), or ``base`` built from ``train``."""
     from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
-    from longctx.trainer.hf_io import config_json, load_model
-    from longctx.trainer.hf_model import HFModelConfig, load_hf_model
-    from longctx.trainer.parallel import ParallelState
+    from longctx.trainer.models.folder import config_json, load_model
+    from longctx.trainer.models.hf import HFModelConfig, load_hf_model
+    from longctx.trainer.parallel.state import ParallelState
 
     if spec.path is not None:  # the implementation train.model chooses (see build.choose_implementation)
         implementation = train.model.implementation if train is not None else "auto"
@@ -370,7 +370,7 @@ def choose_short_windows(
     on, read from the rows' ``doc_id``). A source with no such document is reported (printed, and
     written to the summary) and the guard skipped."""
     from longctx.core.tokenizer import load_tokenizer
-    from longctx.trainer.short_context import NoHeldOutDocuments, guard_windows, trained_documents
+    from longctx.trainer.evaluation.short_context import NoHeldOutDocuments, guard_windows, trained_documents
 
     section = eval.short_context
     if section is None:
@@ -404,7 +404,7 @@ def choose_short_windows(
 def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: Path) -> Needles:
     """The needle grid of ``eval.needle``, hidden in curated ``documents`` (books first)."""
     from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
-    from longctx.trainer.evaluate import needle_examples
+    from longctx.trainer.evaluation.measures import needle_examples
 
     tok = load_tokenizer(tokenizer)
     haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
@@ -432,8 +432,8 @@ def score_models(
     """Load each model in turn (one at a time in memory) and score it on the windows, the needles
     and the guard's short windows (one progress bar over all of them, :class:`EvalProgress`)."""
     from longctx.trainer.build import use_bf16
-    from longctx.trainer.evaluate import loss_by_position, score_needles
-    from longctx.trainer.short_context import window_loss
+    from longctx.trainer.evaluation.measures import loss_by_position, score_needles
+    from longctx.trainer.evaluation.short_context import window_loss
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = use_bf16(eval.precision, device)
@@ -482,7 +482,7 @@ def score_models(
 def short_context_report(guard: Guard | None, scores: Scores) -> dict[str, Any] | None:
     """The guard's part of the summary: where the windows come from and each model's loss and ratio
     to the baseline's; ``{"skipped": why}`` when no window was held out; None when not measured."""
-    from longctx.trainer.short_context import loss_ratios
+    from longctx.trainer.evaluation.short_context import loss_ratios
 
     if guard is None:
         return None
@@ -542,7 +542,7 @@ def write_evaluation(
     """Write tables, JSON and plots into a new folder ``<output>/eval/<NNN>`` (``summary.json`` last,
     with the seconds since ``started``); returns the folder. The effective lengths and the task
     scores are computed here from the needle results written beside them."""
-    from longctx.trainer.evaluate import (
+    from longctx.trainer.evaluation.measures import (
         format_loss_table,
         format_short_context,
         needle_accuracy,

@@ -3,13 +3,13 @@
 * World size: the ranks form ``dp_replicate x dp_shard x cp``, so ``cp x dp_replicate`` must divide
   the number of processes (:meth:`MeshShape.for_world`).
 * Window length: zigzag context parallelism cuts every window into ``2 x cp`` equal chunks, two per
-  rank of a ring (``longctx.trainer.attention.zigzag``), so the window length must be a multiple of
+  rank of a ring (``longctx.trainer.parallel.zigzag``), so the window length must be a multiple of
   ``2 x cp`` (:meth:`MeshShape.check_window`).
 
 Every check of these rules calls this module: the config check at load (``longctx.config``), the
 check before any rank starts (``longctx.trainer.preflight``), the trainer, the zigzag split and
 ``longctx plan``. It imports no torch, so the config check and ``longctx --help`` stay fast;
-``longctx.trainer.parallel`` builds the mesh itself.
+``longctx.trainer.parallel.state`` builds the mesh itself.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   first usable of FlashAttention-4, FlashAttention-2 and PyTorch's flash varlen kernels, then PyTorch's
   memory-efficient kernel), or one kernel pinned; a pinned kernel that is not installed or fails its
   probe against the math kernel falls back to ``auto``.
-* ``fused``: norms, SwiGLU, RoPE and the loss from liger-kernel (``longctx.trainer.fused``).
+* ``fused``: norms, SwiGLU, RoPE and the loss from liger-kernel (``longctx.trainer.models.fused``).
 * ``compile``: ``torch.compile`` of each decoder block's two halves around the attention
   (``DecoderLayer.compile_halves``): the ring (its exchanges, its plan) stays out of every graph, so it is
   an opaque operator by construction. Not with selective checkpointing, whose per-op policy must see eager
@@ -15,7 +15,7 @@ Defaults are the exact, measured paths: ``attention: auto``, ``fused: auto`` (li
 package is installed, on CUDA, and its probe passes), ``compile: false`` until a GPU report shows it
 faster.
 
-A model of the ``transformers`` implementation (``hf_model.HFCausalLM``) takes the attention choice only: its
+A model of the ``transformers`` implementation (``hf.HFCausalLM``) takes the attention choice only: its
 norms, MLP and RoPE are its transformers modules, which liger's ops and the compiled halves do not replace, so
 ``fused: liger`` and ``compile: true`` fall back there with one line each (``fused: auto`` silently).
 """
@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from longctx.trainer.attention.select import attention_backend
-from longctx.trainer.fused import EAGER, fused_ops
-from longctx.trainer.model import Transformer
+from longctx.trainer.models.decoder import Transformer
+from longctx.trainer.models.fused import EAGER, fused_ops
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def apply_kernels(
     falling back when it cannot run here; ``dtype`` is what attention computes in (bf16 under autocast).
     ``compile_backend`` is ``torch.compile``'s (``aot_eager`` traces the same graphs without generating
     code: the GPU suite's CPU smoke run uses it). ``model`` is the own decoder (``model.Transformer``) or a
-    transformers model (``hf_model.HFCausalLM``, the attention choice only: see the module docstring)."""
+    transformers model (``hf.HFCausalLM``, the attention choice only: see the module docstring)."""
     notes: list[str] = []
     shape = model.config.shape
     backend, note = attention_backend(

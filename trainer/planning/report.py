@@ -1,8 +1,8 @@
-"""The report of ``longctx plan``: the figures of :mod:`longctx.trainer.plan` as an aligned table
+"""The report of ``longctx plan``: the figures of :mod:`longctx.trainer.planning.plan` as an aligned table
 for people (:func:`format_report`) and as CSV rows for tools (:func:`csv_rows`, :func:`write_csv`).
 
-Every figure comes from ``longctx.trainer.plan``, ``longctx.trainer.flops`` and
-``longctx.trainer.memory``; this module only chooses units and lays them out.
+Every figure comes from ``longctx.trainer.planning.plan``, ``longctx.trainer.planning.flops`` and
+``longctx.trainer.planning.memory``; this module only chooses units and lays them out.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ import csv
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from longctx.trainer.fit import MAX_GPUS
-from longctx.trainer.flops import ModelShape, layer_flops, matmul_param_count, param_count
-from longctx.trainer.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
-from longctx.trainer.plan import (
+from longctx.trainer.models.shape import ModelShape
+from longctx.trainer.planning.fit import MAX_GPUS
+from longctx.trainer.planning.flops import layer_flops, matmul_param_count, param_count
+from longctx.trainer.planning.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
+from longctx.trainer.planning.plan import (
     KV_CACHE_FORMATS,
     LengthPlan,
     RunSettings,

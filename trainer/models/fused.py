@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longctx.trainer.rope import apply_rotary
+from longctx.trainer.models.rope import apply_rotary
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from longctx.trainer.parallel import ParallelState
+from longctx.trainer.parallel.state import ParallelState
 
 if TYPE_CHECKING:
-    from longctx.trainer.hf_model import HFCausalLM
-    from longctx.trainer.model import Transformer
+    from longctx.trainer.models.decoder import Transformer
+    from longctx.trainer.models.hf import HFCausalLM
 
 
 def _fsdp():

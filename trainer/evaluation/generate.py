@@ -5,8 +5,8 @@ flash and memory-efficient kernels never build the tokens x tokens score matrix)
 and values are kept, and each new token then attends to the cache alone: one token's worth of work
 per layer instead of recomputing the whole prefix.
 
-:class:`KVCache` plugs into :class:`~longctx.trainer.model.Transformer` (or a transformers model on
-the ring attention path, ``hf_model.HFCausalLM``) as its attention (it is a ``BindableAttention``):
+:class:`KVCache` plugs into :class:`~longctx.trainer.models.decoder.Transformer` (or a transformers model on
+the ring attention path, ``hf.HFCausalLM``) as its attention (it is a ``BindableAttention``):
 the decoder calls the bound attention once per layer, in order, so the cache knows which layer a
 call belongs to without the model knowing about caches.
 """
@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longctx.trainer.model import RowAttention, Transformer
+from longctx.trainer.models.decoder import RowAttention, Transformer
 
 if TYPE_CHECKING:
-    from longctx.trainer.hf_model import HFCausalLM
+    from longctx.trainer.models.hf import HFCausalLM
 
 
 class KVCache:

@@ -11,7 +11,7 @@ The mesh is built the same way on CPU (gloo) and GPU (NCCL) with ``init_device_m
 it creates gets the configured timeout, so a dead or stuck rank ends in an error, not a hang. A
 single process needs no process group: :attr:`ParallelState.mesh` is then ``None`` and the model is
 trained unsharded. The shape and the rules it sets (world size, window length) are
-``longctx.trainer.mesh``'s.
+``longctx.trainer.parallel.mesh``'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from longctx.trainer.mesh import MESH_DIMS, MeshShape
+from longctx.trainer.parallel.mesh import MESH_DIMS, MeshShape
 
 
 @dataclass(frozen=True)

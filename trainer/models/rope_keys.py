@@ -1,7 +1,7 @@
 """Which keys each RoPE scaling type takes and needs, and the config-time check of
 ``train.model.rope_scaling`` (no torch import: configs are validated by every command).
 
-The tables mirror transformers' ``_validate_<type>_rope_parameters``; :mod:`longctx.trainer.rope`
+The tables mirror transformers' ``_validate_<type>_rope_parameters``; :mod:`longctx.trainer.models.rope`
 computes the frequencies from them.
 """
 

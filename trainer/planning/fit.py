@@ -1,6 +1,6 @@
 """What would make a training setting fit its GPUs: the smallest change of each kind, by the memory model.
 
-When a window does not fit (``longctx.trainer.memory.fits``), three changes lower the per-rank
+When a window does not fit (``longctx.trainer.planning.memory.fits``), three changes lower the per-rank
 memory, each at its own price:
 
 * **activation checkpointing** (``none`` -> ``selective`` -> ``full``): recomputation, no hardware
@@ -13,9 +13,9 @@ memory, each at its own price:
 :func:`smallest_changes` tries each alone and returns, per kind, the smallest that fits. When none
 does alone, it tries full checkpointing together with a larger cp or more GPUs. Under ``auto`` a
 changed layout is judged in the mode ``auto`` would choose there. Every figure is
-:func:`~longctx.trainer.memory.rank_memory`'s, the estimate ``longctx plan`` prints and ``longctx
+:func:`~longctx.trainer.planning.memory.rank_memory`'s, the estimate ``longctx plan`` prints and ``longctx
 train`` checks; the mesh rules (windows split into ``2 x cp`` chunks, ``cp x dp_replicate``
-dividing the GPUs) are :class:`~longctx.trainer.mesh.MeshShape`'s. Nothing here imports torch.
+dividing the GPUs) are :class:`~longctx.trainer.parallel.mesh.MeshShape`'s. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.flops import ModelShape
-from longctx.trainer.memory import (
+from longctx.trainer.models.shape import ModelShape
+from longctx.trainer.parallel.mesh import MeshShape
+from longctx.trainer.planning.memory import (
     ACTIVATION_CHECKPOINTING,
     CHECKPOINTING_SETTINGS,
     choose_checkpointing,
     rank_memory,
     usable_bytes,
 )
-from longctx.trainer.mesh import MeshShape
 
 MAX_GPUS = 65_536
 """The largest job the search considers."""
@@ -45,7 +45,7 @@ class Layout:
     gpus: int
     dp_replicate: int
     activation_checkpointing: str
-    """A mode of ``memory.ACTIVATION_CHECKPOINTING`` or ``auto``."""
+    """A mode of ``shape.ACTIVATION_CHECKPOINTING`` or ``auto``."""
     shards: int | None = None
     """Ranks the model state is sharded over when given apart (``longctx plan --state-shards``); a
     change of cp or GPUs drops it for the way ``longctx train`` shards (:attr:`state_shards`)."""
@@ -104,7 +104,8 @@ def _stronger_modes(setting: str) -> tuple[str, ...]:
 def _fitting(
     model: ModelShape, length: int, layout: Layout, device_bytes: float, kinds: tuple[str, ...]
 ) -> Change | None:
-    """``layout`` as a :class:`Change` of ``kinds`` when it fits (``longctx.trainer.memory.fits``)."""
+    """``layout`` as a :class:`Change` of ``kinds`` when it fits
+    (``longctx.trainer.planning.memory.fits``)."""
     mode = _mode(model, length, layout, device_bytes)
     total = rank_memory(
         model, length, layout.cp, state_shards=layout.state_shards, activation_checkpointing=mode

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from longctx.trainer.rope_keys import _REQUIRED_KEYS, _TYPE_KEYS
+from longctx.trainer.models.rope_keys import _REQUIRED_KEYS, _TYPE_KEYS
 
 logger = logging.getLogger(__name__)
 

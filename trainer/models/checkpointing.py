@@ -7,7 +7,7 @@
   operator (its output and log-sum-exp) are kept; everything else, the cheap pointwise work (RMSNorms,
   RoPE, SiLU and the gating product, residual additions, autocast's casts), is recomputed in backward.
   No matmul and no attention runs twice, and the ring exchanges nothing more in backward; the block
-  keeps ``r h + c (2q + 2k + 2h + 2i) + 4a`` bytes per token (``longctx.trainer.memory``) against
+  keeps ``r h + c (2q + 2k + 2h + 2i) + 4a`` bytes per token (``longctx.trainer.planning.memory``) against
   everything's ``~ 4rh + c (3q + 2k + 4i + 5h)`` (bf16 autocast over float32 weights).
 * ``full``: only the block's input; the whole block, attention included, runs again in backward.
 

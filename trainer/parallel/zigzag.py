@@ -3,7 +3,7 @@
 A window of ``L`` tokens is cut into ``2P`` equal chunks for ``P`` context-parallel ranks; rank
 ``r`` holds chunks ``r`` and ``2P - 1 - r``, which balances causal-attention work across ranks.
 Documents are not aligned to chunks: only ``L`` must be divisible by ``2P`` (the mesh's rule,
-``longctx.trainer.mesh``). Each rank gets its tokens with their global indices, position ids,
+``longctx.trainer.parallel.mesh``). Each rank gets its tokens with their global indices, position ids,
 labels, loss mask and segment ids, from which ring attention builds its masks (a query attends to a
 key iff they share a segment id and the key's global index is not larger).
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from longctx.trainer.mesh import MeshShape
+from longctx.trainer.parallel.mesh import MeshShape
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,8 @@ class ContextParallelShard:
 
 def zigzag_indices(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
     """Global token indices held by ``cp_rank``: chunks ``cp_rank`` and ``2 x cp_size - 1 - cp_rank``
-    (``length`` must split into those chunks: :meth:`~longctx.trainer.mesh.MeshShape.check_window`)."""
+    (``length`` must split into those chunks:
+    :meth:`~longctx.trainer.parallel.mesh.MeshShape.check_window`)."""
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
         raise ValueError(f"need 0 <= cp_rank < cp_size, got cp_rank={cp_rank}, cp_size={cp_size}")
     MeshShape.check_window(length, cp_size, length_key="sequence length", cp_key="cp_size")

@@ -1,0 +1,1 @@
+"""Evaluation: loss by position, needles, effective length, the short-context guard, stage gates."""

@@ -1,0 +1,1 @@
+"""The models training runs: the own decoder and any transformers causal LM behind one interface."""

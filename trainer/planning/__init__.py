@@ -1,0 +1,1 @@
+"""Planning: the FLOP and memory models, what fits, and ``longctx plan``'s report."""
