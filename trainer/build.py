@@ -3,36 +3,33 @@
 The model is created on the meta device (no memory), sharded with FSDP2 when the job has more than
 one rank (``longctx.trainer.parallel.sharding``), materialized with ``to_empty`` (only this rank's shards are
 allocated, on its device) and then filled: from a Hugging Face checkpoint by reading this rank's
-slices of the safetensors files (``folder.load_weights``), or, for the tiny random model, from the
+slices of the safetensors files (``weights.load_weights``), or, for the tiny random model, from the
 seeded initialization, one parameter at a time. No rank ever holds the whole model.
 
 The base model, the one training starts from and ``longctx eval`` calls ``base``, is defined here:
 the config of ``train.model`` with the run's RoPE settings (:func:`model_config`) and its weights
-(:func:`fill_base_weights`), run by the implementation :func:`choose_implementation` picks: the own
-decoder (``model.Transformer``) or the model's transformers code (``hf.HFCausalLM``).
+(:func:`fill_base_weights`), run by the implementation ``train.model.implementation`` picks
+(``longctx.trainer.models.interface``, through which every model is built and loaded).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
 from longctx.trainer.config import KernelsConfig, TrainConfig
-from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer, initial_value
-from longctx.trainer.models.folder import config_json, load_weights, local_region, materialize
-from longctx.trainer.models.hf import HFCausalLM, HFModelConfig, check_model
+from longctx.trainer.models import interface
+from longctx.trainer.models.decoder import RingAttention, initial_value
+from longctx.trainer.models.files import config_json
+from longctx.trainer.models.interface import AnyModelConfig, TrainedModel
 from longctx.trainer.models.kernels import KernelChoice, apply_kernels
+from longctx.trainer.models.weights import load_weights, local_region, materialize
 from longctx.trainer.parallel.sharding import shard_model
 from longctx.trainer.parallel.state import ParallelState
-
-TrainedModel = Transformer | HFCausalLM
-AnyModelConfig = ModelConfig | HFModelConfig
 
 
 @dataclass(frozen=True)
@@ -67,22 +64,14 @@ def build_model(
     compile_cache: Path | None = None,
 ) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
-    uninitialized weights: fill them with ``folder.load_weights``, :func:`fill_random` or a checkpoint.
+    uninitialized weights: fill them with ``weights.load_weights``, :func:`fill_random` or a checkpoint.
     Buffers (a transformers model's RoPE frequencies) keep the values they were built with.
 
     ``kernels`` (``train.kernels``) picks the attention kernel, fused ops and compiled blocks
     (``kernels.apply_kernels``, compile caches in ``compile_cache``; a transformers model takes the
     attention kernel only); rank 0 prints a line for each choice that falls back."""
     attention = RingAttention(group=state.cp_group)
-    if isinstance(config, HFModelConfig):
-        model: TrainedModel = HFCausalLM(
-            config, attention=attention, activation_checkpointing=activation_checkpointing
-        )
-    else:
-        with torch.device("meta"):
-            model = Transformer(
-                config, attention=attention, activation_checkpointing=activation_checkpointing
-            )
+    model = interface.build(config, attention=attention, activation_checkpointing=activation_checkpointing)
     multiplier = shard_model(model, state, bf16=bf16) if state.sharded else 1.0
     materialize(model, state.device)
     choice = None
@@ -102,52 +91,14 @@ def build_model(
     return BuiltModel(model, multiplier, choice)
 
 
-def choose_implementation(setting: str, hf_config: Mapping[str, Any] | None) -> str:
-    """``train.model.implementation`` resolved: ``auto`` is the own decoder for the tiny model and
-    for the checkpoints it reads (Llama, Mistral and Qwen2 layouts), the model's transformers code
-    otherwise."""
-    if setting != "auto":
-        return setting
-    if hf_config is None:
-        return "longctx"
-    try:
-        ModelConfig.from_hf(hf_config)
-    except ValueError:
-        return "transformers"
-    return "longctx"
-
-
-def saved_model_config(
-    hf: Mapping[str, Any] | None,
-    implementation: str,
-    *,
-    tiny: Mapping[str, Any] | None = None,
-    vocab_size: int = 0,
-) -> AnyModelConfig:
-    """The config of a ``config.json`` dict (``None``: the tiny model of ``tiny`` and ``vocab_size``)
-    for ``train.model.implementation`` ``implementation``; a config the own decoder cannot read is a
-    :class:`ConfigError` naming the setting."""
-    chosen = choose_implementation(implementation, hf)
-    if hf is None:
-        tiny_config = ModelConfig.tiny(vocab_size=vocab_size, **(tiny or {}))
-        return tiny_config if chosen == "longctx" else HFModelConfig.from_hf(tiny_config.to_hf())
-    if chosen == "transformers":
-        return HFModelConfig.from_hf(hf)
-    try:
-        return ModelConfig.from_hf(hf)
-    except ValueError as err:
-        raise ConfigError(
-            f"{err}; implementation auto or transformers trains it with its transformers code"
-        ) from None
-
-
 def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> AnyModelConfig:
     """The model of ``train.model`` with the run's RoPE settings (``max_position_embeddings`` = target),
-    for the implementation that runs it (:func:`choose_implementation`)."""
+    for the implementation ``train.model.implementation`` picks (``interface.choose``)."""
     section = tcfg.model
-    hf = config_json(section.hf_path) if section.hf_path is not None else None
-    tiny = section.tiny.model_dump()
-    config = saved_model_config(hf, section.implementation, tiny=tiny, vocab_size=vocab_size)
+    if section.hf_path is not None:
+        config = interface.from_hf(config_json(section.hf_path), section.implementation)
+    else:
+        config = interface.tiny(section.tiny.model_dump(), vocab_size, section.implementation)
     return config.with_rope(
         rope_scaling=section.rope_scaling,
         rope_theta=section.rope_theta,
@@ -158,14 +109,11 @@ def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> 
 def check_training_model(tcfg: TrainConfig, context: ContextConfig, seq_len: int, vocab_size: int) -> None:
     """Refuse (:class:`ConfigError`, one line naming ``train.model``) a model this run cannot train at
     ``seq_len``-token windows: a checkpoint the chosen implementation cannot read, the own decoder's
-    config checks, or the transformers model's (``hf.check_model``)."""
+    config checks, or the transformers model's (``interface.check``)."""
     section = tcfg.model
     where = f"train.model ({section.hf_path or 'the tiny model'}, implementation {section.implementation})"
     try:
-        config = model_config(tcfg, context, vocab_size)
-        config.check_context_length(seq_len)
-        if isinstance(config, HFModelConfig):
-            check_model(config, seq_len)
+        interface.check(model_config(tcfg, context, vocab_size), seq_len)
     except ValueError as err:  # ConfigError too
         raise ConfigError(f"{where}: {err}") from None
 
@@ -183,3 +131,16 @@ def use_bf16(precision: str, device: torch.device) -> bool:
     """Whether ``precision`` (``train.precision``, ``eval.precision``) computes in bf16: ``bf16``, or
     ``auto`` on a GPU."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def base_model(
+    tcfg: TrainConfig, context: ContextConfig, vocab_size: int, device: torch.device
+) -> TrainedModel:
+    """The model training starts from (``longctx eval``'s ``base``), unsharded on ``device``: the config
+    of :func:`model_config` with the weights of :func:`fill_base_weights`."""
+    config = model_config(tcfg, context, vocab_size)
+    model = build_model(
+        config, ParallelState.single(device), activation_checkpointing="none", bf16=False
+    ).model
+    fill_base_weights(model, tcfg)
+    return model

@@ -13,6 +13,7 @@ from longctx.core.config import MUST_EXIST, StorageOptions, StrictModel, WorldCh
 from longctx.core.errors import ConfigError
 from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
+from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.models.rope_keys import check_rope_scaling, takes_factor
 
 
@@ -532,10 +533,10 @@ def check_base_model(models: list[str], train: TrainConfig | None) -> None:
 def _missing_model(models: list[str]) -> str | None:
     """A model that is not a keyword must be a Hugging Face checkpoint folder."""
     for model in models:
-        if model not in MODEL_KEYWORDS and not (Path(model) / "config.json").is_file():
+        if model not in MODEL_KEYWORDS and not is_model_folder(model):
             return (
                 f"{model!r} is neither {' nor '.join(MODEL_KEYWORDS)} nor a Hugging Face checkpoint folder "
-                "(a folder with config.json)"
+                f"(a folder with {CONFIG_NAME})"
             )
     return None
 

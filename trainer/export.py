@@ -1,8 +1,9 @@
 """Export the trained model as a Hugging Face folder that ``transformers`` opens as it is.
 
 The folder holds the weights (``huggingface_hub``'s safetensors shards and index, see
-``folder.write_checkpoint``), ``config.json`` with the trained RoPE scaling and
-``max_position_embeddings`` = the target context, the tokenizer and how to stop generating:
+``weights.write_checkpoint``, under the names ``save_pretrained`` writes), ``config.json`` with the
+trained RoPE scaling and ``max_position_embeddings`` = the target context, the tokenizer and how to stop
+generating:
 
 - ``tokenizer.json``: the one the shards were packed with;
 - ``tokenizer_config.json`` (special tokens, chat template, ``model_max_length`` set to the target
@@ -42,8 +43,9 @@ from longctx.core.tokenizer import (
     document_specials,
     load_tokenizer,
 )
-from longctx.trainer.models.decoder import Transformer
-from longctx.trainer.models.folder import write_checkpoint
+from longctx.trainer.models.files import CONFIG_NAME
+from longctx.trainer.models.interface import TrainedModel
+from longctx.trainer.models.weights import loadable_tensors, write_checkpoint
 from longctx.trainer.parallel.state import ParallelState, first_problem
 
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
@@ -51,18 +53,20 @@ GENERATION_CONFIG = "generation_config.json"
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def full_state_dict(model: Transformer, state: ParallelState, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every parameter, whole and cast to ``dtype``, on rank 0 (an empty dict on the other ranks).
+def full_state_dict(model: TrainedModel, state: ParallelState, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every parameter and persistent buffer (``weights.loadable_tensors``), whole, floating-point ones
+    cast to ``dtype``, on rank 0 (an empty dict on the other ranks).
 
     Collective: every rank gathers each sharded parameter in turn, so beyond rank 0's copy the
     memory is one full parameter at a time.
     """
     tensors: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
+    for name, param in loadable_tensors(model).items():
         full = param.full_tensor() if hasattr(param, "full_tensor") else param
         if state.is_main:
+            cast = dtype if full.is_floating_point() else full.dtype
             # a new tensor owning its storage (gathered ones can be views of padded buffers)
-            tensors[name] = full.detach().to(device="cpu", dtype=dtype, copy=True)
+            tensors[name] = full.detach().to(device="cpu", dtype=cast, copy=True)
         del full
     return tensors
 
@@ -159,14 +163,14 @@ def generation_config(ids: dict[str, int], base: Path | None) -> dict[str, Any]:
     return config
 
 
-def export_bytes(model: Transformer, dtype: torch.dtype, tokenizer: Path | None) -> int:
+def export_bytes(model: TrainedModel, dtype: torch.dtype, tokenizer: Path | None) -> int:
     """About what :func:`export_model` writes: every parameter in ``dtype``, and the tokenizer."""
     weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize
     return weights + (tokenizer.stat().st_size if tokenizer is not None else 0)
 
 
 def export_model(
-    model: Transformer,
+    model: TrainedModel,
     folder: Path,
     state: ParallelState,
     *,
@@ -209,10 +213,13 @@ def export_model(
     def write() -> None:
         with atomic_path(folder) as staging:
             staging.mkdir()
-            write_checkpoint(model.config, tensors, staging, dtype=dtype, max_shard_size=max_shard_size)
+            stored = model.checkpoint_tensors(tensors)
+            write_checkpoint(
+                model.config.to_hf(), stored, staging, dtype=dtype, max_shard_size=max_shard_size
+            )
             if tokenizer is not None:
                 ids = write_tokenizer(staging, tokenizer, base, model.config.max_position_embeddings)
-                config_path = staging / "config.json"
+                config_path = staging / CONFIG_NAME
                 config = json.loads(config_path.read_text())
                 config.update({key: value for key, value in ids.items() if config.get(key) is None})
                 config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

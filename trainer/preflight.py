@@ -69,7 +69,7 @@ def check_before_start(train: TrainConfig, context: ContextConfig, output: Path,
         )
     # torch: only once the cheap checks pass
     from longctx.trainer.build import check_training_model
-    from longctx.trainer.models.folder import check_model_folder
+    from longctx.trainer.models.files import check_model_folder
 
     if train.model.hf_path is not None:
         check_model_folder(train.model.hf_path)

@@ -26,6 +26,7 @@ from longctx.core.atomic import write_text
 from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.preflight import disk_faults
+from longctx.trainer.models.files import is_model_folder
 
 SUPERSEDED = "metrics.superseded.jsonl"
 
@@ -38,7 +39,7 @@ def finished_run(layout: RunLayout | StageLayout, steps: int) -> int | None:
     from longctx.trainer.checkpoint import damage, list_checkpoints
     from longctx.trainer.parallel.state import ParallelState
 
-    if not (layout.final_model / "config.json").is_file():
+    if not is_model_folder(layout.final_model):
         return None
     newest = next(iter(list_checkpoints(layout.checkpoints)), None)
     if newest is None or newest.step < steps or damage(newest.folder, ParallelState.single()) is not None:

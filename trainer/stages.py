@@ -40,6 +40,7 @@ from longctx.trainer.evaluation.gates import (
     failure_line,
     recorded_gate,
 )
+from longctx.trainer.models.files import is_model_folder
 from longctx.trainer.parallel.state import ParallelState
 from longctx.trainer.resume import finished_run
 from longctx.trainer.stage_plan import Stage, resolve_stages, stage_context, stage_train_config
@@ -72,7 +73,7 @@ def stage_finished(stage: Stage) -> bool:
     """Whether the stage's last checkpoint is at its last step and its model is exported."""
     latest = latest_checkpoint(stage.layout.checkpoints)
     done = latest is not None and latest.step >= stage.steps
-    return done and (stage.layout.final_model / "config.json").is_file()
+    return done and is_model_folder(stage.layout.final_model)
 
 
 def finished_stages(

@@ -32,15 +32,7 @@ from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
-from longctx.trainer.build import (
-    AnyModelConfig,
-    TrainedModel,
-    build_model,
-    fill_base_weights,
-    model_config,
-    saved_model_config,
-    use_bf16,
-)
+from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -56,7 +48,10 @@ from longctx.trainer.coverage import CoverageError, CoverageTracker, check_shard
 from longctx.trainer.data import StepRows
 from longctx.trainer.export import EXPORT_DTYPES, export_model
 from longctx.trainer.metrics import peak_flops
-from longctx.trainer.models.folder import stored_dtype
+from longctx.trainer.models import interface
+from longctx.trainer.models.files import CONFIG_NAME
+from longctx.trainer.models.interface import AnyModelConfig, TrainedModel
+from longctx.trainer.models.weights import stored_dtype
 from longctx.trainer.parallel.mesh import MeshShape
 from longctx.trainer.parallel.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.parallel.state import ParallelState, all_gather_stats, init_parallel, settle, shutdown
@@ -344,7 +339,7 @@ def _checked_model_config(
     header = rows.dataset.shards.manifest.header
     config = model_config(job.train, job.context, header.tokenizer.vocab_size)
     check_vocabulary(config, header.tokenizer.vocab_size, rows.dataset.shards.source)
-    config.check_context_length(rows.seq_len)
+    interface.check(config, rows.seq_len)
     return config, check_memory(job.train, config, rows.seq_len, state, bf16)
 
 
@@ -547,7 +542,7 @@ def _export(model: TrainedModel, job: TrainJob, state: ParallelState, folder: Pa
     url = job.train.export.output
     if url is not None and state.is_main:
         target = remote.join(url, folder.relative_to(job.layout.train).as_posix())
-        remote.publish_folder(folder, target, last="config.json", storage_options=job.train.storage_options)
+        remote.publish_folder(folder, target, last=CONFIG_NAME, storage_options=job.train.storage_options)
         print(f"published {folder} to {target}", flush=True)
     return written
 
@@ -729,7 +724,7 @@ def export_checkpoint(
         if problem is not None:
             raise CheckpointError(f"checkpoint {folder} is damaged: {problem}")
         saved = read_trainer_state(folder)
-        config = saved_model_config(saved["meta"]["model"], train.model.implementation)
+        config = interface.from_hf(saved["meta"]["model"], train.model.implementation)
         built = build_model(config, state, activation_checkpointing="none", bf16=False)
         load_checkpoint(Checkpoint(folder, step), built.model, None, state)
         exported = _export(

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from longctx.trainer.evaluation.generate import greedy_generate
-from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models.interface import load_folder
 
 
 def recompute_generate(model, prompt: list[int], new: int) -> list[int]:
@@ -85,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         theirs = LlamaForCausalLM(config).eval()
         theirs.save_pretrained(Path(tmp), safe_serialization=True)
-        ours = hf_io.load_model(tmp)
+        ours = load_folder(tmp)
     prompt = torch.randint(
         0, config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1)
     ).tolist()

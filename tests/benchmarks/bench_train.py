@@ -388,14 +388,15 @@ def load_worker(mode: str, checkpoint: Path, out: Path) -> None:
     import torch.distributed as dist
 
     from longctx.trainer.build import build_model
-    from longctx.trainer.models.decoder import RingAttention, Transformer
-    from longctx.trainer.models.folder import load_config, load_weights
+    from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+    from longctx.trainer.models.files import config_json
+    from longctx.trainer.models.weights import load_weights
     from longctx.trainer.parallel.sharding import local_bytes, shard_model
     from longctx.trainer.parallel.state import init_parallel
 
     torch.set_num_threads(1)
     state = init_parallel(cp=1, timeout_s=600)
-    config = load_config(checkpoint)
+    config = ModelConfig.from_hf(config_json(checkpoint))
     dist.barrier()
     gc.collect()
     reset_peak()

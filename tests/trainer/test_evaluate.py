@@ -21,7 +21,7 @@ from longctx.trainer.evaluation.measures import (
     plot_needle_heatmap,
     score_answer,
 )
-from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models.interface import load_folder
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -60,7 +60,7 @@ def test_greedy_generation_with_kv_cache_matches_transformers(rope, tmp_path: Pa
     """Several prompts, 12 new tokens each (no early stop): the tokens transformers' own cached
     greedy generation produces."""
     path = save_tiny_llama(tmp_path / "m", **({"rope_parameters": rope} if rope else {}))
-    ours = hf_io.load_model(path)
+    ours = load_folder(path)
     theirs = LlamaForCausalLM.from_pretrained(path).eval()
     gen = torch.Generator().manual_seed(1)
     for n in (1, 7, 40, 150):
@@ -79,7 +79,7 @@ def test_greedy_generation_with_kv_cache_matches_transformers(rope, tmp_path: Pa
 def test_kv_cache_logits_equal_a_full_forward(hf_checkpoint: Path) -> None:
     """Prefill 30 tokens, then 1 and then 3 tokens against the cache: the hidden states equal one
     forward pass over all 34 tokens (float64, to 1e-10)."""
-    model = hf_io.load_model(hf_checkpoint, dtype=torch.float64).eval()
+    model = load_folder(hf_checkpoint, dtype=torch.float64).eval()
     ids = torch.randint(0, VOCAB, (34,), generator=torch.Generator().manual_seed(4))
     pos = torch.arange(34)
     with torch.no_grad():
@@ -99,7 +99,7 @@ def test_kv_cache_logits_equal_a_full_forward(hf_checkpoint: Path) -> None:
 def test_loss_by_position_matches_per_document_reference(hf_checkpoint: Path) -> None:
     """A packed window of three documents and padding; the reference runs transformers on each
     document alone and buckets its token losses by position in the test."""
-    ours = hf_io.load_model(hf_checkpoint)
+    ours = load_folder(hf_checkpoint)
     theirs = LlamaForCausalLM.from_pretrained(hf_checkpoint).eval()
     gen = torch.Generator().manual_seed(2)
     lengths, pad = [70, 150, 21], 15
@@ -182,7 +182,7 @@ def test_needle_grid_runs_on_a_hugging_face_checkpoint(hf_checkpoint: Path, tmp_
         + "."
     ]
     tokenizer = train_bpe(haystack + ["Answer: 0123456789 key value"], VOCAB, tmp_path / "tok.json")
-    model = hf_io.load_model(hf_checkpoint)
+    model = load_folder(hf_checkpoint)
     results = needle_grid(
         model,
         tokenizer,

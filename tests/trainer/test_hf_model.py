@@ -20,14 +20,16 @@ import torch
 import torch.nn.functional as F
 
 from longctx.core.errors import ConfigError
-from longctx.trainer.build import build_model, fill_random, saved_model_config
+from longctx.trainer.build import build_model, fill_random
 from longctx.trainer.config import KernelsConfig
 from longctx.trainer.evaluation.generate import greedy_generate
+from longctx.trainer.models import interface
 from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
-from longctx.trainer.models.folder import materialize
-from longctx.trainer.models.hf import HFCausalLM, HFModelConfig, check_model, load_hf_model
+from longctx.trainer.models.hf import HFCausalLM, HFModelConfig
+from longctx.trainer.models.interface import load_folder
 from longctx.trainer.models.kernels import KernelChoice
 from longctx.trainer.models.rope import RopeConfig, inverse_frequencies
+from longctx.trainer.models.weights import materialize
 from longctx.trainer.parallel.state import ParallelState
 from tests.trainer.test_model_hf import randomize
 
@@ -101,7 +103,7 @@ def test_packed_row_equals_each_document_alone(model_type: str, tmp_path: Path) 
     row = packed(DOCS, TINY["vocab_size"])
     want_logits, want_loss, want_grads = documents_alone(folder, row, DOCS)
 
-    model = load_hf_model(folder, dtype=torch.float64)
+    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
     assert isinstance(model.attention, RingAttention) and model.tied == (model_type == "qwen3")
     inputs = {k: v for k, v in row.items() if k != "labels"}
     logits = model.logits(model(**inputs))
@@ -118,16 +120,16 @@ def test_packed_row_equals_each_document_alone(model_type: str, tmp_path: Path) 
 def test_the_implementation_is_chosen_by_what_the_own_decoder_reads() -> None:
     llama = AutoConfig.for_model("llama", **TINY).to_dict()
     qwen3 = AutoConfig.for_model("qwen3", **TINY).to_dict()
-    assert isinstance(saved_model_config(llama, "auto"), ModelConfig)
-    assert isinstance(saved_model_config(qwen3, "auto"), HFModelConfig)
-    assert isinstance(saved_model_config(llama, "transformers"), HFModelConfig)
-    tiny = saved_model_config(None, "transformers", tiny={"hidden_size": 32}, vocab_size=50)
+    assert isinstance(interface.from_hf(llama, "auto"), ModelConfig)
+    assert isinstance(interface.from_hf(qwen3, "auto"), HFModelConfig)
+    assert isinstance(interface.from_hf(llama, "transformers"), HFModelConfig)
+    tiny = interface.tiny({"hidden_size": 32}, 50, "transformers")
     assert isinstance(tiny, HFModelConfig) and tiny.model_type == "llama" and tiny.vocab_size == 50
-    assert isinstance(saved_model_config(None, "auto", vocab_size=50), ModelConfig)
+    assert isinstance(interface.tiny({}, 50, "auto"), ModelConfig)
     with pytest.raises(
         ConfigError, match=r"unsupported model_type 'qwen3'.*implementation auto or transformers"
     ):
-        saved_model_config(qwen3, "longctx")
+        interface.from_hf(qwen3, "longctx")
 
 
 def test_tiny_llama_trains_alike_on_both_implementations() -> None:
@@ -243,7 +245,9 @@ def test_activation_checkpointing_keeps_gradients(mode: str, tmp_path: Path, mon
     results = {}
     for checkpointing in ("none", mode):
         calls.clear()
-        model = load_hf_model(folder, dtype=torch.float64, activation_checkpointing=checkpointing)
+        model = load_folder(
+            folder, implementation="transformers", dtype=torch.float64, activation_checkpointing=checkpointing
+        )
         model(**inputs, labels=row["labels"]).sum().backward()
         results[checkpointing] = ({n: p.grad for n, p in model.named_parameters()}, len(calls))
     layers = TINY["num_hidden_layers"]
@@ -339,7 +343,7 @@ def test_unsupported_architectures_are_refused_in_one_line(case: tuple[str, dict
     model_type, extra, missing = case
     try:
         config = HFModelConfig.from_hf(AutoConfig.for_model(model_type, **{**TINY, **extra}).to_dict())
-        check_model(config, 64)
+        config.check(64)
     except ConfigError as err:
         message = str(err)
     else:
@@ -357,9 +361,7 @@ def test_models_the_ring_trains_are_not_refused() -> None:
         ("cohere", {"logit_scale": 0.5}),
         ("gpt_neox", {}),
     ]:
-        check_model(
-            HFModelConfig.from_hf(AutoConfig.for_model(model_type, **{**TINY, **extra}).to_dict()), 64
-        )
+        HFModelConfig.from_hf(AutoConfig.for_model(model_type, **{**TINY, **extra}).to_dict()).check(64)
 
 
 @pytest.mark.parametrize("model_type", ["granite", "cohere"])
@@ -368,7 +370,7 @@ def test_logit_scaling_is_applied_as_the_causal_lm_applies_it(model_type: str, t
     folder = save_random(tmp_path / model_type, model_type, **extra)
     row = packed(DOCS, TINY["vocab_size"])
     want, _, _ = documents_alone(folder, row, DOCS)
-    model = load_hf_model(folder, dtype=torch.float64)
+    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
     with torch.no_grad():
         got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
     assert relative_error(got, want) < 1e-10
@@ -383,7 +385,12 @@ def test_greedy_generation_with_the_key_value_cache_equals_transformers(
     Granite scales attention scores by attention_multiplier (1.0), not 1/sqrt(head_dim)."""
     folder = save_random(tmp_path / model_type, model_type)
     prompt = list(range(3, 23))
-    got = greedy_generate(load_hf_model(folder, dtype=torch.float64), prompt, 6, torch.device("cpu"))
+    got = greedy_generate(
+        load_folder(folder, implementation="transformers", dtype=torch.float64),
+        prompt,
+        6,
+        torch.device("cpu"),
+    )
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64)
     sequence = list(prompt)
     with torch.no_grad():

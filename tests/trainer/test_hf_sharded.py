@@ -26,10 +26,11 @@ from safetensors.torch import load_file
 
 from longctx import jobs
 from longctx.config import parse_config
-from longctx.trainer.build import build_model, saved_model_config
+from longctx.trainer.build import build_model
 from longctx.trainer.checkpoint import Checkpoint, load_checkpoint, read_trainer_state
+from longctx.trainer.models import interface
 from longctx.trainer.models.decoder import RingAttention
-from longctx.trainer.models.hf import HFCausalLM, load_hf_model
+from longctx.trainer.models.hf import HFCausalLM
 from longctx.trainer.parallel.state import ParallelState
 from longctx.trainer.parallel.zigzag import zigzag_indices
 from tests.trainer.test_hf_model import (
@@ -67,7 +68,12 @@ def _ring_job(rank: int, world: int, store: str, folders: dict[str, str], out: s
     inputs = {k: row[k][index] for k in ("input_ids", "position_ids", "segment_ids")} | {"token_index": index}
     results = {}
     for name, folder in folders.items():
-        model = load_hf_model(folder, dtype=torch.float64, attention=RingAttention(dist.group.WORLD))
+        model = interface.load_folder(
+            folder,
+            implementation="transformers",
+            dtype=torch.float64,
+            attention=RingAttention(dist.group.WORLD),
+        )
         model(**inputs, rope_seq_len=len(index) * world, labels=row["labels"][index]).sum().backward()
         with torch.no_grad():
             logits = model.logits(model(**inputs))
@@ -129,7 +135,7 @@ def run_config(packed_root: Path, output: Path, base: Path, **train: Any) -> dic
 def checkpoint_model(output: Path, step: int) -> HFCausalLM:
     """The model of checkpoint ``step``, read back into one process (resharding whatever mesh wrote it)."""
     folder = output / "train" / "checkpoints" / f"step_{step:07d}"
-    config = saved_model_config(read_trainer_state(folder)["meta"]["model"], "auto")
+    config = interface.from_hf(read_trainer_state(folder)["meta"]["model"], "auto")
     model = build_model(config, ParallelState.single(), activation_checkpointing="none", bf16=False).model
     assert isinstance(model, HFCausalLM)
     load_checkpoint(Checkpoint(folder, step), model, None, ParallelState.single())

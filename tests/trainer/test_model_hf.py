@@ -12,9 +12,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models import interface
 from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.files import config_json, weight_files
+from longctx.trainer.models.interface import load_folder
 from longctx.trainer.models.rope import RopeConfig
+from longctx.trainer.models.weights import save_model
 from longctx.trainer.parallel.zigzag import zigzag_indices
 
 transformers = pytest.importorskip("transformers")
@@ -146,7 +149,7 @@ def test_hf_checkpoint_loads_and_matches_per_document(
     hf_model = make_hf_model(model_type, extra, seed=1)
     hf_model.save_pretrained(tmp_path / "hf")
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    ours = hf_io.load_model(tmp_path / "hf", attention=reference_attention)
+    ours = load_folder(tmp_path / "hf", attention=reference_attention)
     assert ours.config.model_type == model_type
     row = packed_row(TINY["vocab_size"])
     assert_documents_match(ours_packed_logits(ours, row), hf_document_logits(hf_model, row))
@@ -160,7 +163,7 @@ def test_saved_checkpoint_loads_in_transformers_and_matches(
     config = ModelConfig.from_hf({"model_type": model_type, **TINY, **extra})
     ours = Transformer(config, attention=reference_attention)
     randomize(ours, seed=2)
-    hf_io.save_model(ours, tmp_path / "ours")
+    save_model(ours, tmp_path / "ours")
     hf_model = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", attn_implementation="eager").eval()
     assert (
         type(hf_model).__name__
@@ -170,7 +173,7 @@ def test_saved_checkpoint_loads_in_transformers_and_matches(
     row = packed_row(TINY["vocab_size"], seed=1)
     assert_documents_match(ours_packed_logits(ours, row), hf_document_logits(hf_model, row))
     # And back: the saved checkpoint reloads into an identical model and config.
-    reloaded = hf_io.load_model(tmp_path / "ours", attention=reference_attention)
+    reloaded = load_folder(tmp_path / "ours", attention=reference_attention)
     assert reloaded.config == config
     for name, tensor in ours.state_dict().items():
         assert torch.equal(reloaded.state_dict()[name], tensor), name
@@ -180,12 +183,12 @@ def test_sharded_checkpoints_both_ways(tmp_path: Path) -> None:
     hf_model = make_hf_model("qwen2", {}, seed=3)
     hf_model.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
-    assert len(hf_io.weight_files(tmp_path / "hf")) > 1
-    ours = hf_io.load_model(tmp_path / "hf", attention=reference_attention)
+    assert len(weight_files(tmp_path / "hf")) > 1
+    ours = load_folder(tmp_path / "hf", attention=reference_attention)
     row = packed_row(TINY["vocab_size"], seed=2)
     assert_documents_match(ours_packed_logits(ours, row), hf_document_logits(hf_model, row))
 
-    hf_io.save_model(ours, tmp_path / "ours", max_shard_size=20_000)
+    save_model(ours, tmp_path / "ours", max_shard_size=20_000)
     index = json.loads((tmp_path / "ours" / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
@@ -198,10 +201,10 @@ def test_sharded_checkpoints_both_ways(tmp_path: Path) -> None:
 
 def test_save_in_bfloat16_records_the_dtype(tmp_path: Path) -> None:
     ours = Transformer(ModelConfig.tiny("llama"))
-    hf_io.save_model(ours, tmp_path / "bf16", dtype=torch.bfloat16)
+    save_model(ours, tmp_path / "bf16", dtype=torch.bfloat16)
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert {t.dtype for t in load_file(tmp_path / "bf16" / "model.safetensors").values()} == {torch.bfloat16}
-    loaded = hf_io.load_model(tmp_path / "bf16", dtype=torch.float32)
+    loaded = load_folder(tmp_path / "bf16", dtype=torch.float32)
     assert loaded.model.embed_tokens.weight.dtype == torch.float32
     torch.testing.assert_close(
         loaded.model.embed_tokens.weight, ours.model.embed_tokens.weight.bfloat16().float()
@@ -210,11 +213,11 @@ def test_save_in_bfloat16_records_the_dtype(tmp_path: Path) -> None:
 
 def test_save_refuses_to_overwrite(tmp_path: Path) -> None:
     ours = Transformer(ModelConfig.tiny("llama"))
-    hf_io.save_model(ours, tmp_path / "ckpt")
+    save_model(ours, tmp_path / "ckpt")
     with pytest.raises(FileExistsError):
-        hf_io.save_model(ours, tmp_path / "ckpt")
+        save_model(ours, tmp_path / "ckpt")
     (tmp_path / "empty").mkdir()
-    hf_io.save_model(ours, tmp_path / "empty")
+    save_model(ours, tmp_path / "empty")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "empty"]  # no staging directory left
 
 
@@ -222,16 +225,16 @@ def test_pickle_only_checkpoints_are_refused_without_unpickling(tmp_path: Path) 
     (tmp_path / "config.json").write_text(json.dumps(ModelConfig.tiny("llama").to_hf()))
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle: must never be opened")
     with pytest.raises(ValueError, match="safetensors only"):
-        hf_io.load_model(tmp_path)
+        load_folder(tmp_path)
     (tmp_path / "pytorch_model.bin").unlink()
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors"):
-        hf_io.load_model(tmp_path)
+        load_folder(tmp_path)
 
 
 def test_weight_names_are_checked(tmp_path: Path) -> None:
     config = ModelConfig.tiny("llama")
     ours = Transformer(config)
-    hf_io.save_model(ours, tmp_path / "ok")
+    save_model(ours, tmp_path / "ok")
     tensors = load_file(tmp_path / "ok" / "model.safetensors")
 
     def write(name: str, state: dict[str, torch.Tensor]) -> Path:
@@ -245,16 +248,16 @@ def test_weight_names_are_checked(tmp_path: Path) -> None:
     with_buffers = write(
         "buffers", {**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}
     )
-    hf_io.load_model(with_buffers)
+    load_folder(with_buffers)
     missing = write("missing", {k: v for k, v in tensors.items() if k != "model.norm.weight"})
     with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\]"):
-        hf_io.load_model(missing)
+        load_folder(missing)
     unexpected = write("unexpected", {**tensors, "model.layers.9.mlp.up_proj.weight": torch.ones(2)})
     with pytest.raises(ValueError, match=r"unexpected \['model\.layers\.9\.mlp\.up_proj\.weight'"):
-        hf_io.load_model(unexpected)
+        load_folder(unexpected)
     wrong_shape = write("shape", {**tensors, "model.norm.weight": torch.ones(63)})
     with pytest.raises(ValueError, match=r"model.norm.weight: checkpoint shape \(63,\)"):
-        hf_io.load_model(wrong_shape)
+        load_folder(wrong_shape)
     # A tied model ignores a stored lm_head.weight, as transformers does.
     tied = ModelConfig.tiny("qwen2", tie_word_embeddings=True)
     directory = tmp_path / "tied"
@@ -265,7 +268,7 @@ def test_weight_names_are_checked(tmp_path: Path) -> None:
     }
     save_file(tied_tensors, directory / "model.safetensors")
     assert "lm_head.weight" in tied_tensors
-    assert hf_io.load_model(directory).lm_head is None
+    assert load_folder(directory).lm_head is None
 
 
 def test_config_round_trip_and_unknown_model_type(tmp_path: Path) -> None:
@@ -279,7 +282,7 @@ def test_config_round_trip_and_unknown_model_type(tmp_path: Path) -> None:
         ModelConfig.from_hf(gemma)
     (tmp_path / "config.json").write_text(json.dumps(gemma))
     with pytest.raises(ValueError, match="unsupported model_type 'gemma'"):
-        hf_io.load_config(tmp_path)
+        ModelConfig.from_hf(config_json(tmp_path))
     with pytest.raises(ValueError, match="hidden_act"):
         ModelConfig.from_hf({"model_type": "llama", **TINY, "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="lacks vocab_size"):
@@ -292,11 +295,11 @@ def test_config_round_trip_and_unknown_model_type(tmp_path: Path) -> None:
 def test_sliding_windows_shorter_than_the_training_length_are_refused(tmp_path: Path) -> None:
     mistral = ModelConfig.from_hf({"model_type": "mistral", **TINY, "sliding_window": 16})
     assert mistral.sliding_window == 16
-    mistral.check_context_length(16)
+    mistral.check(16)
     with pytest.raises(
         ValueError, match="sliding-window attention of 16 tokens, smaller than the training length 32"
     ):
-        mistral.check_context_length(32)
+        mistral.check(32)
     assert (
         ModelConfig.from_hf({"model_type": "mistral", **TINY}).sliding_window == 4096
     )  # transformers' default
@@ -315,8 +318,8 @@ def test_sliding_windows_shorter_than_the_training_length_are_refused(tmp_path: 
     (tmp_path / "config.json").write_text(json.dumps(mistral.to_hf()))
     save_file(Transformer(mistral).state_dict(), tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="sliding-window"):
-        hf_io.load_model(tmp_path, seq_len=64)
-    hf_io.load_model(tmp_path, seq_len=16)
+        interface.check(interface.from_hf(config_json(tmp_path)), 64)
+    interface.check(interface.from_hf(config_json(tmp_path)), 16)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from longctx.trainer.evaluation.measures import (
     needle_examples,
     score_needles,
 )
-from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models.interface import load_folder
 from tests.pipeline.test_synthetic import prose
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 
@@ -35,7 +35,7 @@ def setup(tmp_path_factory):
     rng = random.Random(7)
     haystack = [prose(rng, 60) for _ in range(6)]
     tokenizer = train_bpe(haystack + ["Answer: 0123456789 key value, Document"], VOCAB, folder / "tok.json")
-    return haystack, tokenizer, hf_io.load_model(save_tiny_llama(folder / "m"))
+    return haystack, tokenizer, load_folder(save_tiny_llama(folder / "m"))
 
 
 def test_grid_examples_are_the_task_builders(setup) -> None:

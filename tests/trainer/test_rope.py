@@ -371,4 +371,6 @@ def test_run_overrides_are_declared_like_hf_configs() -> None:
         rope_scaling={"type": "linear", "factor": 2, "rope_theta": 7.0}, rope_theta=9.0
     )
     assert (both.rope_type, both.factor, both.theta) == ("linear", 2, 7.0)
-    assert pretrained.with_overrides(rope_scaling={"rope_type": "ntk", "factor": 8.0}).rope_type == "ntk"
+    # ntk (not a transformers type) is default RoPE with the NTK base, for both implementations
+    ntk = pretrained.with_overrides(rope_scaling={"rope_type": "ntk", "factor": 8.0})
+    assert ntk == RopeConfig(16, theta=500_000.0 * 8.0 ** (16 / 14), max_position_embeddings=8192)

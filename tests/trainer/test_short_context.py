@@ -23,7 +23,7 @@ from longctx.trainer.evaluation.short_context import (
     source_documents,
     window_loss,
 )
-from longctx.trainer.models import folder as hf_io
+from longctx.trainer.models.interface import load_folder
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 
 transformers = pytest.importorskip("transformers")
@@ -76,7 +76,7 @@ def test_window_errors() -> None:
 
 def test_window_loss_matches_transformers_per_document(tmp_path: Path) -> None:
     checkpoint = save_tiny_llama(tmp_path / "m")
-    ours = hf_io.load_model(checkpoint)
+    ours = load_folder(checkpoint)
     theirs = LlamaForCausalLM.from_pretrained(checkpoint).eval()
     documents = docs({"x": 150, "y": 40, "z": 97}, seed=2)
     windows = short_windows(documents.items(), length=64, count=5, seed=1)

@@ -213,7 +213,7 @@ def evaluate_gate(
     model and the shards whose documents count as trained on. ``memo`` carries what the run's
     earlier gates measured that this one would measure alike."""
     from longctx.trainer.build import use_bf16
-    from longctx.trainer.models.folder import load_model
+    from longctx.trainer.models.interface import load_folder
 
     assert stage.gate is not None
     gate, section, started = stage.gate, settings.section, time.monotonic()
@@ -225,7 +225,7 @@ def evaluate_gate(
         layout.training_shards(stage.config.shards, stage.seq_len), train.storage_options
     ).header
     print(f"{stage.describe()}: measuring its gate ({', '.join(gate.checks) or 'nothing'})", flush=True)
-    model = load_model(stage.layout.final_model, device=device)
+    model = load_folder(stage.layout.final_model, implementation=train.model.implementation, device=device)
     needles = bar = None
     if gate.min_needle_score is not None or gate.require_effective_length:
         bar = _bar_length(section, context) if gate.require_effective_length else None

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from longctx.trainer.models.decoder import RowAttention, Transformer
+from longctx.trainer.models.decoder import RowAttention
 
 if TYPE_CHECKING:
-    from longctx.trainer.models.hf import HFCausalLM
+    from longctx.trainer.models.interface import TrainedModel
 
 
 class KVCache:
@@ -112,7 +112,7 @@ def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor, scale: float) -
 
 
 @contextlib.contextmanager
-def cached_attention(model: Transformer | HFCausalLM, capacity: int) -> Iterator[KVCache]:
+def cached_attention(model: TrainedModel, capacity: int) -> Iterator[KVCache]:
     """Swap ``model``'s attention for a :class:`KVCache` for the duration of the block."""
     original = model.attention
     cache = KVCache(model.config.num_hidden_layers, capacity)
@@ -125,7 +125,7 @@ def cached_attention(model: Transformer | HFCausalLM, capacity: int) -> Iterator
 
 @torch.no_grad()
 def greedy_generate(
-    model: Transformer | HFCausalLM,
+    model: TrainedModel,
     prompt: Sequence[int],
     max_new_tokens: int,
     device: torch.device,

@@ -38,14 +38,14 @@ from longctx.trainer.config import (
     check_base_model,
 )
 from longctx.trainer.evaluation.effective import bar_length, effective_lengths, grid_lengths, task_scores
-from longctx.trainer.models.decoder import Transformer
+from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.stage_plan import final_model, training_shards
 
 if TYPE_CHECKING:
     from longctx.packer.dataset import PackedDataset
     from longctx.packer.format import TokenizerInfo
     from longctx.trainer.evaluation.short_context import GuardWindows
-    from longctx.trainer.models.hf import HFCausalLM
+    from longctx.trainer.models.interface import TrainedModel
 
 T = TypeVar("T")
 
@@ -94,7 +94,7 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
                 ModelSpec("base", str(path) if path else f"train.model.tiny (seed {train.seed})", None)
             )
         elif model == "trained":
-            if not (trained / "config.json").is_file():
+            if not is_model_folder(trained):
                 raise ConfigError(
                     f"eval.models: no trained model at {trained} (train first, or list Hugging "
                     "Face checkpoint folders with --model)"
@@ -102,7 +102,7 @@ def resolve_models(models: list[str], layout: RunLayout, train: TrainConfig | No
             specs.append(ModelSpec("trained", str(trained), trained))
         else:
             specs.append(ModelSpec(Path(model).name or model, model, Path(model)))
-    from longctx.trainer.models.folder import check_model_folder
+    from longctx.trainer.models.files import check_model_folder
 
     for folder in [s.path for s in specs if s.path is not None] + (
         [train.model.hf_path] if "base" in models and train and train.model.hf_path else []
@@ -121,7 +121,7 @@ def with_baseline(
     labels = [s.label for s in specs]
     if baseline in labels:
         return specs, baseline
-    if baseline not in MODEL_KEYWORDS and not (Path(baseline) / "config.json").is_file():
+    if baseline not in MODEL_KEYWORDS and not is_model_folder(baseline):
         raise ConfigError(
             f"eval.baseline: {baseline!r} is not a label of the evaluated models ({', '.join(labels)}), "
             f"{' nor '.join(MODEL_KEYWORDS)}, nor a Hugging Face checkpoint folder"
@@ -135,26 +135,18 @@ def with_baseline(
 
 def load_model_spec(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
-) -> Transformer | HFCausalLM:
-    """The model of ``spec`` on ``device``: a checkpoint folder (run by the implementation
-    ``train.model`` chooses for it), or ``base`` built from ``train``."""
-    from longctx.trainer.build import build_model, fill_base_weights, model_config, saved_model_config
-    from longctx.trainer.models.folder import config_json, load_model
-    from longctx.trainer.models.hf import HFModelConfig, load_hf_model
-    from longctx.trainer.parallel.state import ParallelState
+) -> TrainedModel:
+    """The model of ``spec`` on ``device``: a checkpoint folder, run by the implementation
+    ``train.model.implementation`` picks for it (``interface.load_folder``), or ``base`` built from
+    ``train`` (``build.base_model``)."""
+    from longctx.trainer.build import base_model
+    from longctx.trainer.models.interface import load_folder
 
-    if spec.path is not None:  # the implementation train.model chooses (see build.choose_implementation)
+    if spec.path is not None:
         implementation = train.model.implementation if train is not None else "auto"
-        if isinstance(saved_model_config(config_json(spec.path), implementation), HFModelConfig):
-            return load_hf_model(spec.path, device=device)
-        return load_model(spec.path, device=device)
+        return load_folder(spec.path, implementation=implementation, device=device)
     assert train is not None  # resolve_models refuses 'base' without a train section
-    config = model_config(train, context, vocab_size)
-    model = build_model(
-        config, ParallelState.single(device), activation_checkpointing="none", bf16=False
-    ).model
-    fill_base_weights(model, train)
-    return model
+    return base_model(train, context, vocab_size, device)
 
 
 @dataclass(frozen=True)
@@ -654,8 +646,8 @@ def latest_evaluation(
     """The newest evaluation under ``<output>/eval`` made with these ``eval`` settings after the
     trained model was written (as :func:`run_eval` returns it), or None."""
     layout = RunLayout(output)
-    trained = final_model(layout, train) / "config.json"
-    if not layout.eval.is_dir() or not trained.is_file():
+    trained = final_model(layout, train) / CONFIG_NAME
+    if not layout.eval.is_dir() or not is_model_folder(trained.parent):
         return None
     folders = sorted(
         (p for p in layout.eval.iterdir() if p.name.isdigit() and (p / "summary.json").is_file()),

@@ -8,7 +8,7 @@
   (``longctx.pipeline.synthetic.checkers``: the exact value, or the fraction of a list retrieved);
   several samples per cell.
 
-Both work on the bundled model and on any Hugging Face checkpoint loaded by ``longctx.trainer.models.folder``.
+Both work on the tiny model and on any Hugging Face checkpoint (``longctx.trainer.models.interface``).
 The plots and the table take one result per model, so that models are compared on the same windows
 and needles (a line or a panel per model).
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,14 +31,16 @@ from longctx.pipeline.synthetic.kinds import RECALL_KINDS
 from longctx.trainer.coverage import position_edges
 from longctx.trainer.evaluation.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
-from longctx.trainer.models.decoder import Transformer
+
+if TYPE_CHECKING:
+    from longctx.trainer.models.interface import TrainedModel
 
 _ANSWER_SLACK = 8  # tokens beyond a list answer's own, for separators a model may write differently
 
 
 @torch.no_grad()
 def loss_by_position(
-    model: Transformer,
+    model: TrainedModel,
     samples: Iterable[dict[str, torch.Tensor]],
     original: int,
     seq_len: int,
@@ -145,7 +147,7 @@ def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
 
 
 def score_needles(
-    model: Transformer,
+    model: TrainedModel,
     tokenizer,
     examples: Iterable[NeedleExample],
     device: torch.device,
@@ -183,7 +185,7 @@ def score_needles(
 
 
 def needle_grid(
-    model: Transformer,
+    model: TrainedModel,
     tokenizer,
     haystack_texts: list[str],
     lengths: Sequence[int],

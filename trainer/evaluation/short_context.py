@@ -32,7 +32,7 @@ import random
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,7 +46,9 @@ from longctx.packer.tokens import framed
 from longctx.pipeline.documents import document_files, read_column, source_of
 from longctx.trainer.config import ShortContextConfig
 from longctx.trainer.metrics import token_losses
-from longctx.trainer.models.decoder import Transformer
+
+if TYPE_CHECKING:
+    from longctx.trainer.models.interface import TrainedModel
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def guard_windows(
 
 @torch.no_grad()
 def window_loss(
-    model: Transformer, windows: Iterable[ShortWindow], device: torch.device, bf16: bool = False
+    model: TrainedModel, windows: Iterable[ShortWindow], device: torch.device, bf16: bool = False
 ) -> dict[str, Any]:
     """``model``'s mean next-token loss over ``windows`` (token-weighted): ``{"mean_loss",
     "tokens", "windows"}``; ``mean_loss`` is None when no window has a token to predict."""

@@ -4,7 +4,7 @@ Architecture: token embedding, ``num_hidden_layers`` pre-norm blocks (RMSNorm, g
 self-attention with RoPE, RMSNorm, SwiGLU MLP), final RMSNorm, and an output projection that is
 either its own matrix or the transposed embedding (``tie_word_embeddings``). Module and parameter
 names are Hugging Face's (``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``, ...) so a
-checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.models.folder``). The
+checkpoint maps onto :meth:`Transformer.state_dict` by identity (see ``longctx.trainer.models.weights``). The
 model's configuration and its ``config.json`` form are
 :class:`~longctx.trainer.models.decoder_config.ModelConfig`
 (imported here, so ``from longctx.trainer.models.decoder import ModelConfig`` works too).
@@ -275,6 +275,9 @@ class Transformer(nn.Module):
     """
 
     ops: EagerOps = EAGER
+    checkpoint_transforms: list = []  # noqa: RUF012 - read only
+    """How checkpoint names map to parameters (``weights.load_weights``): none, they are Hugging Face's."""
+    base_model_prefix = "model"
 
     def __init__(
         self,
@@ -292,6 +295,10 @@ class Transformer(nn.Module):
             if config.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
+
+    def checkpoint_tensors(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Full tensors under this model's names, as a checkpoint stores them: the same names."""
+        return tensors
 
     def use_ops(self, ops: EagerOps) -> None:
         """Compute norms, SwiGLU, RoPE and the loss with ``ops`` (``longctx.trainer.models.fused``)

@@ -4,8 +4,8 @@ A config is read from and written to a ``config.json`` of Llama, Mistral or Qwen
 reads it (:meth:`ModelConfig.from_hf`, :meth:`ModelConfig.to_hf`): transformers' defaults for the keys
 it omits, the keys this model does not interpret kept verbatim, RoPE through ``longctx.trainer.models.rope``,
 and the checkpoint's sliding-window attention read so that training can refuse to change it
-(:meth:`ModelConfig.check_context_length`). The modules themselves are ``longctx.trainer.models.decoder``;
-reading and writing weights is ``longctx.trainer.models.folder``.
+(:meth:`ModelConfig.check`). The modules themselves are ``longctx.trainer.models.decoder``;
+reading and writing weights is ``longctx.trainer.models.weights``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class ModelConfig:
         Read as transformers does: Mistral applies ``sliding_window`` (default 4096) to every layer
         unless it is null; Qwen2 only with ``use_sliding_window``, to the layers marked
         ``sliding_attention`` in ``layer_types`` (default: layers from ``max_window_layers`` on).
-        This model always attends fully (see :meth:`check_context_length`).
+        This model always attends fully (see :meth:`check`).
         """
         extra = self.hf_extra
         if self.model_type == "mistral":
@@ -142,7 +142,7 @@ class ModelConfig:
             return window if window is not None and "sliding_attention" in layer_types else None
         return None
 
-    def check_context_length(self, seq_len: int) -> None:
+    def check(self, seq_len: int) -> None:
         """Refuse to train windows of ``seq_len`` tokens that the checkpoint's attention cannot see.
 
         This model attends over whole documents. That equals the checkpoint's sliding-window

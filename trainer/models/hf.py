@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -41,9 +40,8 @@ from longctx.trainer.models.decoder import (
     checkpointing_mode,
     chunked_cross_entropy,
 )
-from longctx.trainer.models.folder import config_json, load_weights, materialize
 from longctx.trainer.models.hf_arch import (
-    LENGTH_DEPENDENT_ROPE,
+    call_problems,
     config_problems,
     model_problems,
     rotary_modules,
@@ -51,16 +49,26 @@ from longctx.trainer.models.hf_arch import (
 )
 from longctx.trainer.models.hf_attention import (
     ATTENTION_NAME,
+    PROBE_NAME,
     ROWS_KWARG,
     PackedRows,
+    attention_calls,
     checkpoint_layers,
     register,
 )
-from longctx.trainer.models.rope import RopeConfig, ntk_theta
+from longctx.trainer.models.hf_conversion import checkpoint_transforms, to_checkpoint
+from longctx.trainer.models.rope_keys import LENGTH_DEPENDENT_TYPES, declared_rope, with_run_rope
 from longctx.trainer.models.shape import ModelShape
 
 EXTRA = "pip install 'longctx[transformers]'"
-_ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
+# The config.json keys that declare RoPE (transformers 5 writes rope_parameters; the others are read too).
+_ROPE_DECLARATION = (
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",
+    "original_max_position_embeddings",
+)
 # Not part of the model: the writing library's version, the attention kernel, the storage dtype (the
 # export writes its own, see folder.write_checkpoint).
 _UNSAVED_KEYS = (
@@ -197,10 +205,22 @@ class HFModelConfig:
             tie_word_embeddings=self.tie_word_embeddings,
         )
 
-    def check_context_length(self, seq_len: int) -> None:
-        """Refuse (:class:`ConfigError`) a config whose attention or positions the ring would change at
-        windows of ``seq_len`` tokens (``hf_arch.config_problems``)."""
+    def check(self, seq_len: int) -> None:
+        """Refuse (:class:`ConfigError`, one line) a model the ring cannot train at ``seq_len``-token
+        windows: its config (``hf_arch.config_problems``) and its modules, built on the meta device
+        (``hf_arch.model_problems``)."""
         problems = config_problems(self.transformers_config, seq_len)
+        try:
+            causal_lm = build_causal_lm(self, attention=PROBE_NAME, buffers_on_meta=True)
+        except _BuildError as err:
+            problems.append(err.problem)
+        else:
+            decoder, head = _modules(causal_lm, *decoder_and_head(causal_lm))
+            problems += model_problems(causal_lm, decoder, head)
+            if not decoder_layer_names(causal_lm):
+                problems.append("no decoder layers to shard (_no_split_modules)")
+            if decoder is not None and getattr(type(causal_lm), "_supports_attention_backend", False):
+                problems += [p for p in call_problems(*attention_calls(decoder, 16)) if p not in problems]
         if problems:
             raise refusal(self.model_type, problems)
 
@@ -211,54 +231,30 @@ class HFModelConfig:
         rope_theta: float | None = None,
         max_position_embeddings: int | None = None,
     ) -> HFModelConfig:
-        """This config with a run's RoPE overrides, as ``ModelConfig.with_rope`` reads them: ``rope_scaling``
-        replaces the type and its parameters (a scaling without ``original_max_position_embeddings``
-        gets the checkpoint's ``max_position_embeddings``), a ``rope_theta`` inside it wins over
-        ``rope_theta``, ``ntk`` becomes default RoPE with the NTK base, and ``max_position_embeddings``
-        is replaced last."""
+        """This config with a run's RoPE settings, by the rule both implementations follow
+        (``rope_keys.with_run_rope``). A model that declares no RoPE only gets its
+        ``max_position_embeddings`` (``check_model`` refuses it)."""
         config = self.transformers_config
-        hf = self.to_hf()
-        if max_position_embeddings is not None:
-            hf["max_position_embeddings"] = max_position_embeddings
-        # transformers 5 declares RoPE in rope_parameters (with rope_theta); before: rope_scaling, rope_theta
-        versioned = int(require_transformers().__version__.split(".")[0]) >= 5
-        current = dict(getattr(config, "rope_parameters" if versioned else "rope_scaling", None) or {})
-        if not current and getattr(config, "rope_theta", None) is None:
-            return HFModelConfig.from_hf(hf)  # no RoPE declared: check_model refuses the model
-        if any(isinstance(v, Mapping) for v in current.values()) and (rope_scaling or rope_theta):
-            raise ConfigError(
-                "train.model.rope_scaling: this model declares RoPE per layer type; it cannot be overridden"
+        full = config.to_dict()
+        declared = {k: full[k] for k in _ROPE_DECLARATION if full.get(k) is not None}
+        hf = {**self.to_hf(), **declared}
+        if not declared_rope(hf):
+            if max_position_embeddings is not None:
+                hf["max_position_embeddings"] = max_position_embeddings
+            return HFModelConfig.from_hf(hf)
+        if hf.get("head_dim", "absent") is None:  # Mixtral: None means hidden / heads, which RoPE setup needs
+            hf["head_dim"] = config.hidden_size // config.num_attention_heads
+        try:
+            hf = with_run_rope(
+                hf,
+                rope_scaling=rope_scaling,
+                rope_theta=rope_theta,
+                max_position_embeddings=max_position_embeddings,
+                head_dim=getattr(config, "head_dim", None)
+                or config.hidden_size // config.num_attention_heads,
             )
-        theta = float(
-            (rope_scaling or {}).get("rope_theta")
-            or rope_theta
-            or current.get("rope_theta")
-            or getattr(config, "rope_theta", None)
-            or 10_000.0
-        )
-        if rope_scaling is None:
-            rope_type = current.pop("rope_type", current.pop("type", "default"))
-            params = {k: v for k, v in current.items() if k != "rope_theta"}
-        else:
-            rope_type = rope_scaling.get("rope_type") or rope_scaling.get("type")
-            params = {k: v for k, v in rope_scaling.items() if k not in ("type", "rope_type", "rope_theta")}
-            params = {k: v for k, v in params.items() if v is not None}
-            if current.get("partial_rotary_factor") is not None:
-                params.setdefault("partial_rotary_factor", current["partial_rotary_factor"])
-            if rope_type in _ORIGINAL_LENGTH_TYPES:
-                params.setdefault("original_max_position_embeddings", config.max_position_embeddings)
-        if rope_type == "ntk":
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            rotated = int(head_dim * params.pop("partial_rotary_factor", 1.0))
-            theta = ntk_theta(RopeConfig(rotated, rope_type="ntk", theta=theta, factor=params.pop("factor")))
-            rope_type = "default"
-        if versioned:
-            hf["rope_parameters"] = {"rope_type": rope_type, "rope_theta": theta, **params}
-            hf.pop("rope_scaling", None)
-            hf.pop("rope_theta", None)
-        else:
-            hf["rope_theta"] = theta
-            hf["rope_scaling"] = {"rope_type": rope_type, **params} if rope_type != "default" else None
+        except ValueError as err:
+            raise ConfigError(f"train.model.rope_scaling: {err}") from None
         return HFModelConfig.from_hf(hf)
 
 
@@ -300,45 +296,32 @@ class _BuildError(ConfigError):
         self.problem = problem
 
 
-def build_causal_lm(config: HFModelConfig) -> nn.Module:
-    """The transformers causal LM of ``config`` with ring attention, float32 parameters on the meta
-    device and its buffers (RoPE frequencies) computed on the CPU. Fill it with ``to_empty`` and a
-    weight loader."""
+def build_causal_lm(
+    config: HFModelConfig, *, attention: str = ATTENTION_NAME, buffers_on_meta: bool = False
+) -> nn.Module:
+    """The transformers causal LM of ``config`` with ring attention (or another registered
+    ``attention``, the check's probe), float32 parameters on the meta device and its buffers (RoPE
+    frequencies) computed on the CPU, or on the meta device too with ``buffers_on_meta`` (a model only
+    inspected). Fill it with ``to_empty`` and a weight loader."""
     require_transformers()
     import transformers
     from accelerate import init_empty_weights
 
     register()
     try:
-        with init_empty_weights(include_buffers=False):
+        with init_empty_weights(include_buffers=buffers_on_meta):
             causal_lm = transformers.AutoModelForCausalLM.from_config(
-                config.transformers_config, attn_implementation=ATTENTION_NAME, dtype=torch.float32
+                config.transformers_config, attn_implementation=attention, dtype=torch.float32
             )
         causal_lm.tie_weights()  # the meta parameters replaced the ones transformers tied
         return causal_lm
-    except (ValueError, KeyError, TypeError, ImportError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError, ImportError) as err:
         message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        problem = (
-            f"no transformers attention interface ({ATTENTION_NAME} attention fails to build: {message})"
-        )
+        if "attn_implementation" in message or attention in message:
+            problem = f"no transformers attention interface (it refuses a custom attention: {message})"
+        else:
+            problem = f"a config transformers cannot build a model from ({type(err).__name__}: {message})"
         raise _BuildError(config.model_type, problem) from None
-
-
-def check_model(config: HFModelConfig, seq_len: int) -> None:
-    """Refuse (:class:`ConfigError`, one line) a model the ring cannot train at ``seq_len``-token
-    windows: its config (``hf_arch.config_problems``) and its modules, built on the meta device
-    (``hf_arch.model_problems``)."""
-    problems = config_problems(config.transformers_config, seq_len)
-    try:
-        causal_lm = build_causal_lm(config)
-    except _BuildError as err:
-        problems.append(err.problem)
-    else:
-        problems += model_problems(causal_lm, *_modules(causal_lm, *decoder_and_head(causal_lm)))
-        if not decoder_layer_names(causal_lm):
-            problems.append("no decoder layers to shard (_no_split_modules)")
-    if problems:
-        raise refusal(config.model_type, problems)
 
 
 def _modules(root: nn.Module, *names: str | None) -> list[nn.Module | None]:
@@ -379,7 +362,7 @@ class HFCausalLM(nn.Module):
 
     ``attention`` defaults to :class:`RingAttention` with no group (local); ``activation_checkpointing``
     is a mode of ``model.checkpointing_mode``. Built on the meta device for parameters (buffers on the
-    CPU): call ``to_empty`` and fill the weights (``folder.load_weights``, ``build.fill_random``).
+    CPU): call ``to_empty`` and fill the weights (``weights.load_weights``, ``build.fill_random``).
     """
 
     def __init__(
@@ -409,12 +392,17 @@ class HFCausalLM(nn.Module):
         self._window_ropes = [
             _WindowRope(m)
             for m in rotary_modules(self)
-            if getattr(m, "rope_type", None) in LENGTH_DEPENDENT_ROPE
+            if getattr(m, "rope_type", None) in LENGTH_DEPENDENT_TYPES
         ]
         for pinned in self._window_ropes:
             assert window_pinnable(pinned.module)  # model_problems refuses the others
             pinned.module.forward = pinned
         checkpoint_layers(self.decoder_layers, checkpointing_mode(activation_checkpointing))
+        self.base_model_prefix = causal_lm.base_model_prefix
+        self.checkpoint_transforms = checkpoint_transforms(causal_lm)
+        # The causal LM itself, not registered as a child (its children are this module's): transformers'
+        # checkpoint conversion and experts dispatch are methods of it.
+        self.__dict__["_causal_lm"] = causal_lm
 
     @property
     def decoder_layers(self) -> list[nn.Module]:
@@ -433,6 +421,19 @@ class HFCausalLM(nn.Module):
     def tied(self) -> bool:
         """Whether the output head's weight is the input embedding's."""
         return self.output_head.weight is self.input_embedding.weight
+
+    def _experts_for(self, dtype: torch.dtype) -> None:
+        """Mixture-of-experts layers in float64 (tests, references) computed by transformers' eager
+        experts: its default, ``grouped_mm``, has no float64 kernel."""
+        causal_lm = self._causal_lm
+        current = getattr(causal_lm.config, "_experts_implementation", None)
+        if dtype == torch.float64 and current not in (None, "eager"):
+            causal_lm.set_experts_implementation("eager")
+
+    def checkpoint_tensors(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Full tensors under this model's names, as ``save_pretrained`` stores them (transformers'
+        checkpoint conversion reverted: per-expert tensors, renamed keys; ``hf_conversion``)."""
+        return to_checkpoint(self._causal_lm, tensors)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Vocabulary logits of hidden states, as the causal LM computes them (head, then its logit scale)."""
@@ -461,6 +462,7 @@ class HFCausalLM(nn.Module):
                 t[None] for t in (input_ids, position_ids, token_index, segment_ids)
             )
         window = rope_seq_len if rope_seq_len is not None else int(position_ids.max()) + 1
+        self._experts_for(self.input_embedding.weight.dtype)
         for pinned in self._window_ropes:
             pinned.seq_len = window
         rows = [bind_row(self.attention, token_index[b], segment_ids[b]) for b in range(input_ids.shape[0])]
@@ -477,20 +479,3 @@ class HFCausalLM(nn.Module):
         losses = chunked_cross_entropy(hidden, labels, self.logits, vocab_size=self.config.vocab_size)
         # FSDP2 hooks the output for backward; an output that is a view could lose that hook
         return losses.clone() if losses._base is not None else losses
-
-
-def load_hf_model(
-    directory: str | os.PathLike[str],
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    attention: Attention | None = None,
-    activation_checkpointing: str | bool = "none",
-) -> HFCausalLM:
-    """The transformers model of the checkpoint in ``directory`` with ring attention, unsharded, its
-    weights loaded in ``dtype`` on ``device`` (``folder.load_model``'s counterpart)."""
-    config = HFModelConfig.from_hf(config_json(directory))
-    model = HFCausalLM(config, attention=attention, activation_checkpointing=activation_checkpointing)
-    materialize(model, device, dtype)
-    load_weights(model, directory)
-    return model

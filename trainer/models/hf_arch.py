@@ -22,11 +22,15 @@ in one line naming what is missing (:func:`architecture_problems`):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from torch import nn
 
-LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+from longctx.trainer.models.rope_keys import LENGTH_DEPENDENT_TYPES
+
+_SINK_NAMES = ("sinks", "s_aux", "attention_sinks")
+_POSITION_TABLE = re.compile(r"pos|wpe")  # GPT-2's wpe, OPT's embed_positions, ...
 _FULL = "full_attention"
 _SLIDING = "sliding_attention"
 
@@ -93,8 +97,15 @@ def _own_buffers(module: nn.Module) -> set[str]:
 
 
 def rotary_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules holding RoPE frequencies (an ``inv_freq`` buffer), transformers' rotary embeddings."""
-    return [m for m in model.modules() if "inv_freq" in _own_buffers(m)]
+    """The modules holding RoPE frequencies, transformers' rotary embeddings: an ``inv_freq`` buffer, or
+    one per layer type (``sliding_attention_inv_freq``, Gemma 3)."""
+    return [m for m in model.modules() if any(n.endswith("inv_freq") for n in _own_buffers(m))]
+
+
+def _rope_types(rotary: nn.Module) -> list[str]:
+    """The RoPE types a rotary module computes (one, or one per layer type)."""
+    kind = getattr(rotary, "rope_type", None)
+    return [str(v) for v in kind.values()] if isinstance(kind, dict) else [str(kind)]
 
 
 def window_pinnable(rotary: nn.Module) -> bool:
@@ -124,15 +135,54 @@ def model_problems(causal_lm: nn.Module, decoder: nn.Module | None, head: nn.Mod
     if not rotary:
         problems.append("no rotary position embedding (no RoPE module)")
     inputs = causal_lm.get_input_embeddings() if hasattr(causal_lm, "get_input_embeddings") else None
-    positions = [n for n, m in causal_lm.named_modules() if isinstance(m, nn.Embedding) and m is not inputs]
+    tables = [
+        n
+        for n, m in causal_lm.named_modules()
+        if isinstance(m, nn.Embedding) and m is not inputs and "token" not in n.rsplit(".", 1)[-1]
+    ]
+    positions = [n for n in tables if _POSITION_TABLE.search(n.rsplit(".", 1)[-1])]
     if positions:
         problems.append(f"absolute position embeddings ({', '.join(positions)})")
-    dependent = [m for m in rotary if getattr(m, "rope_type", None) in LENGTH_DEPENDENT_ROPE]
+    others = [n for n in tables if n not in positions]
+    if others:
+        problems.append(f"embedding tables besides its token embeddings ({', '.join(others)})")
+    sinks = [n for n, _ in causal_lm.named_parameters() if n.rsplit(".", 1)[-1] in _SINK_NAMES]
+    if sinks:
+        problems.append(f"attention sinks ({', '.join(sinks[:2])}{', ...' if len(sinks) > 2 else ''})")
+    dependent = [m for m in rotary if set(_rope_types(m)) & set(LENGTH_DEPENDENT_TYPES)]
     if any(not window_pinnable(m) for m in dependent):
+        kinds = sorted(set(_rope_types(dependent[0])) & set(LENGTH_DEPENDENT_TYPES))
         problems.append(
-            f"length-dependent RoPE ({dependent[0].rope_type}) whose rotary module cannot be given the "
+            f"length-dependent RoPE ({', '.join(kinds)}) whose rotary module cannot be given the "
             "window length"
         )
+    return problems
+
+
+def call_problems(calls: list[Any], stopped: Exception | None) -> list[str]:
+    """What the attention calls of a model (``hf_attention.attention_calls``: the layers its forward
+    reached on the meta device) show the ring cannot compute, which its config does not say: packed
+    rows that do not reach the attention, an attention mask of the model's own (a learned or dynamic
+    mask), attention sinks. Soft-capping, dropout and sliding windows are read from the config
+    (:func:`config_problems`), and refused at run time too."""
+    if not calls and stopped is None:
+        return ["no attention call through transformers' attention interface"]
+    problems = []
+    lost = sorted({c.module for c in calls if not c.rows})
+    if lost:
+        problems.append(
+            "decoder layers that do not pass the model's keyword arguments to their attention "
+            f"({', '.join(lost)} gets none of them, so the ring's document masks cannot reach it)"
+        )
+    masked = sorted({c.module for c in calls if c.mask})
+    if masked:
+        problems.append(
+            f"an attention mask of its own ({', '.join(masked)} is given one; ring attention applies "
+            "document masks only)"
+        )
+    sinks = sorted({f"{c.module} is given {k}" for c in calls for k in ("s_aux", "sinks") if k in c.extras})
+    if sinks:
+        problems.append(f"attention sinks ({'; '.join(sinks)})")
     return problems
 
 

@@ -30,8 +30,11 @@ from longctx.trainer.models.checkpointing import run_block
 from longctx.trainer.models.decoder import RowAttention
 
 ATTENTION_NAME = "longctx_ring"
+PROBE_NAME = "longctx_probe"
 ROWS_KWARG = "longctx_rows"
 """The keyword argument of the model's ``forward`` that carries the :class:`PackedRows`."""
+# Keyword arguments transformers passes to every attention function that the ring needs no action for.
+_ROUTINE_KWARGS = (ROWS_KWARG, "position_ids", "use_cache", "cache_position", "output_attentions")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,11 @@ def ring_attention_forward(
             f"attn_implementation {ATTENTION_NAME!r} needs the rows' ring attention as "
             f"{ROWS_KWARG}=PackedRows(...) in the model's forward (hf.HFCausalLM passes it)"
         )
+    if attention_mask is not None:
+        raise ValueError(
+            f"{type(module).__name__} passes an attention mask of its own; ring attention applies document "
+            "masks only"
+        )
     if dropout:
         raise ValueError(f"ring attention has no attention dropout (got {dropout})")
     for name in ("softcap", "s_aux", "sinks"):
@@ -86,11 +94,67 @@ def ring_attention_forward(
     return torch.stack(out), None
 
 
+@dataclass(frozen=True)
+class AttentionCall:
+    """What a model hands its attention function, as :func:`attention_calls` saw it: the attention
+    module's class, whether the packed rows arrived, whether the model built an attention mask of its
+    own, the dropout, and every other keyword argument that has a value (``sliding_window``,
+    ``s_aux``, ``softcap``...)."""
+
+    module: str
+    rows: bool
+    mask: bool
+    dropout: float
+    extras: dict[str, Any]
+
+
+_PROBED: list[AttentionCall] = []
+"""The calls the probe saw during :func:`attention_calls` (a check runs in one thread)."""
+
+
+def _probe_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Record the call and give the output's shape (meta tensors: nothing is computed)."""
+    extras = {k: v for k, v in kwargs.items() if v is not None and k not in _ROUTINE_KWARGS}
+    rows = ROWS_KWARG in kwargs
+    _PROBED.append(AttentionCall(type(module).__name__, rows, attention_mask is not None, dropout, extras))
+    return torch.empty_like(query).transpose(1, 2).contiguous(), None
+
+
+def attention_calls(decoder: nn.Module, length: int) -> tuple[list[AttentionCall], Exception | None]:
+    """Run ``decoder`` (of a model built with ``attn_implementation=PROBE_NAME``, on the meta device: no
+    memory, no compute) on one meta row of ``length`` tokens, as ``HFCausalLM.forward`` calls it, and
+    return every call of its attention interface, in order, with the exception that stopped the forward
+    early (None when it finished): mixture-of-experts layers, for one, cannot route meta tensors, so
+    what is seen then is the calls of the layers before the first such layer."""
+    with torch.device("meta"):
+        ids = torch.zeros(1, length, dtype=torch.long)
+        positions = torch.arange(length)[None]
+    _PROBED.clear()
+    stopped = None
+    try:
+        with torch.no_grad():
+            decoder(input_ids=ids, position_ids=positions, use_cache=False, **{ROWS_KWARG: "probe"})
+    except Exception as err:
+        stopped = err
+    calls, _PROBED[:] = list(_PROBED), []
+    return calls, stopped
+
+
 def register() -> None:
-    """Make ``attn_implementation="longctx_ring"`` known to transformers (idempotent)."""
+    """Make ``attn_implementation="longctx_ring"`` (and the probe's) known to transformers (idempotent)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, ring_attention_forward)
+    AttentionInterface.register(PROBE_NAME, _probe_forward)
 
 
 def _checkpointed(forward: Callable[..., Any], mode: str) -> Callable[..., Any]:

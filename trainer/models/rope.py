@@ -41,21 +41,28 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from longctx.trainer.models.rope_keys import _REQUIRED_KEYS, _TYPE_KEYS
+from longctx.trainer.models.rope_keys import (
+    _REQUIRED_KEYS,
+    _TYPE_KEYS,
+    LENGTH_DEPENDENT_TYPES,
+    ORIGINAL_LENGTH_TYPES,
+    declared_rope,
+    ntk_base,
+    per_layer_type,
+    with_run_rope,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_THETA = 10_000.0
 
 _SCALING_FIELDS = frozenset(name for keys in _TYPE_KEYS.values() for name in keys)
-# Types whose pretraining length transformers defaults to ``max_position_embeddings`` when absent.
-_ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -108,13 +115,13 @@ class RopeConfig:
                 raise ValueError(
                     f"{name} must have head_dim / 2 = {self.head_dim // 2} entries, got {len(value)}"
                 )
-        if self.rope_type in _ORIGINAL_LENGTH_TYPES and self.original_max_position_embeddings is None:
+        if self.rope_type in ORIGINAL_LENGTH_TYPES and self.original_max_position_embeddings is None:
             object.__setattr__(self, "original_max_position_embeddings", self.max_position_embeddings)
 
     @property
     def depends_on_seq_len(self) -> bool:
         """True for types whose frequencies change with the current sequence length."""
-        return self.rope_type in ("dynamic", "longrope")
+        return self.rope_type in LENGTH_DEPENDENT_TYPES
 
     @classmethod
     def from_hf(cls, hf_config: Mapping[str, Any], head_dim: int) -> RopeConfig:
@@ -127,14 +134,13 @@ class RopeConfig:
         ``max_position_embeddings`` is required. Keys the type does not use are dropped with a warning
         (transformers ignores them too).
         """
-        params = dict(hf_config.get("rope_scaling") or hf_config.get("rope_parameters") or {})
-        if any(isinstance(value, Mapping) for value in params.values()):
+        params = declared_rope(hf_config)
+        if per_layer_type(params):
             raise ValueError("per-layer-type rope_parameters are not supported by Llama-family models")
-        rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
-        params.pop("type", None)
+        rope_type = params.pop("rope_type", None) or "default"
         if rope_type not in _TYPE_KEYS:
             raise ValueError(f"unknown rope_type {rope_type!r}; supported: {', '.join(_TYPE_KEYS)}")
-        theta = params.pop("rope_theta", None) or hf_config.get("rope_theta") or DEFAULT_THETA
+        theta = params.pop("rope_theta", None) or DEFAULT_THETA
         if "max_position_embeddings" not in hf_config:
             raise ValueError("config has no max_position_embeddings")
         if "partial_rotary_factor" not in params and hf_config.get("partial_rotary_factor") is not None:
@@ -147,7 +153,7 @@ class RopeConfig:
                 "Llama-family models rotate whole heads: partial_rotary_factor needs rope_type 'proportional'"
             )
         if (
-            rope_type in _ORIGINAL_LENGTH_TYPES
+            rope_type in ORIGINAL_LENGTH_TYPES
             and hf_config.get("original_max_position_embeddings") is not None
         ):
             params["original_max_position_embeddings"] = hf_config["original_max_position_embeddings"]
@@ -198,25 +204,16 @@ class RopeConfig:
         rope_theta: float | None = None,
         max_position_embeddings: int | None = None,
     ) -> RopeConfig:
-        """This RoPE with a run's overrides, each declared as in a Hugging Face ``config.json``.
-
-        ``rope_scaling`` (a ``rope_scaling``/``rope_parameters`` dict) replaces the scaling type and
-        its parameters; ``rope_theta`` the base (a ``rope_theta`` inside ``rope_scaling`` wins, as in
-        transformers). A scaling without ``original_max_position_embeddings`` defaults it to the
-        current ``max_position_embeddings`` (the checkpoint's pretraining length) before
-        ``max_position_embeddings`` is replaced, e.g. by the extended training length.
-        """
-        config = self if rope_theta is None else replace(self, theta=float(rope_theta))
-        if rope_scaling is not None:
-            declared = {
-                "max_position_embeddings": config.max_position_embeddings,
-                "rope_theta": config.theta,
-                "rope_scaling": dict(rope_scaling),
-            }
-            config = RopeConfig.from_hf(declared, config.head_dim)
-        if max_position_embeddings is not None:
-            config = replace(config, max_position_embeddings=max_position_embeddings)
-        return config
+        """This RoPE with a run's overrides, each declared as in a Hugging Face ``config.json``, by the
+        rule both implementations follow (``rope_keys.with_run_rope``)."""
+        declared = with_run_rope(
+            self.to_hf(),
+            rope_scaling=rope_scaling,
+            rope_theta=rope_theta,
+            max_position_embeddings=max_position_embeddings,
+            head_dim=self.head_dim,
+        )
+        return RopeConfig.from_hf(declared, self.head_dim)
 
 
 HF_ROPE_KEYS = frozenset(
@@ -246,14 +243,8 @@ def _base_frequencies(theta: float, dim: int, device: torch.device | None) -> Te
 
 
 def ntk_theta(config: RopeConfig) -> float:
-    """NTK-aware base: ``theta * factor ** (d / (d - 2))``.
-
-    Changing the base instead of the positions leaves the highest frequency untouched and stretches
-    the lowest one by exactly ``factor``, so nearby tokens keep their resolution (bloc97, "NTK-Aware
-    Scaled RoPE", r/LocalLLaMA, 2023).
-    """
-    d = config.head_dim
-    return config.theta * config.factor ** (d / (d - 2))
+    """The NTK-aware base of ``config`` (``rope_keys.ntk_base``)."""
+    return ntk_base(config.theta, config.factor, config.head_dim)
 
 
 def _default(config: RopeConfig, seq_len: int | None, device: torch.device | None) -> tuple[Tensor, float]:

@@ -107,3 +107,107 @@ def check_rope_scaling(scaling: Mapping[str, Any]) -> None:
 def takes_factor(scaling: Mapping[str, Any]) -> bool:
     """Whether the ``rope_type`` of a checked ``scaling`` has a ``factor`` (``default`` has none)."""
     return "factor" in _TYPE_KEYS.get(scaling.get("rope_type", scaling.get("type")), ())
+
+
+ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
+"""Types with a pretraining length (``original_max_position_embeddings``), which transformers defaults to
+``max_position_embeddings`` when absent."""
+
+LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
+"""Types whose frequencies depend on the current sequence length (training passes the window's)."""
+
+_LEGACY_KEYS = ("rope_scaling", "rope_theta")
+
+
+def ntk_base(theta: float, factor: float, dim: int) -> float:
+    """The NTK-aware base for ``dim`` rotated channels: ``theta * factor ** (dim / (dim - 2))``.
+
+    Changing the base instead of the positions leaves the highest frequency untouched and stretches
+    the lowest one by exactly ``factor``, so nearby tokens keep their resolution (bloc97, "NTK-Aware
+    Scaled RoPE", r/LocalLLaMA, 2023).
+    """
+    return theta * factor ** (dim / (dim - 2))
+
+
+def declared_rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The RoPE a ``config.json`` dict declares, read as transformers 5 reads it: a non-empty legacy
+    ``rope_scaling`` wins over ``rope_parameters``; a top-level ``rope_theta`` fills a missing base.
+    Per-layer-type declarations (``{"full_attention": {...}, "sliding_attention": {...}}``) come back
+    as they are."""
+    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
+    if "type" in params:
+        params.setdefault("rope_type", params.pop("type"))
+    if not per_layer_type(params) and "rope_theta" not in params and hf.get("rope_theta"):
+        params["rope_theta"] = hf["rope_theta"]
+    return params
+
+
+def per_layer_type(params: Mapping[str, Any]) -> bool:
+    """Whether a RoPE declaration gives one RoPE per layer type (Gemma 3, OLMo 3...)."""
+    return any(isinstance(value, Mapping) for value in params.values())
+
+
+def with_run_rope(
+    hf: Mapping[str, Any],
+    *,
+    rope_scaling: Mapping[str, Any] | None = None,
+    rope_theta: float | None = None,
+    max_position_embeddings: int | None = None,
+    head_dim: int | None = None,
+) -> dict[str, Any]:
+    """A ``config.json`` dict with a run's RoPE settings (``train.model.rope_scaling``, ``rope_theta``,
+    and ``max_position_embeddings`` = ``context.target``): the one rule both implementations follow.
+
+    * ``rope_scaling`` replaces the type and its parameters (``None``: the checkpoint's stay); a
+      ``rope_theta`` inside it wins over ``rope_theta``, which wins over the checkpoint's base.
+    * A scaling with a pretraining length (:data:`ORIGINAL_LENGTH_TYPES`) that does not give
+      ``original_max_position_embeddings`` gets the checkpoint's: its top-level
+      ``original_max_position_embeddings`` (Phi-3) or else its ``max_position_embeddings``; the
+      checkpoint's ``partial_rotary_factor`` is kept.
+    * A top-level ``original_max_position_embeddings`` (Phi-3), which transformers prefers to the one in
+      the RoPE parameters, is set to the value the run uses, so that the run's value is the one used.
+    * ``ntk`` (not a transformers type) becomes default RoPE with the NTK base (:func:`ntk_base` over
+      the rotated part of ``head_dim``).
+    * ``max_position_embeddings`` is replaced last.
+
+    The result declares RoPE in ``rope_parameters`` (transformers 5), without the legacy keys. Raises
+    ``ValueError`` (one line) for a per-layer-type declaration that the run would override.
+    """
+    out = {key: value for key, value in hf.items() if key not in _LEGACY_KEYS}
+    current = declared_rope(hf)
+    if per_layer_type(current):
+        if rope_scaling is not None or rope_theta is not None:
+            raise ValueError(
+                f"the model declares one RoPE per layer type ({', '.join(sorted(current))}); "
+                "train.model.rope_scaling and rope_theta cannot override it"
+            )
+        out["rope_parameters"] = current
+    else:
+        theta = (rope_scaling or {}).get("rope_theta") or rope_theta or current.get("rope_theta") or 10_000.0
+        if rope_scaling is None:
+            rope_type = current.get("rope_type", "default")
+            params = {k: v for k, v in current.items() if k not in ("rope_type", "rope_theta")}
+        else:
+            rope_type = rope_scaling.get("rope_type") or rope_scaling.get("type")
+            params = {
+                k: v
+                for k, v in rope_scaling.items()
+                if k not in ("type", "rope_type", "rope_theta") and v is not None
+            }
+            if current.get("partial_rotary_factor") is not None:
+                params.setdefault("partial_rotary_factor", current["partial_rotary_factor"])
+            pretrained = hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
+            if rope_type in ORIGINAL_LENGTH_TYPES and pretrained is not None:
+                params.setdefault("original_max_position_embeddings", pretrained)
+        if rope_type == "ntk":
+            if head_dim is None:
+                raise ValueError("rope_type 'ntk' needs the model's head_dim")
+            rotated = int(head_dim * params.pop("partial_rotary_factor", 1.0))
+            theta = ntk_base(float(theta), float(params.pop("factor")), rotated)
+            rope_type = "default"
+        if "original_max_position_embeddings" in out and "original_max_position_embeddings" in params:
+            out["original_max_position_embeddings"] = params["original_max_position_embeddings"]
+        out["rope_parameters"] = {"rope_type": rope_type, "rope_theta": float(theta), **params}
+    if max_position_embeddings is not None:
+        out["max_position_embeddings"] = max_position_embeddings
+    return out

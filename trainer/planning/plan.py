@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from longctx.core.errors import ConfigError
+from longctx.trainer.models.files import CONFIG_NAME
 from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING, ModelShape  # noqa: F401
 from longctx.trainer.parallel.mesh import MeshShape
 from longctx.trainer.planning.fit import Change, Layout, smallest_changes
@@ -124,11 +125,11 @@ def load_model_shape(spec: str) -> ModelShape:
         return ModelShape.from_hf(preset, spec.lower())
     path = Path(spec)
     if path.is_dir():
-        path = path / "config.json"
+        path = path / CONFIG_NAME
     if not path.is_file():
         raise ConfigError(
             f"unknown model {spec!r}: not a preset ({', '.join(PRESETS)}) nor a folder or file "
-            "holding config.json"
+            f"holding {CONFIG_NAME}"
         )
     try:
         config = json.loads(path.read_text())
