@@ -199,6 +199,69 @@ def test_keep_optimizer_carries_the_adam_moments_into_the_next_stage(
     assert_same_weights(weights(folder), b)
 
 
+def chained_by_hand(
+    root: Path, tmp_path: Path, name: str, start: Path, seq_len: int, factor: float, steps: int
+) -> Path:
+    """An ordinary run of ``steps`` steps on ``root``'s windows of ``seq_len`` tokens from the model
+    folder ``start``, with YaRN factor ``factor``: what a stage starting from ``start`` trains."""
+    out = tmp_path / name
+    plain = {
+        "output": str(out),
+        "context": {"original": ORIGINAL, "target": seq_len},
+        "tokenizer": {"path": str(root / "tokenizer.json")},
+        "train": {
+            "shards": str(root / "shards" / f"seq{seq_len}"),
+            "steps": steps,
+            "optim": {"lr": 3e-3, "warmup_steps": 1},
+            "checkpoint": {"every": 3, "keep": 3},
+            "model": {"hf_path": str(start), "rope_scaling": {**YARN, "factor": factor}},
+        },
+    }
+    jobs.train(parse_config(plain), progress=False)
+    return out / "train" / "final"
+
+
+def test_a_stage_whose_predecessor_changed_is_trained_again(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Stage 1's steps raised after the run finished: stage 1 trains the extra step, and stage 2,
+    which started from stage 1's old last checkpoint, is trained again from the new one (its earlier
+    folder kept aside, byte for byte), ending with the weights of a run started by hand from stage 1's
+    new model. A stage 2 from before the change (as if the run was killed between the stages) is not
+    taken as finished either, and is trained again to the same weights."""
+    root = run_folder(packed_root, tmp_path)
+    jobs.train(parse_config(staged(root, two_stages(steps=2))), progress=False)
+    stage1, stage2 = root / "train" / "stages" / "1-256", root / "train" / "stages" / "2-512"
+    before = snapshot(stage2)
+    raised = two_stages(steps=2)
+    raised[0]["steps"] = 3
+    cfg = parse_config(staged(root, raised))
+    capsys.readouterr()
+    first, second = jobs.train(cfg, progress=False).stages
+    assert first.result is not None and first.result.resumed_from == 2 and first.result.steps == 3
+    assert second.result is not None and second.result.resumed_from == 0
+    aside = root / "train" / "stages" / "2-512.superseded-1"
+    out = capsys.readouterr().out
+    assert (
+        f"stage 2 (512 tokens) started from {stage1 / 'checkpoints' / 'step_0000002'}, but stage 1 "
+        f"(256 tokens) now ends with {stage1 / 'checkpoints' / 'step_0000003'}: training it again; its "
+        f"earlier results are kept in {aside}"
+    ) in out
+    assert snapshot(aside) == before
+    want = weights(chained_by_hand(root, tmp_path, "by_hand", stage1 / "final", 512, 4.0, 2))
+    assert_same_weights(weights(stage2 / "final"), want)
+
+    # stage 2 as it was before the change, back in place: out of date, so not finished
+    shutil.rmtree(stage2)
+    aside.rename(stage2)
+    assert jobs.finished_training(cfg) is None
+    _, second = jobs.train(cfg, progress=False).stages
+    assert second.result is not None and second.result.resumed_from == 0
+    assert_same_weights(weights(stage2 / "final"), want)
+    assert snapshot(root / "train" / "stages" / "2-512.superseded-1") == before
+    assert jobs.finished_training(cfg) is not None  # now every stage follows from the one before
+
+
 def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
