@@ -126,10 +126,12 @@ class OptimConfig(StrictModel):
 class CoverageConfig(StrictModel):
     """Refuse runs that would never train the extended positions.
 
-    Before the first step the shards' largest position must reach ``required_position`` (default:
-    ``context.target - 1``; never below ``context.original``). While training, the run aborts when
-    ``max_steps_without_long`` steps pass without any trained token at or beyond
-    ``context.original``. ``allow_short`` turns both checks into warnings.
+    Before the first step the shards' largest position must reach ``required_position``, as given
+    (default: ``context.target - 1``, the windows' last position; in a staged run, capped at each
+    stage's last position). While training, the run aborts when ``max_steps_without_long`` steps pass
+    without any trained token at or beyond ``context.original`` (not checked in windows of
+    ``context.original`` tokens or fewer, which cannot hold one). ``allow_short`` turns both checks
+    into warnings.
     """
 
     required_position: int | None = Field(

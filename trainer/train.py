@@ -330,13 +330,15 @@ def _check_rows(job: TrainJob, rows: StepRows, state: ParallelState) -> None:
     shards = f"the shards' seq_len ({rows.dataset.shards.source})"
     MeshShape.check_window(rows.seq_len, state.cp_size, length_key=shards, cp_key="train.cp")
     coverage = job.train.coverage
-    required = required_position(original, job.context.target, coverage.required_position)
+    required = required_position(job.context.target, coverage.required_position)
     try:
         check_shard_coverage(
             manifest.max_position,
             {name: s.max_position for name, s in manifest.sources.items()},
             required,
             original,
+            configured=coverage.required_position,
+            allow_short=coverage.allow_short,
         )
     except CoverageError as err:
         if not coverage.allow_short:

@@ -262,6 +262,32 @@ def test_a_stage_whose_predecessor_changed_is_trained_again(
     assert jobs.finished_training(cfg) is not None  # now every stage follows from the one before
 
 
+def test_a_stage_at_context_original_trains_with_the_required_position_as_given(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """context.original 256: the first stage trains windows of the original length, whose last
+    position is 255. ``train.coverage.required_position: 255``, what the coverage error's advice asks
+    for, is honoured as given (not raised to context.original), and that stage trains more steps
+    than ``max_steps_without_long``, since its windows cannot hold a position at or beyond
+    context.original."""
+    root = run_folder(packed_root, tmp_path)
+    stages = [{"seq_len": 256, "steps": 3, "factor": 1.0}, {"seq_len": 512, "steps": 1, "factor": 2.0}]
+    rope = {**YARN, "factor": 2.0, "original_max_position_embeddings": 256}
+    settings = staged(
+        root,
+        stages,
+        coverage={"required_position": 255, "max_steps_without_long": 2},
+        model={"rope_scaling": rope, "tiny": TINY},
+    )
+    settings["context"]["original"] = 256
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["train", "--config", str(config)]) == 0, capsys.readouterr().err
+    for folder in ("1-256", "2-512"):
+        assert (root / "train" / "stages" / folder / "final" / "config.json").is_file()
+    assert [r["step"] for r in records(root / "train" / "stages" / "1-256" / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
