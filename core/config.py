@@ -205,8 +205,8 @@ class SlurmConfig(StrictModel):
 
     partition: str = Field(description="the Slurm partition the tasks are submitted to")
     time: str = Field(default="24:00:00", description="time limit of each job (sbatch --time)")
-    cpus_per_task: int = Field(default=1, description="CPUs per task (sbatch --cpus-per-task)")
-    mem_per_cpu_gb: int = Field(default=2, description="memory per CPU in GB (sbatch --mem-per-cpu)")
+    cpus_per_task: int = Field(default=1, gt=0, description="CPUs per task (sbatch --cpus-per-task)")
+    mem_per_cpu_gb: int = Field(default=2, gt=0, description="memory per CPU in GB (sbatch --mem-per-cpu)")
     qos: str = Field(default="normal", description="quality of service (sbatch --qos)")
     sbatch_args: dict[str, str] = Field(
         default_factory=dict, description="further sbatch options, e.g. {account: my_account}"

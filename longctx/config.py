@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, ValidationError
 
 from longctx.core.config import (
     ContextConfig,
@@ -165,9 +165,25 @@ def read_yaml(text: str, origin: str) -> Any:
         loader.dispose()
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:
+def _check_flags(data: dict[str, Any], flags: dict[str, str]) -> None:
+    """Refuse a value given on the command line that its config key does not take, in one line naming
+    the flag (``--steps 0: ...``) rather than the config file, which holds no such value."""
+    try:
+        RootConfig.model_validate(data)
+    except ValidationError as err:
+        for problem in err.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            if key in flags:
+                message = problem["msg"].removeprefix("Value error, ")
+                raise ConfigError(f"{flags[key]} {problem.get('input')}: {message} (it sets {key})") from None
+
+
+def load_config(
+    path: str | Path, overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None
+) -> RootConfig:
     """Read a YAML config (``yaml.safe_load``, a key repeated in one mapping refused), apply dotted-key
-    overrides, validate it."""
+    overrides, validate it. ``flags`` names the command-line flag of each overridden key: a value the
+    key does not take is refused naming the flag."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -185,4 +201,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ro
         for part in parents:
             target = target.setdefault(part, {})
         target[last] = value
+    given = {key: flag for key, flag in (flags or {}).items() if (overrides or {}).get(key) is not None}
+    if given:
+        _check_flags(data, given)
     return parse_config(data, str(path))

@@ -453,14 +453,16 @@ class NeedleEvalConfig(StrictModel):
     """The needle-retrieval grid: context lengths x depths, per task kind."""
 
     lengths: list[int] = Field(
-        default_factory=lambda: [256, 512, 1024, 2048], description="prompt lengths in tokens"
+        default_factory=lambda: [256, 512, 1024, 2048], min_length=1, description="prompt lengths in tokens"
     )
     depths: list[float] = Field(
         default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0],
+        min_length=1,
         description="where the needle sits, as a fraction of the prompt (0: start, 1: end)",
     )
     kinds: list[TaskKind] = Field(
         default_factory=lambda: ["single_needle"],
+        min_length=1,
         description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
         "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
     )
@@ -474,6 +476,13 @@ class NeedleEvalConfig(StrictModel):
         description="tokens generated per answer; the recall-scored kinds get at least their answer's "
         "tokens plus 8",
     )
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths_positive(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError(f"lengths must be at least 1 token, got {value}")
+        return value
 
     @field_validator("depths")
     @classmethod

@@ -75,6 +75,13 @@ def run(args: argparse.Namespace) -> int:
             "curate.executor.tasks": args.tasks,
             "curate.executor.workers": args.workers,
         },
+        {
+            "curate.input": "--input",
+            "output": "--output",
+            "curate.output": "--publish",
+            "curate.executor.tasks": "--tasks",
+            "curate.executor.workers": "--workers",
+        },
     )
     if args.status:
         return show_status(RunLayout(cfg.output, "curate").work, what="curation")

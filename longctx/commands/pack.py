@@ -79,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
             "pack.executor.tasks": args.tasks,
             "pack.executor.workers": args.workers,
         },
+        {
+            "output": "--output",
+            "pack.output": "--publish",
+            "pack.input": "--input",
+            "pack.executor.tasks": "--tasks",
+            "pack.executor.workers": "--workers",
+        },
     )
     if args.status:
         from longctx.commands.curate import show_status
