@@ -284,6 +284,13 @@ class GateConfig(StrictModel):
         return names
 
 
+def missing_local_shards(shards: str | None) -> str | None:
+    """A local shard folder must exist; a URL is checked when it is read."""
+    if shards is None or is_remote(shards) or Path(shards).exists():
+        return None
+    return f"path does not exist: {shards}"
+
+
 class StageConfig(StrictModel):
     """One stage of ``train.stages``: ``steps`` optimizer steps on the windows of ``seq_len`` tokens
     (``<output>/shards/seq<seq_len>``, or ``shards``), starting from the previous stage's final
@@ -307,7 +314,7 @@ class StageConfig(StrictModel):
         description="start from the previous stage's AdamW moments too (the schedule restarts either way); "
         "false: a fresh optimizer",
     )
-    shards: str | None = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None, description="a shard folder or fsspec URL; default <output>/shards/seq<seq_len>"
     )
     gate: GateConfig | None = Field(default=None, description="checked after the stage; null: no gate")
@@ -329,7 +336,7 @@ class StageConfig(StrictModel):
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
-    shards: str | None = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None,
         description="a shard folder or an fsspec URL of one (s3://bucket/run/shards/seq65536); "
         "default <output>/shards/seq<target>",
@@ -551,13 +558,6 @@ def _missing_model(models: list[str]) -> str | None:
     return None
 
 
-def _missing_local_shards(shards: str | None) -> str | None:
-    """A local shard folder must exist; a URL is checked when eval reads it."""
-    if shards is None or is_remote(shards) or Path(shards).exists():
-        return None
-    return f"path does not exist: {shards}"
-
-
 class EvalConfig(StrictModel):
     """``longctx eval``: loss by position on packed windows and the needle grid, for each model of
     ``models`` on the same windows and needles.
@@ -576,7 +576,7 @@ class EvalConfig(StrictModel):
         min_length=1,
         description="base, trained or Hugging Face checkpoint folders (--model overrides)",
     )
-    shards: Annotated[str | None, WorldCheck(_missing_local_shards)] = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None,
         description="windows to score: a shard folder or an fsspec URL of one "
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "

@@ -308,13 +308,14 @@ def _bar_length(section: EvalConfig, context: ContextConfig) -> int | None:
 
 def _needles(section: EvalConfig, stage: Stage, bar: int | None, where: _Where, documents: Path) -> Any:
     """The needle grid at the stage's length (and at the bar's, when it is measured)."""
-    from longctx.trainer.evaluation.effective import grid_lengths
+    from longctx.trainer.evaluation.effective import bar_source, grid_lengths
     from longctx.trainer.evaluation.job import build_needles
 
     grid = (section.needle or NeedleEvalConfig()).model_copy(
         update={"lengths": grid_lengths([stage.seq_len], bar)}
     )
-    return build_needles(grid, where.tokenizer, documents)
+    sources = {bar: bar_source(section.effective)} if bar is not None else {}
+    return build_needles(grid, where.tokenizer, documents, {**sources, stage.seq_len: f"{stage.key}.seq_len"})
 
 
 def _score(model: Any, needles: Any, device: torch.device, length: int | None = None) -> list[Any]:

@@ -108,6 +108,15 @@ class NeedleExample:
     example: Any  # longctx.pipeline.synthetic.tasks.Example
 
 
+class NeedleLengthError(ValueError):
+    """A needle length at which the task cannot be built (``length``), with the task builder's
+    reason phrased for that length."""
+
+    def __init__(self, length: int, reason: str) -> None:
+        self.length = length
+        super().__init__(reason.replace(f"context_tokens={length}", f"a length of {length} tokens"))
+
+
 def needle_examples(
     haystack_texts: list[str],
     tokenizer,
@@ -120,17 +129,24 @@ def needle_examples(
     """``samples`` examples per (length, depth, kind), built with
     :func:`longctx.pipeline.synthetic.tasks.make_grid`. Sample ``s`` draws its haystack, keys and
     values from its own seed (derived from ``seed`` and ``s``), so the same ``seed`` gives the same
-    needles: build them once and score every model on them. Raises ``ValueError`` for lengths too
-    short to hold a task."""
+    needles: build them once and score every model on them. Raises :class:`NeedleLengthError` for a
+    length too short to hold a task."""
     from longctx.pipeline.synthetic.tasks import derive_seed, make_grid
+
+    def grid(kind: str, sample: int, length: int) -> list[Any]:
+        try:  # one length at a time (make_grid seeds each length alone): the error names it
+            return make_grid(
+                haystack_texts, tokenizer, [length], list(depths), derive_seed(seed, "sample", sample), kind
+            )
+        except ValueError as err:
+            raise NeedleLengthError(length, str(err)) from None
 
     return [
         NeedleExample(kind, sample, example)
         for kind in kinds
         for sample in range(samples)
-        for example in make_grid(
-            haystack_texts, tokenizer, list(lengths), list(depths), derive_seed(seed, "sample", sample), kind
-        )
+        for length in lengths
+        for example in grid(kind, sample, length)
     ]
 
 
