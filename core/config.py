@@ -137,6 +137,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
                 else (f" (known keys: {', '.join(known)})" if known else "")
             )
             lines.append(f"{key}: unknown key{hint}")
+        elif problem["type"] == "missing":  # its input is the mapping it is missing from: not shown
+            lines.append(f"{key}: required, and missing")
         else:
             msg = problem["msg"].removeprefix("Value error, ")
             lines.append(f"{key}: {msg} (got {problem.get('input')!r})")

@@ -178,6 +178,22 @@ def _check_flags(data: dict[str, Any], flags: dict[str, str]) -> None:
                 raise ConfigError(f"{flags[key]} {problem.get('input')}: {message} (it sets {key})") from None
 
 
+def yaml_problem(path: Path, err: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error as one line naming the file and the place: ``run.yaml, line 2, column 9: not
+    valid YAML: expected ',' or '}', but got ':' (while parsing a flow mapping at line 1, column
+    10)`` (PyYAML's own text spans lines and names ``<unicode string>``)."""
+
+    def place(mark: yaml.Mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = err.problem_mark or err.context_mark
+    where = f"{path}, {place(mark)}" if mark is not None else str(path)
+    problem = err.problem or err.context or "unreadable"
+    if err.problem and err.context:
+        problem += f" ({err.context}" + (f" at {place(err.context_mark)})" if err.context_mark else ")")
+    return f"{where}: not valid YAML: {' '.join(problem.split())}"
+
+
 def load_config(
     path: str | Path, overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None
 ) -> RootConfig:
@@ -189,6 +205,8 @@ def load_config(
         raise ConfigError(f"config file not found: {path}")
     try:
         data = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    except yaml.MarkedYAMLError as err:
+        raise ConfigError(yaml_problem(path, err)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
