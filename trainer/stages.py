@@ -242,7 +242,13 @@ def train_stages(
         gate = _gate(stage, job, state, settings, memo, wait_group) if stage.gate is not None else None
         outcomes.append(StageOutcome(stage, result, gate))
         if gate is not None and not gate.passed:
-            line = failure_line(gate, stage, job.layout)
+            line = failure_line(
+                gate,
+                stage,
+                job.layout,
+                on_gate_fail=job.train.on_gate_fail,
+                effective=settings.section.effective,
+            )
             if job.train.on_gate_fail == "stop":
                 raise GateFailed(line)
             if state.is_main:

@@ -307,6 +307,7 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
         "above the limit 0.001 (loss on 4 held-out 128-token windows of source 'papers' over base's)"
     )
     assert "train.stages[0].steps" in err and "train.stages[0].gate.max_short_loss_ratio" in err
+    assert "(or set train.on_gate_fail: continue)" in err
     assert not (root / "train" / "stages" / "2-512").exists()  # the next stage never started
     # the windows are held out: their documents are in no training row of any stage's shards
     windows = gate["measured"]["short_context"]["window_documents"]
@@ -324,6 +325,36 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     assert main(["train", "--config", str(config)]) == 2
     assert capsys.readouterr().err.strip() == err  # the recorded result, not measured again
     assert snapshot(root / "train" / "stages") == before
+
+
+def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> None:
+    """A failed ``require_effective_length``: with the bar measured (no threshold) the line offers to
+    set ``eval.effective.threshold``; with one set, to lower it from its value; ``on_gate_fail``
+    is offered only while it is ``stop``."""
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.config import EffectiveLengthConfig
+    from longctx.trainer.evaluation.gates import Check, GateResult, failure_line
+    from longctx.trainer.stage_plan import resolve_stages
+
+    cfg = parse_config(staged(tmp_path, two_stages(gate={"require_effective_length": True})))
+    assert cfg.train is not None
+    stage = resolve_stages(cfg.train, RunLayout(tmp_path))[0]
+    check = Check("effective_length", 128, 256, False, "bar 0.5: base's score at 256 tokens")
+    result = GateResult(1, 256, 3, {}, {}, [check])
+
+    def line(on_gate_fail: str, threshold: float | None) -> str:
+        effective = EffectiveLengthConfig(threshold=threshold)
+        return failure_line(
+            result, stage, RunLayout(tmp_path), on_gate_fail=on_gate_fail, effective=effective
+        )
+
+    measured = line("stop", None)
+    assert "set eval.effective.threshold to a bar the stage can reach" in measured
+    assert "drop train.stages[0].gate.require_effective_length" in measured
+    assert "(or set train.on_gate_fail: continue)" in measured
+    fixed = line("continue", 0.8)
+    assert "lower eval.effective.threshold (0.8) to a bar the stage can reach" in fixed
+    assert "on_gate_fail" not in fixed
 
 
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
@@ -345,6 +376,7 @@ def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
     for stage in ("stage 1 (256 tokens)", "stage 2 (512 tokens)"):
         assert f"warning: {stage} failed its gate: short_loss_ratio" in out
     assert "going on (train.on_gate_fail: continue)" in out
+    assert "set train.on_gate_fail" not in out  # already set: not advised
     assert [o.gate.passed for o in result.stages] == [False, False]
     assert (root / "train" / "stages" / "2-512" / "final" / "config.json").is_file()
     assert json.loads((root / "train" / "stages" / "1-256" / "gate.json").read_text())["passed"] is False
