@@ -73,8 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--gpu-memory",
         help="memory of one GPU: a bare number is GB (80 = 80GB = 80e9 bytes, as GPUs are sold); 80GiB "
         "(2^30 bytes), 81559MiB (as nvidia-smi says) and 8e10B work too. Says whether each length fits and, "
-        "when it does not, the smallest change that would: activation checkpointing, a larger --cp, or more "
-        "--gpus",
+        "when it does not, the smallest change of each kind that would: activation checkpointing, a larger "
+        "--cp, more --gpus, or checkpointing with either",
     )
     parser.add_argument("--tokens", help="token budget for the wall-clock estimate, e.g. 20B (needs --gpus)")
     parser.add_argument("--gpus", type=int, help="GPUs of the run, for the wall-clock estimate")
