@@ -141,7 +141,9 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
             lines.append(f"{key}: required, and missing")
         else:
             msg = problem["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg} (got {problem.get('input')!r})")
+            given = problem.get("input")
+            # a whole section (a rule between its keys, which the message names) is not shown
+            lines.append(f"{key}: {msg}" if isinstance(given, dict) else f"{key}: {msg} (got {given!r})")
     return format_problems(origin, lines)
 
 

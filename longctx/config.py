@@ -175,7 +175,10 @@ def _check_flags(data: dict[str, Any], flags: dict[str, str]) -> None:
             key = ".".join(str(part) for part in problem["loc"])
             if key in flags:
                 message = problem["msg"].removeprefix("Value error, ")
-                raise ConfigError(f"{flags[key]} {problem.get('input')}: {message} (it sets {key})") from None
+                given = problem.get("input")
+                values = given if isinstance(given, list) else [given]  # a flag given several times
+                typed = " ".join(f"{flags[key]} {value}" for value in values)
+                raise ConfigError(f"{typed}: {message} (it sets {key})") from None
 
 
 def yaml_problem(path: Path, err: yaml.MarkedYAMLError) -> str:

@@ -287,3 +287,15 @@ def test_a_missing_section_is_named_without_the_config_it_is_missing_from(tmp_pa
     with pytest.raises(ConfigError) as refused:
         load_config(path)
     assert str(refused.value) == f"invalid configuration in {path}:\n  context: required, and missing"
+
+
+def test_a_rule_between_keys_of_a_section_does_not_print_the_section(tmp_path: Path) -> None:
+    """``train.steps`` beside ``train.stages`` is refused naming both keys, without the section."""
+    train = {"steps": 5, "stages": [{"seq_len": 256, "steps": 2}], "model": {"tiny": {"hidden_size": 32}}}
+    path = _write(tmp_path, {"context": {"original": 128, "target": 256}, "train": train})
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (
+        f"invalid configuration in {path}:\n  train: train.steps (or --steps) and train.stages: each stage "
+        "has its own steps (train.stages[k].steps); remove train.steps"
+    )
