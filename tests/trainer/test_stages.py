@@ -221,6 +221,7 @@ def chained_by_hand(
     return out / "train" / "final"
 
 
+@pytest.mark.slow
 def test_a_stage_whose_predecessor_changed_is_trained_again(
     packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
