@@ -8,7 +8,9 @@
   (bytes and modification times); ``on_gate_fail: continue`` goes on; a held-out short window is
   one of a document no training row holds, read from the shards' own ``doc_id`` column.
 - Resume: a run killed mid-stage 2 (SIGKILL) and started again, or whose second stage is lost, ends
-  with the weights of the uninterrupted run (1e-6).
+  with the weights of the uninterrupted run (1e-6). A stage whose predecessor changed (its steps
+  raised) is trained again, to the weights of a run started by hand from the new predecessor.
+- Coverage: a stage at context.original trains with ``required_position`` as given.
 - Eval: the effective length and per-task scores in ``summary.json`` and on the console are
   ``longctx.trainer.evaluation.effective`` applied to the needle results written beside them; the baseline is
   evaluated even when ``--model`` leaves it out.
