@@ -137,9 +137,13 @@ def format_validation_error(err: ValidationError, model: type[BaseModel], origin
                 else (f" (known keys: {', '.join(known)})" if known else "")
             )
             lines.append(f"{key}: unknown key{hint}")
+        elif problem["type"] == "missing":  # its input is the mapping it is missing from: not shown
+            lines.append(f"{key}: required, and missing")
         else:
             msg = problem["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg} (got {problem.get('input')!r})")
+            given = problem.get("input")
+            # a whole section (a rule between its keys, which the message names) is not shown
+            lines.append(f"{key}: {msg}" if isinstance(given, dict) else f"{key}: {msg} (got {given!r})")
     return format_problems(origin, lines)
 
 
@@ -205,8 +209,8 @@ class SlurmConfig(StrictModel):
 
     partition: str = Field(description="the Slurm partition the tasks are submitted to")
     time: str = Field(default="24:00:00", description="time limit of each job (sbatch --time)")
-    cpus_per_task: int = Field(default=1, description="CPUs per task (sbatch --cpus-per-task)")
-    mem_per_cpu_gb: int = Field(default=2, description="memory per CPU in GB (sbatch --mem-per-cpu)")
+    cpus_per_task: int = Field(default=1, gt=0, description="CPUs per task (sbatch --cpus-per-task)")
+    mem_per_cpu_gb: int = Field(default=2, gt=0, description="memory per CPU in GB (sbatch --mem-per-cpu)")
     qos: str = Field(default="normal", description="quality of service (sbatch --qos)")
     sbatch_args: dict[str, str] = Field(
         default_factory=dict, description="further sbatch options, e.g. {account: my_account}"

@@ -15,6 +15,9 @@
       train/stages/<k>-<N>/    a staged run's stage k (windows of N tokens): its own checkpoints/,
                                metrics.jsonl, final/, export/step_<N>/ and gate.json; the trackers'
                                folders stay in train/ (one run across stages)
+      train/stages/<k>-<N>.superseded-<m>/
+                               a stage set aside, as it was, when the stage before it changed and it
+                               was trained again
       eval/<NNN>/              one folder per evaluation, numbered in order
       cache/<scheme>/<path>/   checked copies of remote shard folders (train.shards given as a URL)
                                and of published curations (pack.input given as a URL)
@@ -76,6 +79,11 @@ class StageLayout:
     def gate(self) -> Path:
         """The stage's gate result (``longctx.trainer.evaluation.gates``), written once it is evaluated."""
         return self.folder / "gate.json"
+
+    def superseded(self, number: int) -> Path:
+        """Where the stage's folder is set aside (``<k>-<N>.superseded-<number>``, from 1) when the
+        stage is trained again from a changed predecessor."""
+        return self.folder.with_name(f"{self.folder.name}.superseded-{number}")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, ValidationError
 
 from longctx.core.config import (
     ContextConfig,
@@ -165,14 +165,51 @@ def read_yaml(text: str, origin: str) -> Any:
         loader.dispose()
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> RootConfig:
+def _check_flags(data: dict[str, Any], flags: dict[str, str]) -> None:
+    """Refuse a value given on the command line that its config key does not take, in one line naming
+    the flag (``--steps 0: ...``) rather than the config file, which holds no such value."""
+    try:
+        RootConfig.model_validate(data)
+    except ValidationError as err:
+        for problem in err.errors():
+            key = ".".join(str(part) for part in problem["loc"])
+            if key in flags:
+                message = problem["msg"].removeprefix("Value error, ")
+                given = problem.get("input")
+                values = given if isinstance(given, list) else [given]  # a flag given several times
+                typed = " ".join(f"{flags[key]} {value}" for value in values)
+                raise ConfigError(f"{typed}: {message} (it sets {key})") from None
+
+
+def yaml_problem(path: Path, err: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error as one line naming the file and the place: ``run.yaml, line 2, column 9: not
+    valid YAML: expected ',' or '}', but got ':' (while parsing a flow mapping at line 1, column
+    10)`` (PyYAML's own text spans lines and names ``<unicode string>``)."""
+
+    def place(mark: yaml.Mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark = err.problem_mark or err.context_mark
+    where = f"{path}, {place(mark)}" if mark is not None else str(path)
+    problem = err.problem or err.context or "unreadable"
+    if err.problem and err.context:
+        problem += f" ({err.context}" + (f" at {place(err.context_mark)})" if err.context_mark else ")")
+    return f"{where}: not valid YAML: {' '.join(problem.split())}"
+
+
+def load_config(
+    path: str | Path, overrides: dict[str, Any] | None = None, flags: dict[str, str] | None = None
+) -> RootConfig:
     """Read a YAML config (``yaml.safe_load``, a key repeated in one mapping refused), apply dotted-key
-    overrides, validate it."""
+    overrides, validate it. ``flags`` names the command-line flag of each overridden key: a value the
+    key does not take is refused naming the flag."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
         data = read_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
+    except yaml.MarkedYAMLError as err:
+        raise ConfigError(yaml_problem(path, err)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
@@ -185,4 +222,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ro
         for part in parents:
             target = target.setdefault(part, {})
         target[last] = value
+    given = {key: flag for key, flag in (flags or {}).items() if (overrides or {}).get(key) is not None}
+    if given:
+        _check_flags(data, given)
     return parse_config(data, str(path))

@@ -333,6 +333,16 @@ def latest_checkpoint(root: Path) -> Checkpoint | None:
     return next((c for c in list_checkpoints(root) if damage(c.folder, single, hashes=False) is None), None)
 
 
+def manifest_digest(folder: Path) -> str | None:
+    """xxh3-128 of checkpoint ``folder``'s manifest, which lists every file with its checksum: what
+    identifies the checkpoint's contents (a stage records the one it started from); None without a
+    readable manifest."""
+    try:
+        return file_digest(folder / MANIFEST)
+    except OSError:
+        return None
+
+
 def read_trainer_state(folder: Path) -> dict[str, Any]:
     return json.loads((folder / TRAINER_STATE).read_text())
 

@@ -127,10 +127,12 @@ class OptimConfig(StrictModel):
 class CoverageConfig(StrictModel):
     """Refuse runs that would never train the extended positions.
 
-    Before the first step the shards' largest position must reach ``required_position`` (default:
-    ``context.target - 1``; never below ``context.original``). While training, the run aborts when
-    ``max_steps_without_long`` steps pass without any trained token at or beyond
-    ``context.original``. ``allow_short`` turns both checks into warnings.
+    Before the first step the shards' largest position must reach ``required_position``, as given
+    (default: ``context.target - 1``, the windows' last position; in a staged run, capped at each
+    stage's last position). While training, the run aborts when ``max_steps_without_long`` steps pass
+    without any trained token at or beyond ``context.original`` (not checked in windows of
+    ``context.original`` tokens or fewer, which cannot hold one). ``allow_short`` turns both checks
+    into warnings.
     """
 
     required_position: int | None = Field(
@@ -283,6 +285,13 @@ class GateConfig(StrictModel):
         return names
 
 
+def missing_local_shards(shards: str | None) -> str | None:
+    """A local shard folder must exist; a URL is checked when it is read."""
+    if shards is None or is_remote(shards) or Path(shards).exists():
+        return None
+    return f"path does not exist: {shards}"
+
+
 class StageConfig(StrictModel):
     """One stage of ``train.stages``: ``steps`` optimizer steps on the windows of ``seq_len`` tokens
     (``<output>/shards/seq<seq_len>``, or ``shards``), starting from the previous stage's final
@@ -306,7 +315,7 @@ class StageConfig(StrictModel):
         description="start from the previous stage's AdamW moments too (the schedule restarts either way); "
         "false: a fresh optimizer",
     )
-    shards: str | None = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None, description="a shard folder or fsspec URL; default <output>/shards/seq<seq_len>"
     )
     gate: GateConfig | None = Field(default=None, description="checked after the stage; null: no gate")
@@ -328,7 +337,7 @@ class StageConfig(StrictModel):
 class TrainConfig(StrictModel):
     """``longctx train``: continue pretraining on packed shards with ring attention."""
 
-    shards: str | None = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None,
         description="a shard folder or an fsspec URL of one (s3://bucket/run/shards/seq65536); "
         "default <output>/shards/seq<target>",
@@ -452,14 +461,16 @@ class NeedleEvalConfig(StrictModel):
     """The needle-retrieval grid: context lengths x depths, per task kind."""
 
     lengths: list[int] = Field(
-        default_factory=lambda: [256, 512, 1024, 2048], description="prompt lengths in tokens"
+        default_factory=lambda: [256, 512, 1024, 2048], min_length=1, description="prompt lengths in tokens"
     )
     depths: list[float] = Field(
         default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0],
+        min_length=1,
         description="where the needle sits, as a fraction of the prompt (0: start, 1: end)",
     )
     kinds: list[TaskKind] = Field(
         default_factory=lambda: ["single_needle"],
+        min_length=1,
         description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
         "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
     )
@@ -473,6 +484,13 @@ class NeedleEvalConfig(StrictModel):
         description="tokens generated per answer; the recall-scored kinds get at least their answer's "
         "tokens plus 8",
     )
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths_positive(cls, value: list[int]) -> list[int]:
+        if any(n < 1 for n in value):
+            raise ValueError(f"lengths must be at least 1 token, got {value}")
+        return value
 
     @field_validator("depths")
     @classmethod
@@ -541,13 +559,6 @@ def _missing_model(models: list[str]) -> str | None:
     return None
 
 
-def _missing_local_shards(shards: str | None) -> str | None:
-    """A local shard folder must exist; a URL is checked when eval reads it."""
-    if shards is None or is_remote(shards) or Path(shards).exists():
-        return None
-    return f"path does not exist: {shards}"
-
-
 class EvalConfig(StrictModel):
     """``longctx eval``: loss by position on packed windows and the needle grid, for each model of
     ``models`` on the same windows and needles.
@@ -566,7 +577,7 @@ class EvalConfig(StrictModel):
         min_length=1,
         description="base, trained or Hugging Face checkpoint folders (--model overrides)",
     )
-    shards: Annotated[str | None, WorldCheck(_missing_local_shards)] = Field(
+    shards: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
         default=None,
         description="windows to score: a shard folder or an fsspec URL of one "
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "

@@ -1,10 +1,11 @@
 """Position coverage: a context-extension run must train positions beyond the old window.
 
 Two guards. Before the first step, :func:`check_shard_coverage` reads the shard manifest and
-refuses when the largest packed position is below the required one. While training,
-:class:`CoverageTracker` keeps a histogram of the positions of trained (loss-masked) tokens and
-raises :class:`CoverageError` when too many steps pass without a token at or beyond the original
-context.
+refuses when the largest packed position is below the required one (``train.coverage.required_position``
+as given, default the windows' last position). While training, :class:`CoverageTracker` keeps a
+histogram of the positions of trained (loss-masked) tokens and raises :class:`CoverageError` when too
+many steps pass without a token at or beyond the original context (in windows long enough to hold
+one).
 """
 
 from __future__ import annotations
@@ -22,16 +23,24 @@ class CoverageError(ConfigError):
     a message and a non-zero exit, no traceback)."""
 
 
-def required_position(original: int, target: int, configured: int | None) -> int:
-    """The largest position the shards must reach: ``configured`` or ``target - 1``, never below
-    ``original``."""
-    return max(original, configured if configured is not None else target - 1)
+def required_position(target: int, configured: int | None) -> int:
+    """The largest position the shards must reach: ``configured`` as given, else ``target - 1`` (the
+    last position of the run's windows)."""
+    return configured if configured is not None else target - 1
 
 
 def check_shard_coverage(
-    max_position: int, per_source_max: dict[str, int], required: int, original: int
+    max_position: int,
+    per_source_max: dict[str, int],
+    required: int,
+    original: int,
+    *,
+    configured: int | None,
+    allow_short: bool,
 ) -> None:
-    """Raise :class:`CoverageError` with a readable diagnosis unless ``max_position >= required``."""
+    """Raise :class:`CoverageError` with a readable diagnosis unless ``max_position >= required``; its
+    advice names the settings that would change the verdict, from ``configured``
+    (``train.coverage.required_position``) and ``allow_short`` as they are."""
     if max_position >= required:
         return
     lines = [
@@ -40,10 +49,15 @@ def check_shard_coverage(
         "Largest position per source:",
     ]
     lines += [f"  {name}: {pos}" for name, pos in sorted(per_source_max.items())]
-    lines.append(
-        "Pack longer windows (pack.seq_lens) from longer documents, lower train.coverage.required_position, "
-        "or set train.coverage.allow_short: true to train anyway."
-    )
+    verb = "lower" if configured is not None else "set"
+    options = [
+        "pack longer windows (pack.seq_lens) from longer documents",
+        f"{verb} train.coverage.required_position to {max_position} or below",
+    ]
+    if not allow_short:
+        options.append("set train.coverage.allow_short: true to train anyway")
+    advice = ", ".join(options[:-1]) + " or " + options[-1]
+    lines.append(advice[0].upper() + advice[1:] + ".")
     raise CoverageError("\n".join(lines))
 
 
@@ -90,7 +104,10 @@ class CoverageTracker:
         self.steps_without_long = 0 if long else self.steps_without_long + 1
 
     def check(self) -> None:
-        if self.steps_without_long >= self.max_steps_without_long:
+        """Raise :class:`CoverageError` after ``max_steps_without_long`` steps in a row without a token
+        at or beyond ``original``; windows of ``original`` tokens or fewer (a stage at
+        ``context.original``) cannot hold one, and are not checked."""
+        if self.seq_len > self.original and self.steps_without_long >= self.max_steps_without_long:
             raise CoverageError(
                 f"{self.steps_without_long} optimizer steps trained no token at or beyond position "
                 f"{self.original} (context.original): the data does not reach the extended positions "

@@ -54,13 +54,15 @@ def check_before_start(train: TrainConfig, context: ContextConfig, output: Path,
         stage_train = stage_train_config(train, stage)
         coverage = stage_train.coverage
         if not coverage.allow_short:
-            required = required_position(context.original, stage.seq_len, coverage.required_position)
+            required = required_position(stage.seq_len, coverage.required_position)
             try:
                 check_shard_coverage(
                     manifest.max_position,
                     {name: s.max_position for name, s in manifest.sources.items()},
                     required,
                     context.original,
+                    configured=coverage.required_position,
+                    allow_short=coverage.allow_short,
                 )
             except CoverageError as err:
                 raise CoverageError(f"{stage.describe()}, shards {shards}: {err}") from None

@@ -9,7 +9,11 @@ each stage (``longctx.trainer.stage_plan``):
    checkpoint, or starts from the previous stage's last checkpoint (weights, and with
    ``keep_optimizer`` the AdamW moments; the learning-rate schedule restarts with the stage's
    ``lr``), the first stage from the base model. So a run killed mid-stage resumes in that stage,
-   and one killed between stages starts the next one.
+   and one killed between stages starts the next one. Each stage's checkpoints record the
+   checkpoint it started from (its folder and manifest digest); a stage that started from another
+   one than the previous stage ends with now (that stage's steps were raised, or it was trained
+   again) is out of date, finished or not: its folder is set aside as
+   ``<k>-<N>.superseded-<m>`` and it is trained again, and so in turn are the stages after it.
 2. **Gate.** With a ``gate``, rank 0 measures it once every rank has freed the stage's model
    (``longctx.trainer.evaluation.gates``; a result recorded for the same step and settings is reused) and
    hands the verdict to the other ranks. A failed gate stops every rank with one line
@@ -28,8 +32,16 @@ import torch
 import torch.distributed as dist
 
 from longctx.core.config import ContextConfig
+from longctx.core.errors import OutputError
 from longctx.core.layout import RunLayout
-from longctx.trainer.checkpoint import Checkpoint, checkpoint_folder, latest_checkpoint
+from longctx.core.preflight import disk_faults
+from longctx.trainer.checkpoint import (
+    Checkpoint,
+    checkpoint_folder,
+    latest_checkpoint,
+    manifest_digest,
+    read_trainer_state,
+)
 from longctx.trainer.config import TrainConfig
 from longctx.trainer.evaluation.gates import (
     GateFailed,
@@ -41,7 +53,7 @@ from longctx.trainer.evaluation.gates import (
     recorded_gate,
 )
 from longctx.trainer.models.files import is_model_folder
-from longctx.trainer.parallel.state import ParallelState
+from longctx.trainer.parallel.state import ParallelState, barrier, first_problem
 from longctx.trainer.resume import finished_run
 from longctx.trainer.stage_plan import Stage, resolve_stages, stage_context, stage_train_config
 from longctx.trainer.train import StageStart, TrainJob, TrainResult, train_job, training_session
@@ -81,13 +93,18 @@ def finished_stages(
 ) -> list[StageOutcome] | None:
     """Every stage of a finished staged run with its recorded gate, or None when training, an export
     or a gate is left to do: finished means each stage is, by ``resume.finished_run``'s rule in its
-    folder, and each gate has a result recorded for the stage's last step and ``settings`` that
-    passed (or failed under ``on_gate_fail: continue``; a failed gate that stops the run is not
-    finished: started again, the run stops again with its line)."""
+    folder, started from the checkpoint the stage before it ends with (:func:`out_of_date`), and
+    each gate has a result recorded for the stage's last step and ``settings`` that passed (or
+    failed under ``on_gate_fail: continue``; a failed gate that stops the run is not finished:
+    started again, the run stops again with its line)."""
     outcomes = []
+    previous: Stage | None = None
     for stage in resolve_stages(train, layout):
         if finished_run(stage.layout, stage.steps) is None:
             return None
+        if previous is not None and out_of_date(stage, previous, stage_start(previous, stage), layout):
+            return None
+        previous = stage
         gate = recorded_gate(stage, settings) if stage.gate is not None else None
         if stage.gate is not None and (gate is None or (not gate.passed and train.on_gate_fail == "stop")):
             return None
@@ -112,12 +129,58 @@ def describe_finished_stages(outcomes: list[StageOutcome]) -> str:
     return "\n".join(lines)
 
 
-def _start(previous: Stage | None, stage: Stage) -> StageStart:
-    """Where ``stage`` starts without a checkpoint of its own: the previous stage's last step."""
+def stage_start(previous: Stage | None, stage: Stage) -> StageStart:
+    """Where ``stage`` starts without a checkpoint of its own: the previous stage's newest checkpoint,
+    at its last step (or beyond, when its steps were lowered after it trained: its model is that
+    checkpoint's); the first stage from the base model."""
     if previous is None:
         return StageStart(None)
-    folder = checkpoint_folder(previous.layout.checkpoints, previous.steps)
-    return StageStart(Checkpoint(folder, previous.steps), stage.config.keep_optimizer)
+    newest = latest_checkpoint(previous.layout.checkpoints)
+    if newest is None or newest.step < previous.steps:  # not trained yet: the step it will end at
+        newest = Checkpoint(checkpoint_folder(previous.layout.checkpoints, previous.steps), previous.steps)
+    return StageStart(newest, stage.config.keep_optimizer, manifest_digest(newest.folder))
+
+
+def out_of_date(stage: Stage, previous: Stage, start: StageStart, layout: RunLayout) -> str | None:
+    """Why ``stage``'s checkpoints (and model) no longer follow from ``previous``: their newest
+    records that it started from another checkpoint than ``start``, or from the same folder with
+    other contents (``previous`` was trained again). None when the stage has no checkpoint yet, or
+    started from ``start`` (a damaged newest checkpoint is left to the resume, which reports it)."""
+    newest = latest_checkpoint(stage.layout.checkpoints)
+    if newest is None or start.checkpoint is None:
+        return None
+    try:
+        recorded = read_trainer_state(newest.folder)["meta"]["stage"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    expected = start.origin(layout.train)
+    if all(recorded.get(key) == value for key, value in expected.items()):
+        return None
+    began = f"{stage.describe()} started from {layout.train / str(recorded.get('starts_from'))}"
+    if recorded.get("starts_from") == expected["starts_from"]:
+        return f"{began}, which {previous.describe()} has written again since"
+    return f"{began}, but {previous.describe()} now ends with {start.checkpoint.folder}"
+
+
+def _set_aside(stage: Stage, reason: str, state: ParallelState) -> None:
+    """Move an out-of-date stage's folder to ``<k>-<N>.superseded-<m>`` (rank 0, once every rank has
+    read it), so that it is trained again from the start; a disk fault stops every rank."""
+    barrier(state)
+    problem = None
+    if state.is_main:
+        number = 1
+        while (aside := stage.layout.superseded(number)).exists():
+            number += 1
+        try:
+            with disk_faults(aside):
+                stage.layout.folder.rename(aside)
+        except OutputError as err:
+            problem = str(err)
+        else:
+            print(f"{reason}: training it again; its earlier results are kept in {aside}", flush=True)
+    problem = first_problem(problem, state)
+    if problem is not None:
+        raise OutputError(problem)
 
 
 def _free_memory(state: ParallelState) -> None:
@@ -159,6 +222,10 @@ def train_stages(
     previous: Stage | None = None
     memo = GateMemo()  # what the gates measure alike (the guard's windows, the baseline's figures)
     for stage in stages:
+        start = stage_start(previous, stage)
+        stale = out_of_date(stage, previous, start, job.layout) if previous is not None else None
+        if stale is not None:
+            _set_aside(stage, stale, state)
         result = None
         if stage_finished(stage):
             if state.is_main:
@@ -169,14 +236,20 @@ def train_stages(
                 train=stage_train_config(job.train, stage),
                 context=stage_context(job.context, stage),
                 stage=stage,
-                start=_start(previous, stage),
+                start=start,
             )
             result = train_job(stage_job, state, progress)
             _free_memory(state)
         gate = _gate(stage, job, state, settings, memo, wait_group) if stage.gate is not None else None
         outcomes.append(StageOutcome(stage, result, gate))
         if gate is not None and not gate.passed:
-            line = failure_line(gate, stage, job.layout)
+            line = failure_line(
+                gate,
+                stage,
+                job.layout,
+                on_gate_fail=job.train.on_gate_fail,
+                effective=settings.section.effective,
+            )
             if job.train.on_gate_fail == "stop":
                 raise GateFailed(line)
             if state.is_main:

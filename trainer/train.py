@@ -199,10 +199,20 @@ def training_session(train: TrainConfig, output: Path) -> Iterator[ParallelState
 @dataclass(frozen=True)
 class StageStart:
     """Where a stage's run starts when it has no checkpoint of its own: the previous stage's last
-    checkpoint (None: the base model), with or without its optimizer state."""
+    checkpoint (None: the base model), with or without its optimizer state, and that checkpoint's
+    :func:`~longctx.trainer.checkpoint.manifest_digest`."""
 
     checkpoint: Checkpoint | None
     keep_optimizer: bool = False
+    manifest: str | None = None
+
+    def origin(self, train_folder: Path) -> dict[str, str | None]:
+        """What the stage starts from, as its checkpoints record it: the checkpoint's folder under
+        ``train_folder`` (``base``: the base model) and its manifest digest."""
+        if self.checkpoint is None:
+            return {"starts_from": "base", "starts_from_manifest": None}
+        folder = self.checkpoint.folder.relative_to(train_folder).as_posix()
+        return {"starts_from": folder, "starts_from_manifest": self.manifest}
 
 
 @dataclass(frozen=True)
@@ -265,11 +275,11 @@ def _settings(job: TrainJob, config: AnyModelConfig, rows: StepRows, shards_sha:
         "holdout_rows": tcfg.holdout_rows,
     }
     if job.stage is not None:
-        start = job.start.checkpoint if job.start is not None else None
+        start = job.start or StageStart(None)
         settings["stage"] = {
             "number": job.stage.number,
-            "starts_from": start.folder.relative_to(job.layout.train).as_posix() if start else "base",
-            "keep_optimizer": job.start.keep_optimizer if job.start is not None else False,
+            **start.origin(job.layout.train),
+            "keep_optimizer": start.keep_optimizer,
         }
     return settings
 
@@ -315,13 +325,15 @@ def _check_rows(job: TrainJob, rows: StepRows, state: ParallelState) -> None:
     shards = f"the shards' seq_len ({rows.dataset.shards.source})"
     MeshShape.check_window(rows.seq_len, state.cp_size, length_key=shards, cp_key="train.cp")
     coverage = job.train.coverage
-    required = required_position(original, job.context.target, coverage.required_position)
+    required = required_position(job.context.target, coverage.required_position)
     try:
         check_shard_coverage(
             manifest.max_position,
             {name: s.max_position for name, s in manifest.sources.items()},
             required,
             original,
+            configured=coverage.required_position,
+            allow_short=coverage.allow_short,
         )
     except CoverageError as err:
         if not coverage.allow_short:

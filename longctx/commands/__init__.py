@@ -23,3 +23,13 @@ def local_path(value: str | None, flag: str, instead: str = "") -> Path | None:
             f"{flag} {value}: a URL, but {flag} takes a local path" + (f"; {instead}" if instead else "")
         )
     return Path(value)
+
+
+def check_counts(counts: dict[str, int | None]) -> None:
+    """Refuse a count given on the command line (``{"--nproc": 0}``; None: not given) below 1, in one
+    line naming the flag: none is taken as 1 or as "unset"."""
+    from longctx.core.errors import ConfigError
+
+    for flag, value in counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: must be at least 1")

@@ -75,9 +75,21 @@ def run(args: argparse.Namespace) -> int:
             "curate.executor.tasks": args.tasks,
             "curate.executor.workers": args.workers,
         },
+        {
+            "curate.input": "--input",
+            "output": "--output",
+            "curate.output": "--publish",
+            "curate.executor.tasks": "--tasks",
+            "curate.executor.workers": "--workers",
+        },
     )
     if args.status:
-        return show_status(RunLayout(cfg.output, "curate").work, what="curation")
+        return show_status(
+            RunLayout(cfg.output, "curate").work,
+            what="curation",
+            results=cfg.output,
+            publish=cfg.curate.output,
+        )
     start = time.monotonic()
     summary = jobs.curate(cfg, verbose=args.verbose, update=args.update)
     if summary is None:
@@ -101,14 +113,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def show_status(*works: Path, what: str) -> int:
-    """``--status``: where the job recorded in each of ``works`` stands (see longctx.core.jobstate)."""
+def show_status(*works: Path, what: str, results: Path, publish: str | None = None) -> int:
+    """``--status``: where the job recorded in each of ``works`` stands (see longctx.core.jobstate);
+    once every task is done, that the job (``what``) is finished and where its ``results`` are."""
     from longctx.core.jobstate import job_state
 
-    for work in works:
-        state = job_state(work)
-        print(f"{work}:")
+    states = [job_state(work) for work in works]
+    for state in states:
+        print(f"{state.work}:")
         print("\n".join(state.lines()))
-        if state.complete:
-            print(f"every task is done; run the command without --status to finish the {what}")
+    if states and all(state.complete for state in states):
+        then = f"prints its summary and publishes it to {publish}" if publish else "prints its summary"
+        print(
+            f"every task is done: the {what} is finished, its results are in {results}; the command "
+            f"without --status {then}"
+        )
     return 0

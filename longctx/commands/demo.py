@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with packaged_config() if args.config is None else contextlib.nullcontext(args.config) as config_path:
         output = local_path(args.output, "--output", "the demo writes a local run folder")
-        cfg = load_config(config_path, {"output": str(output) if output else None})
+        cfg = load_config(config_path, {"output": str(output) if output else None}, {"output": "--output"})
         jobs.check(cfg, *jobs.SECTIONS)  # every stage's sections, before the first stage starts
         run_demo(cfg, config_path, verbose=args.verbose)
     return 0

@@ -46,7 +46,11 @@ def run(args: argparse.Namespace) -> int:
     from longctx.core.errors import ConfigError
 
     output = local_path(args.output, "--output", "evaluations are written into the local run folder")
-    cfg = load_config(args.config, {"output": str(output) if output else None, "eval.models": args.model})
+    cfg = load_config(
+        args.config,
+        {"output": str(output) if output else None, "eval.models": args.model},
+        {"output": "--output", "eval.models": "--model"},
+    )
     if cfg.eval is None:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)

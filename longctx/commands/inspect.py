@@ -191,10 +191,11 @@ def _inspect(target: Path, label: str, args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.commands import local_path
+    from longctx.commands import check_counts, local_path
     from longctx.core.remote import is_remote
     from longctx.packer.format import ShardError
 
+    check_counts({"--max-errors": args.max_errors, "--max-chars": args.max_chars})
     args.plot = local_path(args.plot, "--plot", "write the figure to a local file")
     args.cache = local_path(args.cache, "--cache", "the cache is a local folder")
     status = 0

@@ -79,13 +79,23 @@ def run(args: argparse.Namespace) -> int:
             "pack.executor.tasks": args.tasks,
             "pack.executor.workers": args.workers,
         },
+        {
+            "output": "--output",
+            "pack.output": "--publish",
+            "pack.input": "--input",
+            "pack.executor.tasks": "--tasks",
+            "pack.executor.workers": "--workers",
+        },
     )
     if args.status:
         from longctx.commands.curate import show_status
+        from longctx.core.jobstate import STAGES_FILE
 
         work = RunLayout(cfg.output, "pack").work
-        passes = sorted(p for p in work.glob("*") if p.is_dir()) if work.is_dir() else []
-        return show_status(*(passes or [work]), what="packing")
+        passes = sorted(p.parent for p in work.glob(f"*/{STAGES_FILE}"))  # one job per window length
+        layout = RunLayout(cfg.output)
+        publish = cfg.pack.output if cfg.pack else None
+        return show_status(*(passes or [work]), what="packing", results=layout.shards, publish=publish)
     start = time.monotonic()
     manifests = jobs.pack(cfg, verbose=args.verbose)
     layout = RunLayout(cfg.output)

@@ -73,8 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--gpu-memory",
         help="memory of one GPU: a bare number is GB (80 = 80GB = 80e9 bytes, as GPUs are sold); 80GiB "
         "(2^30 bytes), 81559MiB (as nvidia-smi says) and 8e10B work too. Says whether each length fits and, "
-        "when it does not, the smallest change that would: activation checkpointing, a larger --cp, or more "
-        "--gpus",
+        "when it does not, the smallest change of each kind that would: activation checkpointing, a larger "
+        "--cp, more --gpus, or checkpointing with either",
     )
     parser.add_argument("--tokens", help="token budget for the wall-clock estimate, e.g. 20B (needs --gpus)")
     parser.add_argument("--gpus", type=int, help="GPUs of the run, for the wall-clock estimate")
@@ -92,7 +92,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from longctx.commands import local_path
+    from longctx.commands import check_counts, local_path
     from longctx.core.errors import ConfigError
     from longctx.trainer.parallel.mesh import MeshShape
     from longctx.trainer.planning.plan import (
@@ -106,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
     )
     from longctx.trainer.planning.report import format_report, format_stages, write_csv
 
+    check_counts(
+        {
+            "--cp": args.cp,
+            "--dp-replicate": args.dp_replicate,
+            "--state-shards": args.state_shards,
+            "--gpus": args.gpus,
+        }
+    )
     csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
@@ -118,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no lengths: pass --lengths, or a --config (its context.target)")
     model = load_model_shape(model_spec)
     lengths = parse_lengths(lengths_spec)
-    cp = args.cp or defaults.get("cp", 1)
-    replicas = args.dp_replicate or defaults.get("dp_replicate", 1)
+    cp = args.cp if args.cp is not None else defaults.get("cp", 1)
+    replicas = args.dp_replicate if args.dp_replicate is not None else defaults.get("dp_replicate", 1)
     shards = args.state_shards
     if shards is None and args.gpus is not None:  # as longctx train shards them: over dp_shard x cp
         keys = {"world_key": "--gpus", "cp_key": "cp", "replicas_key": "dp_replicate"}

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
     with rank_errors("train"):
+        check_flags(args)
         output = local_path(
             args.output,
             "--output",
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                 "train.steps": args.steps,
                 "train.shards": args.shards,
             },
+            {"output": "--output", "train.steps": "--steps", "train.shards": "--shards"},
         )
         if cfg.train is None:
             raise ConfigError(f"{args.config} has no 'train' section")
@@ -119,6 +121,29 @@ def run(args: argparse.Namespace) -> int:
                     print(finished)
                 return 0
             return _run(args, cfg, launcher, rendezvous, rank_env)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse, in one line naming the flag, a count below 1 and a flag that means nothing without
+    another: ``--stage`` without ``--export``, the machines and rendezvous flags without ``--nproc``."""
+    from longctx.commands import check_counts
+    from longctx.core.errors import ConfigError
+
+    check_counts(
+        {"--nproc": args.nproc, "--nnodes": args.nnodes, "--export": args.export, "--stage": args.stage}
+    )
+    if args.stage is not None and args.export is None:
+        raise ConfigError(
+            f"--stage {args.stage} needs --export STEP: it names the stage whose checkpoint --export writes"
+        )
+    with_nproc = {
+        "--nnodes": args.nnodes != 1,
+        "--rdzv-endpoint": args.rdzv_endpoint is not None,
+        "--rdzv-id": args.rdzv_id is not None,
+    }
+    alone = next((flag for flag, given in with_nproc.items() if given), None)
+    if args.nproc is None and alone is not None:
+        raise ConfigError(f"{alone} needs --nproc: it describes the job that --nproc starts")
 
 
 def _run(
@@ -212,9 +237,7 @@ def job_rendezvous(args: argparse.Namespace, output: Path) -> Rendezvous | None:
     from longctx.core.errors import ConfigError
     from longctx.trainer.launch import Rendezvous
 
-    if args.nnodes < 1:
-        raise ConfigError(f"--nnodes must be at least 1, got {args.nnodes}")
-    if args.nnodes == 1:
+    if args.nnodes == 1:  # at least 1: check_flags
         if args.rdzv_endpoint or args.rdzv_id:
             raise ConfigError("--rdzv-endpoint and --rdzv-id are for jobs of several machines (--nnodes)")
         return None

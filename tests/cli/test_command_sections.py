@@ -103,10 +103,11 @@ def test_train_checks_its_section_only(tmp_path: Path, capsys) -> None:
     settings["train"] = {"shards": str(tmp_path / "no_shards")}  # the tiny model: no path
     assert main(["train", "--config", str(write_config(tmp_path / "run.yaml", settings))]) == 2
     err = capsys.readouterr().err
-    # past the config: refused for the shards it was given, not for the other sections' paths
-    assert "no_shards" in err and "curate." not in err and "tokenizer.path" not in err and "eval." not in err
+    # refused for the shards it was given, not for the other sections' paths
+    assert f"train.shards: path does not exist: {tmp_path / 'no_shards'}" in err
+    assert "curate." not in err and "tokenizer.path" not in err and "eval." not in err
 
-    settings["train"]["model"] = {"hf_path": str(tmp_path / "missing" / "model")}
+    settings["train"] = {"model": {"hf_path": str(tmp_path / "missing" / "model")}}
     assert main(["train", "--config", str(write_config(tmp_path / "run.yaml", settings))]) == 2
     line = refusal(capsys, "train")
     assert line == f"train.model.hf_path: path does not exist: {tmp_path / 'missing' / 'model'}"

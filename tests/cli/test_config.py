@@ -256,3 +256,46 @@ def test_credentials_are_never_shown_nor_dumped(tmp_path: Path) -> None:
         for key, options in secrets.items():
             for value in (options["key"], options["secret"], options["client_kwargs"]["endpoint_url"]):
                 assert value not in text, (key, text)
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ("context: {original: 1\n  target: [\n", "line 2, column 9", "expected ',' or '}', but got ':'"),
+        ("output: x\na: b: c\n", "line 2, column 5", "mapping values are not allowed here"),
+        ("output: x\n\t- x\n", "line 2, column 1", "found character '\\t' that cannot start any token"),
+        ("output: !!python/object x\n", "line 1, column 9", "could not determine a constructor for the tag"),
+    ],
+)
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_the_place(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str, problem: str
+) -> None:
+    """Every command says ``longctx <command>: <file>, line L, column C: not valid YAML: <problem>``
+    in one line, never PyYAML's ``in "<unicode string>"`` lines."""
+    path = _write(tmp_path, text)
+    for command in ("curate", "pack", "train", "eval", "plan", "demo"):
+        assert main([command, "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "<unicode string>" not in err, err
+        assert err.startswith(f"longctx {command}: {path}, {where}: not valid YAML: "), err
+        assert problem in err, err
+
+
+def test_a_missing_section_is_named_without_the_config_it_is_missing_from(tmp_path: Path) -> None:
+    """A required key that is absent says so; it does not print the mapping it is absent from."""
+    path = _write(tmp_path, "output: somewhere\ntrain: {steps: 2, model: {tiny: {hidden_size: 32}}}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == f"invalid configuration in {path}:\n  context: required, and missing"
+
+
+def test_a_rule_between_keys_of_a_section_does_not_print_the_section(tmp_path: Path) -> None:
+    """``train.steps`` beside ``train.stages`` is refused naming both keys, without the section."""
+    train = {"steps": 5, "stages": [{"seq_len": 256, "steps": 2}], "model": {"tiny": {"hidden_size": 32}}}
+    path = _write(tmp_path, {"context": {"original": 128, "target": 256}, "train": train})
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert str(refused.value) == (
+        f"invalid configuration in {path}:\n  train: train.steps (or --steps) and train.stages: each stage "
+        "has its own steps (train.stages[k].steps); remove train.steps"
+    )

@@ -315,3 +315,78 @@ def test_progress_counts_every_model_window_and_needle() -> None:
     assert "16/16" in out.getvalue() and "trained: needles" in out.getvalue()
     quiet = EvalProgress(1, 1, 1, file=io.StringIO())  # not a terminal: no bar
     assert list(quiet.track([7], "base", "windows")) == [7] and quiet.bar.disable
+
+
+def changed_config(config: Path, where: Path, edit: Any) -> Path:
+    """A copy of the run's config at ``where`` with ``edit(settings)`` applied."""
+    settings = yaml.safe_load(config.read_text())
+    edit(settings)
+    where.write_text(yaml.safe_dump(settings))
+    return where
+
+
+def evaluations(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "eval").iterdir()) if (root / "eval").exists() else []
+
+
+def test_missing_training_shards_are_named_by_their_key(trained_run, tmp_path: Path, capsys) -> None:
+    """The windows eval scores default to ``train.shards``: a folder that does not exist is named
+    under that key, not taken for a pack run that has not finished."""
+    root, config, _ = trained_run
+    missing = tmp_path / "nowhere" / "seq256"
+    edited = changed_config(config, tmp_path / "run.yaml", lambda s: s["train"].update(shards=str(missing)))
+    before = evaluations(root)
+    assert main(["eval", "--config", str(edited), "--model", "trained"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"longctx eval: train.shards: path does not exist: {missing}", err
+    assert evaluations(root) == before
+
+
+def test_a_needle_length_too_short_for_its_task_names_eval_needle_lengths(
+    trained_run, tmp_path: Path, capsys
+) -> None:
+    """A length of the grid that cannot hold the task's instruction, question and needle is named
+    as an entry of ``eval.needle.lengths`` (not the pipeline's ``context_tokens``), and the effective
+    length's bar is blamed only when the bar's own length is the one too short."""
+    root, config, _ = trained_run
+    before = evaluations(root)
+    short = changed_config(
+        config, tmp_path / "short.yaml", lambda s: s["eval"]["needle"].update(lengths=[16, 256])
+    )
+    assert main(["eval", "--config", str(short), "--model", "trained"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "longctx eval: eval.needle.lengths: a length of 16 tokens leaves no room for haystack text"
+    ), err
+    assert "context_tokens" not in err and "eval.effective" not in err and "\n" not in err
+    bar = changed_config(
+        config, tmp_path / "bar.yaml", lambda s: s["eval"]["effective"].update(baseline_length=16)
+    )
+    assert main(["eval", "--config", str(bar), "--model", "trained"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "longctx eval: eval.effective.baseline_length: a length of 16 tokens leaves no room"
+    ), err
+    assert "context_tokens" not in err and "\n" not in err
+    assert evaluations(root) == before
+
+
+def test_a_model_whose_vocabulary_the_shards_overflow_is_refused_before_any_work(
+    trained_run, tmp_path: Path, capsys
+) -> None:
+    """Token ids of the shards (vocabulary 320) beyond a model's embedding (100 rows) are refused in
+    one line naming the model folder and both sizes, before any model is loaded or folder written."""
+    root, config, _ = trained_run
+    small = tmp_path / "small-llama"
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    heads = {"num_attention_heads": 2, "num_key_value_heads": 1}
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=100, **shape, **heads)).save_pretrained(
+        small
+    )
+    before = evaluations(root)
+    capsys.readouterr()
+    assert main(["eval", "--config", str(config), "--model", str(small)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"longctx eval: {small}: ") and len(err.strip().splitlines()) == 1, err
+    assert "100" in err and "320" in err and "Traceback" not in err
+    assert evaluations(root) == before

@@ -131,7 +131,87 @@ def test_titles_count_in_the_singular_for_one(monkeypatch: pytest.MonkeyPatch, t
             ]
         }
         evaluate.plot_needle_heatmap(results, tmp_path / "unused.png")
-    assert [figure.get_suptitle() for figure in drawn] == [
-        "needle retrieval: greedy decoding reproduces the value (1 sample per cell)",
-        "needle retrieval: greedy decoding reproduces the value (3 samples per cell)",
+    assert [[ax.get_title() for ax in figure.axes if ax.images] for figure in drawn] == [
+        ["base: single_needle (1 sample per cell)"],
+        ["base: single_needle (3 samples per cell)"],
     ]
+
+
+def test_the_needle_heatmap_has_a_panel_per_model_and_task_kind_with_true_counts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two task kinds of 2 samples each are two rows of panels, each cell saying correct/total of its
+    own kind (counted here from the results), each title its true samples per cell; they are never
+    pooled into one "4 per cell" under a title that says 2."""
+    from longctx.trainer.evaluation import measures as evaluate
+
+    results = {
+        label: [
+            evaluate.NeedleResult(n, d, kind, s, "42", "", (n + s + shift + len(kind)) % 3 == 0)
+            for kind in ("single_needle", "multi_key")
+            for n in (256, 512)
+            for d in (0.0, 1.0)
+            for s in range(2)
+        ]
+        for label, shift in (("base", 0), ("extended", 1))
+    }
+    drawn = []
+    monkeypatch.setattr(evaluate, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    evaluate.plot_needle_heatmap(results, tmp_path / "unused.png")
+    (figure,) = drawn
+    panels = {ax.get_title(): ax for ax in figure.axes if ax.images}
+    assert sorted(panels) == sorted(
+        f"{label}: {kind} (2 samples per cell)"
+        for label in results
+        for kind in ("single_needle", "multi_key")
+    )
+    for title, ax in panels.items():
+        label, kind = title.split(" (")[0].split(": ")
+        want = []
+        for d in (0.0, 1.0):
+            for n in (256, 512):
+                cell = [
+                    r.correct
+                    for r in results[label]
+                    if r.task == kind and r.depth == d and r.context_tokens == n
+                ]
+                want.append(f"{sum(cell)}/{len(cell)}")
+        assert [t.get_text() for t in ax.texts] == want, title
+
+
+def test_every_models_line_stays_visible_when_their_scores_coincide(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two models with the same score at every length (a base and a trained model that both score
+    0.5): around each point of the PNG, each model's own colour is drawn, and the legend names both."""
+    from matplotlib.colors import to_rgb
+
+    from longctx.trainer.evaluation import measures as evaluate
+
+    scores = [{"context_tokens": n, "score": 0.5} for n in (256, 512, 1024)]
+    effective = {
+        "models": {label: {"scores": scores, "effective_length": None} for label in ("base", "trained")},
+        "threshold": 0.25,
+        "baseline": None,
+    }
+    drawn = []
+    write = evaluate.write_figure
+
+    def keep(path: Path, figure, **kwargs) -> None:
+        drawn.append(figure)
+        write(path, figure, **kwargs)
+
+    monkeypatch.setattr(evaluate, "write_figure", keep)
+    evaluate.plot_score_by_length(effective, tmp_path / "score.png")
+    (figure,) = drawn
+    ax = figure.axes[0]
+    image = np.asarray(Image.open(tmp_path / "score.png").convert("RGB")).astype(int)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"base", "trained"}
+    for label in ("base", "trained"):
+        colour = np.array(to_rgb(lines[label].get_color())) * 255
+        for n in (256, 512, 1024):
+            x, y = ax.transData.transform((n, 0.5))
+            row, col = image.shape[0] - round(y), round(x)
+            around = image[row - 12 : row + 13, col - 12 : col + 13]
+            assert (np.abs(around - colour).sum(axis=2) < 60).sum() >= 20, (label, n)

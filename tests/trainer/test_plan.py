@@ -262,7 +262,9 @@ def test_parse_bytes(text: str, value: float) -> None:
         ("inf", "bad memory size 'inf'"),
         ("nan", "bad memory size 'nan'"),
         ("80G B", "bad memory size '80G B'"),
-        ("80000000000", "more than any GPU holds; a bare number is GB"),  # bytes meant as GB
+        ("80000000000", "more than any GPU holds (at most 2 TB here); a bare number is GB"),  # bytes as GB
+        ("80TB", "memory size '80TB' is 8e+13 bytes, more than any GPU holds"),  # TB for GB
+        ("2.1T", "more than any GPU holds"),
         ("2", "leaves nothing for training"),  # 2 GB: less than the reserve
     ],
 )
@@ -294,13 +296,17 @@ def test_a_bare_gpu_memory_is_gb_and_what_does_not_fit_says_what_would(capsys) -
     # no ring between 8 and 16 splits 128K into 2 x cp equal chunks; cp 16 needs 16 GPUs and fits
     assert [cp for cp in range(9, 16) if 131_072 % (2 * cp) == 0] == []
     assert total(16, 16, "none") <= usable
-    # more GPUs at cp 8 only shard the model state: the activations alone are too large
+    # more GPUs at cp 8 only shard the model state: without checkpointing the activations alone are
+    # too large; with selective checkpointing 64 GPUs hold them (the fewest, by a plain scan)
     assert total(8, 65_536, "none") > usable
+    selective = next(gpus for gpus in range(16, 4096, 8) if total(8, gpus, "selective") <= usable)
+    assert selective == 64
     (line,) = [line for line in out.splitlines() if "does not fit" in line]
     assert line == (
-        "128K does not fit 74.5 GiB per GPU; it would with activation checkpointing full "
-        f"({plan_report.human_bytes(total(8, 8, 'full'))} per rank) or cp 16 on 16 GPUs "
-        f"({plan_report.human_bytes(total(16, 16, 'none'))} per rank)"
+        "128K does not fit 74.5 GiB per GPU; it would with cp 16 on 16 GPUs "
+        f"({plan_report.human_bytes(total(16, 16, 'none'))} per rank), activation checkpointing selective "
+        f"and 64 GPUs at cp 8 ({plan_report.human_bytes(total(8, 64, 'selective'))} per rank) or activation "
+        f"checkpointing full ({plan_report.human_bytes(total(8, 8, 'full'))} per rank)"
     )
 
 
@@ -335,9 +341,9 @@ def test_auto_needs_a_change_only_when_even_full_checkpointing_does_not_fit(caps
 
 def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
     """Llama-3-8B on 262,146-token windows (2 x 3 x 43,691) from cp 1 on 8 GPUs of 80 GB with ``auto``:
-    no mode fits at cp 1 however many GPUs shard the state, nor at cp 3, the next ring that splits the
-    window; at cp 43,691 the tokens per rank are so few that no checkpointing is needed, and the
-    change says so, with that mode's total."""
+    no mode fits at cp 1 however many GPUs shard the state; at cp 3, the next ring that splits the
+    window, full checkpointing fits once the state is sharded over 12 GPUs (the fewest, by a plain
+    scan), far fewer than cp 43,691 needs, and the change says so, with that mode's total."""
     from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
     from longctx.trainer.planning.fit import Layout, smallest_changes
     from longctx.trainer.planning.memory import rank_memory, usable_bytes
@@ -347,15 +353,18 @@ def test_a_change_under_auto_is_judged_in_the_mode_auto_chooses_there() -> None:
     def total(cp: int, gpus: int, mode: str) -> float:
         return rank_memory(model, length, cp, state_shards=gpus, activation_checkpointing=mode).total
 
+    def chosen(cp: int, gpus: int) -> str | None:
+        return next((mode for mode in ACTIVATION_CHECKPOINTING if total(cp, gpus, mode) <= usable), None)
+
     assert [cp for cp in range(2, 43_692) if length % (2 * cp) == 0] == [3, 43_691]
-    assert total(1, 65_536, "full") > usable and total(3, 9, "full") > usable
-    chosen = next(mode for mode in ACTIVATION_CHECKPOINTING if total(43_691, 43_691, mode) <= usable)
-    assert chosen == "none"
+    assert total(1, 65_536, "full") > usable
+    gpus = next(n for n in range(9, 4096, 3) if chosen(3, n) is not None)
+    assert gpus == 12 and chosen(3, gpus) == "full"
     layout = Layout(cp=1, gpus=8, dp_replicate=1, activation_checkpointing="auto")
     (change,) = smallest_changes(model, length, layout, 80e9)
-    assert change.kinds == ("cp",) and change.mode == chosen
-    assert change.describe() == "cp 43691 on 43691 GPUs, auto checkpointing none"
-    assert change.total_bytes == total(43_691, 43_691, chosen)
+    assert change.kinds == ("cp",) and change.mode == "full"
+    assert change.describe() == "cp 3 on 12 GPUs, auto checkpointing full"
+    assert change.total_bytes == total(3, 12, "full")
 
 
 def test_the_fewest_more_gpus_match_a_linear_scan() -> None:
@@ -401,6 +410,58 @@ def test_changes_together_when_none_fits_alone() -> None:
     (change,) = smallest_changes(model, length, layout, 141e9)
     assert change.describe() == f"activation checkpointing full and {scan} GPUs at cp 1"
     assert change.total_bytes == total(scan, "full")
+
+
+def test_checkpointing_with_a_larger_cp_on_more_gpus_is_offered_with_the_changes_of_one_kind(capsys) -> None:
+    """The issue's plan: Llama-3-70B at 128K on 80 GB GPUs from cp 8. A larger cp alone fits only at
+    cp 128 on 128 GPUs, but full checkpointing with cp 16 on 32 GPUs fits at 61.4 GiB: the plan
+    offers, for each checkpointing mode, the fewest GPUs (then the smallest cp) a larger ring needs
+    and the fewest GPUs at cp 8, each found here by a plain scan over the memory model."""
+    from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING
+    from longctx.trainer.planning.memory import rank_memory, usable_bytes
+
+    model, length, usable = plan.load_model_shape("llama-3-70b"), 131_072, usable_bytes(80e9)
+
+    def total(cp: int, gpus: int, mode: str) -> float:
+        return rank_memory(model, length, cp, state_shards=gpus, activation_checkpointing=mode).total
+
+    rings = [cp for cp in range(9, 65_537) if length % (2 * cp) == 0]
+
+    def scan(mode: str, cps: list[int]) -> tuple[int, int] | None:
+        """(GPUs, cp) of the fewest GPUs (then the smallest cp) among ``cps`` that fit in ``mode``."""
+        found = [
+            (gpus, cp)
+            for cp in cps
+            for gpus in range(-(-8 // cp) * cp, 1025, cp)
+            if total(cp, gpus, mode) <= usable
+        ]
+        return min(found) if found else None
+
+    assert all(total(8, 8, mode) > usable for mode in ACTIVATION_CHECKPOINTING)  # nothing alone at cp 8
+
+    def option(what: str, change: str, cp: int, gpus: int, mode: str) -> str:
+        return f"{what}{change} ({plan_report.human_bytes(total(cp, gpus, mode))} per rank)"
+
+    options = []
+    for mode in ACTIVATION_CHECKPOINTING:
+        what = "" if mode == "none" else f"activation checkpointing {mode} and "
+        ring, same = scan(mode, rings), scan(mode, [8])
+        if ring is not None:
+            options.append(option(what, f"cp {ring[1]} on {ring[0]} GPUs", ring[1], ring[0], mode))
+        if same is not None:
+            options.append(option(what, f"{same[0]} GPUs at cp 8", 8, same[0], mode))
+    assert "activation checkpointing full and cp 16 on 32 GPUs (61.4 GiB per rank)" in options
+    assert (
+        main(["plan", "--model", "llama-3-70b", "--lengths", "128K", "--cp", "8", "--gpu-memory", "80"]) == 0
+    )
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "does not fit" in line]
+    assert (
+        line
+        == "128K does not fit 74.5 GiB per GPU; it would with "
+        + ", ".join(options[:-1])
+        + " or "
+        + options[-1]
+    )
 
 
 def test_the_llama3_8b_64k_config_fits_8_gpus_of_80_gb(capsys: pytest.CaptureFixture) -> None:

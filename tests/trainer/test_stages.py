@@ -8,7 +8,9 @@
   (bytes and modification times); ``on_gate_fail: continue`` goes on; a held-out short window is
   one of a document no training row holds, read from the shards' own ``doc_id`` column.
 - Resume: a run killed mid-stage 2 (SIGKILL) and started again, or whose second stage is lost, ends
-  with the weights of the uninterrupted run (1e-6).
+  with the weights of the uninterrupted run (1e-6). A stage whose predecessor changed (its steps
+  raised) is trained again, to the weights of a run started by hand from the new predecessor.
+- Coverage: a stage at context.original trains with ``required_position`` as given.
 - Eval: the effective length and per-task scores in ``summary.json`` and on the console are
   ``longctx.trainer.evaluation.effective`` applied to the needle results written beside them; the baseline is
   evaluated even when ``--model`` leaves it out.
@@ -199,6 +201,96 @@ def test_keep_optimizer_carries_the_adam_moments_into_the_next_stage(
     assert_same_weights(weights(folder), b)
 
 
+def chained_by_hand(
+    root: Path, tmp_path: Path, name: str, start: Path, seq_len: int, factor: float, steps: int
+) -> Path:
+    """An ordinary run of ``steps`` steps on ``root``'s windows of ``seq_len`` tokens from the model
+    folder ``start``, with YaRN factor ``factor``: what a stage starting from ``start`` trains."""
+    out = tmp_path / name
+    plain = {
+        "output": str(out),
+        "context": {"original": ORIGINAL, "target": seq_len},
+        "tokenizer": {"path": str(root / "tokenizer.json")},
+        "train": {
+            "shards": str(root / "shards" / f"seq{seq_len}"),
+            "steps": steps,
+            "optim": {"lr": 3e-3, "warmup_steps": 1},
+            "checkpoint": {"every": 3, "keep": 3},
+            "model": {"hf_path": str(start), "rope_scaling": {**YARN, "factor": factor}},
+        },
+    }
+    jobs.train(parse_config(plain), progress=False)
+    return out / "train" / "final"
+
+
+@pytest.mark.slow
+def test_a_stage_whose_predecessor_changed_is_trained_again(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Stage 1's steps raised after the run finished: stage 1 trains the extra step, and stage 2,
+    which started from stage 1's old last checkpoint, is trained again from the new one (its earlier
+    folder kept aside, byte for byte), ending with the weights of a run started by hand from stage 1's
+    new model. A stage 2 from before the change (as if the run was killed between the stages) is not
+    taken as finished either, and is trained again to the same weights."""
+    root = run_folder(packed_root, tmp_path)
+    jobs.train(parse_config(staged(root, two_stages(steps=2))), progress=False)
+    stage1, stage2 = root / "train" / "stages" / "1-256", root / "train" / "stages" / "2-512"
+    before = snapshot(stage2)
+    raised = two_stages(steps=2)
+    raised[0]["steps"] = 3
+    cfg = parse_config(staged(root, raised))
+    capsys.readouterr()
+    first, second = jobs.train(cfg, progress=False).stages
+    assert first.result is not None and first.result.resumed_from == 2 and first.result.steps == 3
+    assert second.result is not None and second.result.resumed_from == 0
+    aside = root / "train" / "stages" / "2-512.superseded-1"
+    out = capsys.readouterr().out
+    assert (
+        f"stage 2 (512 tokens) started from {stage1 / 'checkpoints' / 'step_0000002'}, but stage 1 "
+        f"(256 tokens) now ends with {stage1 / 'checkpoints' / 'step_0000003'}: training it again; its "
+        f"earlier results are kept in {aside}"
+    ) in out
+    assert snapshot(aside) == before
+    want = weights(chained_by_hand(root, tmp_path, "by_hand", stage1 / "final", 512, 4.0, 2))
+    assert_same_weights(weights(stage2 / "final"), want)
+
+    # stage 2 as it was before the change, back in place: out of date, so not finished
+    shutil.rmtree(stage2)
+    aside.rename(stage2)
+    assert jobs.finished_training(cfg) is None
+    _, second = jobs.train(cfg, progress=False).stages
+    assert second.result is not None and second.result.resumed_from == 0
+    assert_same_weights(weights(stage2 / "final"), want)
+    assert snapshot(root / "train" / "stages" / "2-512.superseded-1") == before
+    assert jobs.finished_training(cfg) is not None  # now every stage follows from the one before
+
+
+def test_a_stage_at_context_original_trains_with_the_required_position_as_given(
+    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """context.original 256: the first stage trains windows of the original length, whose last
+    position is 255. ``train.coverage.required_position: 255``, what the coverage error's advice asks
+    for, is honoured as given (not raised to context.original), and that stage trains more steps
+    than ``max_steps_without_long``, since its windows cannot hold a position at or beyond
+    context.original."""
+    root = run_folder(packed_root, tmp_path)
+    stages = [{"seq_len": 256, "steps": 3, "factor": 1.0}, {"seq_len": 512, "steps": 1, "factor": 2.0}]
+    rope = {**YARN, "factor": 2.0, "original_max_position_embeddings": 256}
+    settings = staged(
+        root,
+        stages,
+        coverage={"required_position": 255, "max_steps_without_long": 2},
+        model={"rope_scaling": rope, "tiny": TINY},
+    )
+    settings["context"]["original"] = 256
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["train", "--config", str(config)]) == 0, capsys.readouterr().err
+    for folder in ("1-256", "2-512"):
+        assert (root / "train" / "stages" / folder / "final" / "config.json").is_file()
+    assert [r["step"] for r in records(root / "train" / "stages" / "1-256" / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -218,6 +310,7 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
         "above the limit 0.001 (loss on 4 held-out 128-token windows of source 'papers' over base's)"
     )
     assert "train.stages[0].steps" in err and "train.stages[0].gate.max_short_loss_ratio" in err
+    assert "(or set train.on_gate_fail: continue)" in err
     assert not (root / "train" / "stages" / "2-512").exists()  # the next stage never started
     # the windows are held out: their documents are in no training row of any stage's shards
     windows = gate["measured"]["short_context"]["window_documents"]
@@ -235,6 +328,36 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     assert main(["train", "--config", str(config)]) == 2
     assert capsys.readouterr().err.strip() == err  # the recorded result, not measured again
     assert snapshot(root / "train" / "stages") == before
+
+
+def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> None:
+    """A failed ``require_effective_length``: with the bar measured (no threshold) the line offers to
+    set ``eval.effective.threshold``; with one set, to lower it from its value; ``on_gate_fail``
+    is offered only while it is ``stop``."""
+    from longctx.core.layout import RunLayout
+    from longctx.trainer.config import EffectiveLengthConfig
+    from longctx.trainer.evaluation.gates import Check, GateResult, failure_line
+    from longctx.trainer.stage_plan import resolve_stages
+
+    cfg = parse_config(staged(tmp_path, two_stages(gate={"require_effective_length": True})))
+    assert cfg.train is not None
+    stage = resolve_stages(cfg.train, RunLayout(tmp_path))[0]
+    check = Check("effective_length", 128, 256, False, "bar 0.5: base's score at 256 tokens")
+    result = GateResult(1, 256, 3, {}, {}, [check])
+
+    def line(on_gate_fail: str, threshold: float | None) -> str:
+        effective = EffectiveLengthConfig(threshold=threshold)
+        return failure_line(
+            result, stage, RunLayout(tmp_path), on_gate_fail=on_gate_fail, effective=effective
+        )
+
+    measured = line("stop", None)
+    assert "set eval.effective.threshold to a bar the stage can reach" in measured
+    assert "drop train.stages[0].gate.require_effective_length" in measured
+    assert "(or set train.on_gate_fail: continue)" in measured
+    fixed = line("continue", 0.8)
+    assert "lower eval.effective.threshold (0.8) to a bar the stage can reach" in fixed
+    assert "on_gate_fail" not in fixed
 
 
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
@@ -256,6 +379,7 @@ def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
     for stage in ("stage 1 (256 tokens)", "stage 2 (512 tokens)"):
         assert f"warning: {stage} failed its gate: short_loss_ratio" in out
     assert "going on (train.on_gate_fail: continue)" in out
+    assert "set train.on_gate_fail" not in out  # already set: not advised
     assert [o.gate.passed for o in result.stages] == [False, False]
     assert (root / "train" / "stages" / "2-512" / "final" / "config.json").is_file()
     assert json.loads((root / "train" / "stages" / "1-256" / "gate.json").read_text())["passed"] is False

@@ -293,6 +293,42 @@ def test_shards_that_never_reach_the_required_position_are_refused(shards_root: 
     assert not (tmp_path / "refused" / "train" / "checkpoints").exists()
 
 
+def test_the_coverage_advice_names_only_settings_that_would_change_it(
+    shards_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The refusal offers ``train.coverage.allow_short``; the warning printed because it is set does
+    not. A configured ``required_position`` is to be lowered, an unset one (the default, the windows'
+    last position) set, each to the shards' largest position read from their manifest."""
+    from longctx.packer.manifest import load_manifest
+
+    largest = load_manifest(shards_root / "shards" / f"seq{SEQ_LEN}").max_position
+    cfg = train_config(shards_root, tmp_path / "refused", coverage={"required_position": 5000})
+    with pytest.raises(CoverageError) as refused:
+        jobs.train(parse_config(cfg), progress=False)
+    advice = str(refused.value).splitlines()[-1]
+    assert advice == (
+        f"Pack longer windows (pack.seq_lens) from longer documents, lower "
+        f"train.coverage.required_position to {largest} or below or set train.coverage.allow_short: true "
+        "to train anyway."
+    )
+    capsys.readouterr()
+    warned = train_config(
+        shards_root, tmp_path / "warned", steps=1, coverage={"required_position": 5000, "allow_short": True}
+    )
+    jobs.train(parse_config(warned), progress=False)
+    out = capsys.readouterr().out
+    assert "warning (train.coverage.allow_short): the shards' largest position" in out
+    assert "allow_short: true" not in out
+    assert (
+        "Pack longer windows (pack.seq_lens) from longer documents or lower "
+        f"train.coverage.required_position to {largest} or below."
+    ) in out
+    unset = train_config(shards_root, tmp_path / "default", coverage={})
+    unset["context"]["target"] = 2 * SEQ_LEN  # the default requires position 511 of these 256-token windows
+    with pytest.raises(CoverageError, match=f"set train.coverage.required_position to {largest} or below"):
+        jobs.train(parse_config(unset), progress=False)
+
+
 def test_tracker_aborts_after_steps_without_long_positions() -> None:
     tracker = CoverageTracker(original=100, seq_len=256, max_steps_without_long=3)
     short = [0] * len(tracker.edges)

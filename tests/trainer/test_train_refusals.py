@@ -136,3 +136,23 @@ def test_a_truncated_base_checkpoint_is_refused_before_any_rank_starts(
         f"longctx train: {weights}: not a complete safetensors file (incomplete metadata, file not fully "
         "covered); the folder is damaged: export or copy it again"
     ]
+
+
+def test_a_shards_folder_that_does_not_exist_is_named_as_missing(
+    packed: Path, tmp_path: Path, capsys
+) -> None:
+    """``train.shards`` (or a stage's ``shards``) naming no folder is said to be missing, under its
+    key, not taken for a pack run that has not finished."""
+    missing = tmp_path / "nowhere" / "seq256"
+    err = refused(packed, tmp_path, capsys, shards=str(missing))
+    assert f"train.shards: path does not exist: {missing}" in err and "pack" not in err, err
+    cfg = train_config(packed, tmp_path / "out")
+    for key in ("steps", "shards"):
+        del cfg["train"][key]
+    cfg["train"]["stages"] = [{"seq_len": 256, "steps": 1, "shards": str(missing)}]
+    path = tmp_path / "staged.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", "--config", str(path), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"train.stages.0.shards: path does not exist: {missing}" in err and "pack" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -114,6 +114,16 @@ def bar_length(effective: EffectiveLengthConfig, original: int) -> int | None:
     return effective.baseline_length or original
 
 
+def bar_source(effective: EffectiveLengthConfig) -> str:
+    """The setting the bar's length comes from, as a refusal of that length names it."""
+    if effective.baseline_length is not None:
+        return "eval.effective.baseline_length"
+    return (
+        "context.original, where eval.effective measures the bar (set eval.effective.baseline_length to "
+        "a longer length, or eval.effective.threshold)"
+    )
+
+
 def grid_lengths(lengths: Sequence[int], baseline_length: int | None) -> list[int]:
     """The needle grid's lengths, ascending, with ``baseline_length`` added when the bar is measured
     (``baseline_length`` None: a fixed threshold, nothing to add)."""

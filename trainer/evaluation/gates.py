@@ -39,7 +39,13 @@ from longctx.core.config import ContextConfig
 from longctx.core.errors import LongctxError
 from longctx.core.layout import RunLayout
 from longctx.packer.manifest import load_manifest
-from longctx.trainer.config import EvalConfig, NeedleEvalConfig, ShortContextConfig, TrainConfig
+from longctx.trainer.config import (
+    EffectiveLengthConfig,
+    EvalConfig,
+    NeedleEvalConfig,
+    ShortContextConfig,
+    TrainConfig,
+)
 from longctx.trainer.stage_plan import Stage, training_shards
 
 
@@ -129,14 +135,22 @@ _ADVICE = {
     "(curate.synthetic, pack.mix), or lower {key}.gate.min_needle_score",
     "short_loss_ratio": "train the stage longer ({key}.steps), with a lower lr ({key}.lr) or with more "
     "short documents in pack.mix, or raise {key}.gate.max_short_loss_ratio",
-    "effective_length": "train the stage longer ({key}.steps) or with more retrieval tasks in the mix, or "
-    "set eval.effective.threshold to a bar the stage can reach",
+    "effective_length": "train the stage longer ({key}.steps) or with more retrieval tasks in the mix, "
+    "{bar}, or drop {key}.gate.require_effective_length",
 }
 
 
-def failure_line(result: GateResult, stage: Stage, layout: RunLayout) -> str:
-    """The one line a failed gate stops the run with: every failed metric with its value and limit,
-    how it was measured, and what to change."""
+def failure_line(
+    result: GateResult,
+    stage: Stage,
+    layout: RunLayout,
+    *,
+    on_gate_fail: str,
+    effective: EffectiveLengthConfig,
+) -> str:
+    """The one line a failed gate stops the run with (or, under ``on_gate_fail: continue``, warns
+    with): every failed metric with its value and limit, how it was measured, and what to change,
+    from the settings as they are (``effective``: ``eval.effective``)."""
     failed = [c for c in result.checks if not c.passed]
     what = "; ".join(
         f"{c.metric} = {_number(c.value)}, "
@@ -148,10 +162,16 @@ def failure_line(result: GateResult, stage: Stage, layout: RunLayout) -> str:
         + f" ({c.detail})"
         for c in failed
     )
-    advice = "; or ".join(dict.fromkeys(_ADVICE[c.metric].format(key=stage.key) for c in failed))
+    bar = (
+        f"lower eval.effective.threshold ({effective.threshold:g}) to a bar the stage can reach"
+        if effective.threshold is not None
+        else "set eval.effective.threshold to a bar the stage can reach"
+    )
+    advice = "; or ".join(dict.fromkeys(_ADVICE[c.metric].format(key=stage.key, bar=bar) for c in failed))
+    going_on = " (or set train.on_gate_fail: continue)" if on_gate_fail == "stop" else ""
     return (
-        f"{stage.describe()} failed its gate: {what}. To go on: {advice} (or set train.on_gate_fail: "
-        f"continue). The finished stages are kept in {layout.stages}; the result is in {stage.layout.gate}"
+        f"{stage.describe()} failed its gate: {what}. To pass it: {advice}{going_on}. The finished "
+        f"stages are kept in {layout.stages}; the result is in {stage.layout.gate}"
     )
 
 
@@ -308,13 +328,14 @@ def _bar_length(section: EvalConfig, context: ContextConfig) -> int | None:
 
 def _needles(section: EvalConfig, stage: Stage, bar: int | None, where: _Where, documents: Path) -> Any:
     """The needle grid at the stage's length (and at the bar's, when it is measured)."""
-    from longctx.trainer.evaluation.effective import grid_lengths
+    from longctx.trainer.evaluation.effective import bar_source, grid_lengths
     from longctx.trainer.evaluation.job import build_needles
 
     grid = (section.needle or NeedleEvalConfig()).model_copy(
         update={"lengths": grid_lengths([stage.seq_len], bar)}
     )
-    return build_needles(grid, where.tokenizer, documents)
+    sources = {bar: bar_source(section.effective)} if bar is not None else {}
+    return build_needles(grid, where.tokenizer, documents, {**sources, stage.seq_len: f"{stage.key}.seq_len"})
 
 
 def _score(model: Any, needles: Any, device: torch.device, length: int | None = None) -> list[Any]:

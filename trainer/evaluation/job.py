@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -36,8 +36,15 @@ from longctx.trainer.config import (
     NeedleEvalConfig,
     TrainConfig,
     check_base_model,
+    missing_local_shards,
 )
-from longctx.trainer.evaluation.effective import bar_length, effective_lengths, grid_lengths, task_scores
+from longctx.trainer.evaluation.effective import (
+    bar_length,
+    bar_source,
+    effective_lengths,
+    grid_lengths,
+    task_scores,
+)
 from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.stage_plan import final_model, training_shards
 
@@ -234,18 +241,14 @@ def run_eval(
     tokenizer_path = layout.tokenizer_file(tokenizer)
     documents = layout.documents if documents is None else documents
     windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
+    check_vocabularies(specs, train, windows)
     needles = None  # the same needles for every model, built before any model is loaded
     if eval.needle is not None:
         grid = eval.needle.model_copy(update={"lengths": grid_lengths(eval.needle.lengths, bar)})
-        try:
-            needles = build_needles(grid, tokenizer_path, documents)
-        except ConfigError as err:
-            if bar is None or bar in eval.needle.lengths:
-                raise
-            raise ConfigError(
-                f"{err} (the grid includes {bar} tokens because the effective length's bar is measured "
-                "there: set eval.effective.baseline_length to a longer length, or eval.effective.threshold)"
-            ) from None
+        sources = (
+            {bar: bar_source(eval.effective)} if bar is not None and bar not in eval.needle.lengths else {}
+        )
+        needles = build_needles(grid, tokenizer_path, documents, sources)
     info = windows.dataset.shards.manifest.header.tokenizer
     guard = choose_short_windows(eval, context, layout, train, documents, tokenizer_path, info)
     started = time.monotonic()
@@ -279,6 +282,8 @@ def choose_windows(
     :attr:`Windows.training` and labelled as such in the results."""
     from longctx.packer.dataset import PackedDataset
 
+    if eval.shards is None and train is not None and (problem := missing_local_shards(train.shards)):
+        raise ConfigError(f"train.shards: {problem}")  # the windows scored by default
     trained_on = layout.training_shards(train.shards if train else None, target)
     shards = eval.shards or trained_on
     storage = eval.storage_options or (train.storage_options if train else None)
@@ -315,6 +320,28 @@ def choose_windows(
     if missing:
         print(windows.caption(), end="", flush=True)
     return windows
+
+
+def check_vocabularies(specs: list[ModelSpec], train: TrainConfig | None, windows: Windows) -> None:
+    """Refuse, before any model is loaded, a checkpoint folder (``base``'s too) whose embedding has
+    fewer rows than the shards' vocabulary, whose token ids it could not read: one line naming the
+    folder and both sizes, as training refuses such shards (``train.check_vocabulary``)."""
+    from longctx.trainer.models import interface
+    from longctx.trainer.models.files import config_json
+
+    vocab_size = windows.dataset.shards.manifest.header.tokenizer.vocab_size
+    folders = [s.path for s in specs if s.path is not None]
+    if train is not None and train.model.hf_path is not None and any(s.path is None for s in specs):
+        folders.append(train.model.hf_path)
+    implementation = train.model.implementation if train is not None else "auto"
+    for folder in folders:
+        rows = interface.from_hf(config_json(folder), implementation).vocab_size
+        if rows < vocab_size:
+            raise ConfigError(
+                f"{folder}: the model's embedding has {rows} rows, fewer than the {vocab_size} tokens of "
+                f"the vocabulary of the shards it would be scored on ({windows.shards}); evaluate it on "
+                "shards packed with its tokenizer (eval.shards) or in a run that uses it"
+            )
 
 
 def _same_windows(shards: str | Path, trained_on: str | Path, storage: Any, train_storage: Any) -> bool:
@@ -393,10 +420,17 @@ def choose_short_windows(
     return Guard(found)
 
 
-def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: Path) -> Needles:
-    """The needle grid of ``eval.needle``, hidden in curated ``documents`` (books first)."""
+def build_needles(
+    needle: NeedleEvalConfig,
+    tokenizer: Path | None,
+    documents: Path,
+    sources: Mapping[int, str] | None = None,
+) -> Needles:
+    """The needle grid of ``eval.needle``, hidden in curated ``documents`` (books first). A length
+    too short for its task is refused naming the setting it comes from: ``sources[length]``, by
+    default ``eval.needle.lengths``."""
     from longctx.core.tokenizer import EOS_TOKEN, load_tokenizer
-    from longctx.trainer.evaluation.measures import needle_examples
+    from longctx.trainer.evaluation.measures import NeedleLengthError, needle_examples
 
     tok = load_tokenizer(tokenizer)
     haystack = _haystack(documents, 8 * max(needle.lengths) + 10_000)
@@ -406,8 +440,8 @@ def build_needles(needle: NeedleEvalConfig, tokenizer: Path | None, documents: P
         examples = needle_examples(
             haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
         )
-    except ValueError as err:
-        raise ConfigError(f"eval.needle: {err}") from None
+    except NeedleLengthError as err:
+        raise ConfigError(f"{(sources or {}).get(err.length, 'eval.needle.lengths')}: {err}") from None
     eos = [i for i in (tok.token_to_id(EOS_TOKEN),) if i is not None]
     return Needles(needle, tok, examples, eos)
 

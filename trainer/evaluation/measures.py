@@ -110,6 +110,15 @@ class NeedleExample:
     example: Any  # longctx.pipeline.synthetic.tasks.Example
 
 
+class NeedleLengthError(ValueError):
+    """A needle length at which the task cannot be built (``length``), with the task builder's
+    reason phrased for that length."""
+
+    def __init__(self, length: int, reason: str) -> None:
+        self.length = length
+        super().__init__(reason.replace(f"context_tokens={length}", f"a length of {length} tokens"))
+
+
 def needle_examples(
     haystack_texts: list[str],
     tokenizer,
@@ -122,17 +131,24 @@ def needle_examples(
     """``samples`` examples per (length, depth, kind), built with
     :func:`longctx.pipeline.synthetic.tasks.make_grid`. Sample ``s`` draws its haystack, keys and
     values from its own seed (derived from ``seed`` and ``s``), so the same ``seed`` gives the same
-    needles: build them once and score every model on them. Raises ``ValueError`` for lengths too
-    short to hold a task."""
+    needles: build them once and score every model on them. Raises :class:`NeedleLengthError` for a
+    length too short to hold a task."""
     from longctx.pipeline.synthetic.tasks import derive_seed, make_grid
+
+    def grid(kind: str, sample: int, length: int) -> list[Any]:
+        try:  # one length at a time (make_grid seeds each length alone): the error names it
+            return make_grid(
+                haystack_texts, tokenizer, [length], list(depths), derive_seed(seed, "sample", sample), kind
+            )
+        except ValueError as err:
+            raise NeedleLengthError(length, str(err)) from None
 
     return [
         NeedleExample(kind, sample, example)
         for kind in kinds
         for sample in range(samples)
-        for example in make_grid(
-            haystack_texts, tokenizer, list(lengths), list(depths), derive_seed(seed, "sample", sample), kind
-        )
+        for length in lengths
+        for example in grid(kind, sample, length)
     ]
 
 
@@ -234,41 +250,59 @@ def plot_loss_by_position(tables: Mapping[str, list[dict[str, Any]]], original: 
     write_figure(path, fig)
 
 
+def _per_cell(counts: set[int]) -> str:
+    """How many samples a panel's cells hold: ``2 samples``, ``1-3 samples`` or ``no samples``."""
+    if not counts:
+        return "no samples"
+    low, high = min(counts), max(counts)
+    return plural(low, "sample") if low == high else f"{low}-{high} samples"
+
+
 def plot_needle_heatmap(results: Mapping[str, Sequence[NeedleResult]], path: Path) -> None:
-    """Accuracy per (context length, depth) over task kinds and samples (each cell says correct/total):
-    one panel per model."""
+    """Accuracy per (context length, depth): one panel per task kind (rows) and model (columns), each
+    cell saying correct/total over its samples and each panel's title how many samples its cells
+    hold (the kinds are never pooled into one cell)."""
     labels = list(results)
     every = [r for rs in results.values() for r in rs]
+    kinds = list(dict.fromkeys(r.task for r in every))
     lengths = sorted({r.context_tokens for r in every})
     depths = sorted({r.depth for r in every})
     fig = new_figure(
-        figsize=(len(labels) * (1.2 * len(lengths) + 2) + 1.5, 0.5 * len(depths) + 2.5), layout="constrained"
+        figsize=(
+            len(labels) * (1.2 * len(lengths) + 2) + 1.5,
+            max(1, len(kinds)) * (0.5 * len(depths) + 1.7) + 0.8,
+        ),
+        layout="constrained",
     )
-    axes = fig.subplots(1, len(labels), squeeze=False)
+    axes = fig.subplots(max(1, len(kinds)), len(labels), squeeze=False)
     image = None
-    for ax, label in zip(axes[0], labels):
-        grid = [[float("nan")] * len(lengths) for _ in depths]
-        counts = [[""] * len(lengths) for _ in depths]
-        for i, d in enumerate(depths):
-            for j, n in enumerate(lengths):
-                cell = [r.correct for r in results[label] if r.depth == d and r.context_tokens == n]
-                if cell:
-                    grid[i][j], counts[i][j] = sum(cell) / len(cell), f"{sum(cell)}/{len(cell)}"
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
-        ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
-        ax.set_xlabel("context tokens")
-        ax.set_ylabel("needle depth")
-        ax.set_title(label)
-        for i in range(len(depths)):
-            for j in range(len(lengths)):
-                ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
-    samples = max((r.sample for r in every), default=0) + 1
-    fig.suptitle(
-        f"needle retrieval: greedy decoding reproduces the value ({plural(samples, 'sample')} per cell)"
-    )
+    for row, kind in enumerate(kinds):
+        for ax, label in zip(axes[row], labels):
+            grid = [[float("nan")] * len(lengths) for _ in depths]
+            counts = [[""] * len(lengths) for _ in depths]
+            sizes = set()
+            for i, d in enumerate(depths):
+                for j, n in enumerate(lengths):
+                    cell = [
+                        r.correct
+                        for r in results[label]
+                        if r.task == kind and r.depth == d and r.context_tokens == n
+                    ]
+                    if cell:
+                        grid[i][j], counts[i][j] = sum(cell) / len(cell), f"{sum(cell)}/{len(cell)}"
+                        sizes.add(len(cell))
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+            ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+            ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+            ax.set_xlabel("context tokens")
+            ax.set_ylabel("needle depth")
+            ax.set_title(f"{label}: {kind} ({_per_cell(sizes)} per cell)", fontsize=10)
+            for i in range(len(depths)):
+                for j in range(len(lengths)):
+                    ax.text(j, i, counts[i][j], ha="center", va="center", fontsize=8)
+    fig.suptitle("needle retrieval: greedy decoding reproduces the value (correct/total per cell)")
     if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+        fig.colorbar(image, ax=axes.ravel().tolist(), label="accuracy")
     write_figure(path, fig)
 
 
@@ -293,15 +327,34 @@ def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int)
     return "\n".join(lines)
 
 
+_LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1, 1, 1))))
+"""Marker and line style of each model's line in turn, so that lines that coincide stay told apart."""
+
+
 def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
-    """Each model's needle score against context length (log2 x axis, one line per model), the bar
-    as a dashed line and each model's effective length marked (``effective``: what
-    ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
+    """Each model's needle score against context length (log2 x axis, one line per model, each with
+    its own marker and line style and drawn smaller than the ones before it, so that equal scores
+    hide none), the bar as a dashed line and each model's effective length marked (``effective``:
+    what ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
     fig = new_figure(figsize=(7, 4))
     ax = fig.subplots()
-    for label, verdict in effective["models"].items():
+    models = list(effective["models"].items())
+    for index, (label, verdict) in enumerate(models):
         points = [(s["context_tokens"], s["score"]) for s in verdict["scores"]]
-        (line,) = ax.plot([n for n, _ in points], [v for _, v in points], marker="o", label=label)
+        marker, linestyle = _LINE_STYLES[index % len(_LINE_STYLES)]
+        later = len(models) - 1 - index  # lines drawn later are smaller: equal scores leave every one seen
+        (line,) = ax.plot(
+            [n for n, _ in points],
+            [v for _, v in points],
+            marker=marker,
+            markersize=6 + 4 * later,
+            fillstyle="none",
+            markeredgewidth=1.5,
+            linestyle=linestyle,
+            linewidth=1.5 + 1.5 * later,
+            label=label,
+            zorder=3 + index,
+        )
         length = verdict["effective_length"]
         if length is not None:
             score = dict(points)[length]
@@ -313,12 +366,14 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
         effective["threshold"],
         color="tab:red",
         linestyle="--",
+        linewidth=1,
         label=f"bar {effective['threshold']:.3f} ({where})",
+        zorder=2,
     )
     ax.set_xscale("log", base=2)
     lengths = sorted({s["context_tokens"] for v in effective["models"].values() for s in v["scores"]})
     ax.set_xticks(lengths, [str(n) for n in lengths])
-    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylim(-0.05, 1.05)  # lines at 0 and 1 drawn whole
     ax.set_xlabel("context tokens")
     ax.set_ylabel("score (mean over task kinds)")
     ax.set_title("effective context length: the largest length at or above the bar (star)")

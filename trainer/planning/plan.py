@@ -523,8 +523,9 @@ _BYTE_UNITS = {
 _MEMORY_SIZE = re.compile(
     r"^\s*(\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)\s*([kmgt]i?)?(b?)\s*$", re.IGNORECASE
 )
-MAX_GPU_MEMORY_BYTES = 1e15
-"""Larger than any accelerator's memory (1 PB): a bigger ``--gpu-memory`` is a typo, or bytes meant as GB."""
+MAX_GPU_MEMORY_BYTES = 2e12
+"""Larger than any accelerator's memory (2 TB; the largest hold under 300 GB): a bigger
+``--gpu-memory`` is a typo (``80TB`` for ``80GB``), or bytes meant as GB."""
 
 
 def parse_bytes(text: str) -> float:
@@ -546,8 +547,8 @@ def parse_bytes(text: str) -> float:
     value = number * _BYTE_UNITS[unit]
     if value > MAX_GPU_MEMORY_BYTES:
         raise ConfigError(
-            f"memory size {text!r} is {value:.3g} bytes, more than any GPU holds; a bare number is GB "
-            "(write 80 or 80GB for 80e9 bytes)"
+            f"memory size {text!r} is {value:.3g} bytes, more than any GPU holds (at most "
+            f"{MAX_GPU_MEMORY_BYTES / 1e12:g} TB here); a bare number is GB (write 80 or 80GB for 80e9 bytes)"
         )
     return value
 
