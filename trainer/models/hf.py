@@ -22,6 +22,7 @@ computes for that length (its ``ROPE_INIT_FUNCTIONS`` with ``seq_len``), not wit
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 from collections.abc import Mapping
@@ -108,20 +109,34 @@ def _transformers_config(hf: Mapping[str, Any]) -> Any:
     """The transformers config object of a ``config.json`` dict (its class chosen by ``model_type``;
     never code from a checkpoint folder)."""
     transformers = require_transformers()
-    values = {k: v for k, v in hf.items() if k not in ("model_type", "auto_map")}
+    values = copy.deepcopy(
+        {k: v for k, v in hf.items() if k not in ("model_type", "auto_map")}
+    )  # kept as given
     model_type = hf.get("model_type")
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise ConfigError(
+            f"model_type {model_type!r} is not in the installed transformers {transformers.__version__} "
+            "(longctx never runs code from a checkpoint folder; a newer transformers may have it)"
+        )
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
-    except (ValueError, KeyError, TypeError) as err:
-        version = transformers.__version__
-        if model_type not in transformers.CONFIG_MAPPING:
-            raise ConfigError(
-                f"model_type {model_type!r} is not in the installed transformers {version} (longctx "
-                "never runs code from a checkpoint folder; a newer transformers may have it)"
-            ) from None
-        raise ConfigError(
-            f"config.json does not make a {model_type} config: {str(err).splitlines()[0]}"
-        ) from None
+    except Exception as err:  # the config classes' validators raise many kinds
+        raise ConfigRefused(model_type, _reason(err)) from None
+
+
+class ConfigRefused(ConfigError):
+    """transformers' config class of ``model_type`` refuses a config.json (``reason``: its message)."""
+
+    def __init__(self, model_type: str, reason: str) -> None:
+        super().__init__(f"transformers' {model_type} config refuses it: {reason}")
+        self.reason = reason
+
+
+def _reason(err: Exception) -> str:
+    """An exception's message in one line: its last informative line (transformers' strict config
+    validators put the validator's name first and the reason last)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[-1].strip('"') if lines else type(err).__name__
 
 
 @dataclass(frozen=True)
@@ -233,7 +248,7 @@ class HFModelConfig:
     ) -> HFModelConfig:
         """This config with a run's RoPE settings, by the rule both implementations follow
         (``rope_keys.with_run_rope``). A model that declares no RoPE only gets its
-        ``max_position_embeddings`` (``check_model`` refuses it)."""
+        ``max_position_embeddings`` (``check`` refuses it)."""
         config = self.transformers_config
         full = config.to_dict()
         declared = {k: full[k] for k in _ROPE_DECLARATION if full.get(k) is not None}
@@ -242,20 +257,34 @@ class HFModelConfig:
             if max_position_embeddings is not None:
                 hf["max_position_embeddings"] = max_position_embeddings
             return HFModelConfig.from_hf(hf)
+        heads = config.hidden_size // config.num_attention_heads
         if hf.get("head_dim", "absent") is None:  # Mixtral: None means hidden / heads, which RoPE setup needs
-            hf["head_dim"] = config.hidden_size // config.num_attention_heads
+            hf["head_dim"] = heads
         try:
             hf = with_run_rope(
                 hf,
                 rope_scaling=rope_scaling,
                 rope_theta=rope_theta,
                 max_position_embeddings=max_position_embeddings,
-                head_dim=getattr(config, "head_dim", None)
-                or config.hidden_size // config.num_attention_heads,
+                head_dim=getattr(config, "head_dim", None) or heads,
             )
-        except ValueError as err:
+            wanted = hf["rope_parameters"].get("rope_type")
+            scaled = HFModelConfig.from_hf(hf)
+        except ConfigRefused as err:
+            if rope_scaling is None:
+                raise
+            raise ConfigError(
+                f"train.model.rope_scaling: transformers' {self.model_type} config does not take rope_type "
+                f"{wanted!r} ({err.reason})"
+            ) from None
+        except ValueError as err:  # ConfigError too
             raise ConfigError(f"train.model.rope_scaling: {err}") from None
-        return HFModelConfig.from_hf(hf)
+        if rope_scaling is not None and isinstance(wanted, str) and scaled.rope_type != wanted:
+            raise ConfigError(
+                f"train.model.rope_scaling: transformers' {self.model_type} config turns rope_type "
+                f"{wanted!r} into {scaled.rope_type!r}; give this model a rope_type its config keeps"
+            )
+        return scaled
 
 
 def _find(root: nn.Module, module: nn.Module | None) -> str | None:

@@ -61,7 +61,12 @@ def plan_loads(
     stored: Iterable[str], targets: Mapping[str, Any], transforms: list[Any], base_model_prefix: str
 ) -> tuple[list[Load], list[str]]:
     """How the stored names fill ``targets`` (the model's loadable tensors by name), as
-    ``from_pretrained`` would map them: the loads, and the stored names that map to no target."""
+    ``from_pretrained`` would map them: the loads, and the stored names that map to no target. Without
+    transforms (the own decoder, whose names are Hugging Face's) every name stands for itself, and
+    transformers is not needed."""
+    if not transforms:
+        names = sorted(stored)
+        return [Load((n,), ((n, n),)) for n in names if n in targets], [n for n in names if n not in targets]
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
