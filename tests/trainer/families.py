@@ -99,11 +99,13 @@ _SIZES: dict[str, int] = {
     "zero_expert_num": 2,  # LongCat-Flash's identity experts, routed like the others
 }
 _NONE_IS_A_TRAIT = {"q_lora_rank"}  # None: queries without low-rank compression (DeepSeek-V2-Lite)
-# ModernBERT's local_attention is the width of a centred window: its causal sliding_window is half
+# ModernBERT's local_attention is the width of a centred window: its causal sliding_window is half.
+# Doge masks keys dynamically only beyond keep_window_size tokens.
 _WINDOWS = {
     "sliding_window": WINDOW,
     "attention_window_size": WINDOW,
     "attention_chunk_size": WINDOW,
+    "keep_window_size": WINDOW,
     "local_attention": 2 * WINDOW,
 }
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
@@ -209,8 +211,8 @@ def excluded_families() -> dict[str, str]:
             reasons[model_type] = "encoder-decoder"
         elif "text_config" in cls.sub_configs:
             reasons[model_type] = (
-                "composite: its causal LM is built from text_config, a family of its own or a text model "
-                "with no causal LM mapping of its own"
+                "composite (text_config): a multimodal wrapper, whose text decoder is a family of its own "
+                "or has no causal LM mapping, or a speculative-decoding assistant"
             )
         elif not {f.name for f in dataclasses.fields(cls)} & _ROTARY_FIELDS:
             reasons[model_type] = "no rotary positions"

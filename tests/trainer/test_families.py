@@ -57,12 +57,13 @@ def test_tiny_config_is_tiny_and_keeps_every_kind_of_layer(model_type: str) -> N
     tiny = families.tiny_config(model_type)
     settings = tiny.to_dict()
     assert settings["vocab_size"] == families.VOCAB_SIZE
+    assert all(settings[k] <= 64 for k in ("hidden_size", "n_embd", "d_model") if k in settings)
     for key, value in settings.items():
         if key.endswith("_token_id") and value is not None:
             assert all(0 <= i < families.VOCAB_SIZE for i in (value if isinstance(value, list) else [value]))
         if re.search(r"dropout|pdrop|jitter", key) and isinstance(value, float):
             assert value == 0.0, key
-        if key in ("sliding_window", "max_position_embeddings") and value:  # 0: no window (Qwen2-MoE)
+        if key in ("sliding_window", "keep_window_size", "max_position_embeddings") and value:  # 0: none
             assert value >= 128, key
     for key in ("layer_types", "mlp_layer_types", "layers_block_type", "indexer_types"):
         kinds = getattr(default, key, None)
