@@ -2,21 +2,25 @@
 transformers' own logits for it: the ground of the family matrix (issue 35).
 
 ``rope_families()`` enumerates the families from transformers' auto mappings (nothing is
-hand-listed), ``tiny_config`` shrinks a family's default configuration, ``save_tiny`` writes a
-random float64 checkpoint with ``save_pretrained`` (so its keys are the ones transformers saves:
-per-expert tensors, ``embed_out``...), and ``reference_logits`` runs each document of a packed row
-alone through ``from_pretrained``'s model, the reference the product's per-document logits must
-equal within the ``Reference``'s tolerance.
+hand-listed; ``excluded_families()`` says why each other causal LM is not one), ``tiny_config``
+shrinks a family's default configuration, ``save_tiny`` writes a random checkpoint with
+``save_pretrained`` in float64 (float32 where the family keeps tensors in float32, its routers),
+so its keys are the ones transformers saves: per-expert tensors, ``embed_out``, the original
+checkpoint names of families whose modules transformers renamed. ``reference_logits`` runs each
+document of a packed row alone through ``from_pretrained``'s model; its ``Reference`` says within
+which tolerance a float64 implementation must reproduce the logits.
 
 A tiny configuration is the family's default with every size shrunk by one generic rule
 (``_shrink``): the sizes the configuration has are set (hidden 64, 4 heads, head dimension 16, 4
 experts with top 2, MLA ranks 16/32 with rotary and non-rotary head parts of 8, 128-token windows,
 256 positions, the vocabulary of ``VOCAB_SIZE`` for every family), dropouts and router jitter are
 0, special tokens lie inside the vocabulary, and the layers are cut to the first layer of each
-distinct kind (its entry in every per-layer list, ``layer_types``, ``mlp_layer_types``... and its
-membership in every list of layer indices, ``moe_layers``, ``mlp_only_layers``...), at least two,
-so that a hybrid keeps its attention layers and a dense-then-MoE family both kinds of blocks.
-``OVERRIDES`` holds what that rule cannot know, each entry saying why.
+distinct kind (its entry in every per-layer list, ``layer_types``, ``mlp_layer_types``... its
+membership in every list of layer indices, ``moe_layers``, ``mlp_only_layers``... and its
+per-layer overrides), at least two, so that a hybrid keeps its attention layers and a
+dense-then-MoE family both kinds of blocks. RoPE parameters stay the family's (Apertus' and CWM's
+llama3 scaling, gpt-oss' YaRN, with their original context of 4096 to 16384 above the tiny 256
+positions). ``OVERRIDES`` holds what the rule cannot know, each entry saying why.
 """
 
 from __future__ import annotations
@@ -380,9 +384,9 @@ def build_tiny(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Mod
 def _finish_as_loaded(model: torch.nn.Module) -> None:
     """What ``from_pretrained`` does once the checkpoint is in: run the family's weight
     initialization, whose guarded initializers skip the loaded tensors. It recomputes the buffers
-    that are not saved (GPT-J's sinusoid table differs by 4e-8 from the one ``from_config`` builds in
-    float64) and applies the initializers that are not guarded (ZAYA's router sets the last
-    balancing bias to -1 over the checkpoint's value)."""
+    that are not saved as loading does (GPT-J's and CodeGen's sinusoid tables differ by 4e-8 from
+    the ones ``from_config`` builds in float64) and applies the initializers that are not guarded
+    (ZAYA's router sets its last balancing bias to -1 over any checkpoint value)."""
     for tensor in model.state_dict(keep_vars=True).values():
         tensor._is_hf_initialized = True
     for module in model.modules():
