@@ -335,6 +335,10 @@ REFUSED = [
     ("bloom", {"n_layer": 2, "n_head": 4}, "no rotary position embedding"),
     ("smollm3", {"no_rope_layers": [1, 0]}, "NoPE layers (no_rope_layers: no RoPE in layers 1)"),
     ("t5", {}, "it is an encoder-decoder"),
+    # found by running the model's forward on the meta device with a probe attention
+    ("nemotron", {}, "decoder layers that do not pass the model's keyword arguments to their attention"),
+    ("doge", {}, "an attention mask of its own (DogeAttention is given one"),
+    ("gpt_oss", {}, "attention sinks (model.layers.0.self_attn.sinks"),
 ]
 
 
@@ -349,6 +353,73 @@ def test_unsupported_architectures_are_refused_in_one_line(case: tuple[str, dict
     else:
         pytest.fail(f"{model_type} was not refused")
     assert missing in message and "\n" not in message, message
+
+
+def test_a_refusal_names_each_kind_of_problem_once() -> None:
+    """gpt-oss's sinks are both a parameter and an argument of its attention: one line says so once."""
+    config = HFModelConfig.from_hf(AutoConfig.for_model("gpt_oss", **TINY).to_dict())
+    with pytest.raises(ConfigError) as err:
+        config.check(64)
+    assert str(err.value).count("attention sinks") == 1
+
+
+@pytest.mark.parametrize(
+    ("model_type", "scaling", "message"),
+    [
+        ("phi3", {"rope_type": "linear", "factor": 4.0}, "phi3 config does not take rope_type 'linear'"),
+        # Phi3Config reads yarn as the legacy name of longrope, then misses longrope's factors
+        ("phi3", {"rope_type": "yarn", "factor": 4.0}, "phi3 config does not take rope_type 'yarn'"),
+        (
+            "gemma3_text",
+            {"rope_type": "yarn", "factor": 4.0},
+            "one RoPE per layer type (full_attention, sliding_attention)",
+        ),
+    ],
+)
+def test_a_rope_scaling_the_family_cannot_take_is_refused_naming_the_setting(
+    model_type: str, scaling: dict[str, Any], message: str
+) -> None:
+    config = HFModelConfig.from_hf(AutoConfig.for_model(model_type, **TINY).to_dict())
+    with pytest.raises(ConfigError) as err:
+        config.with_rope(rope_scaling=scaling, max_position_embeddings=256)
+    text = str(err.value)
+    assert text.startswith("train.model.rope_scaling: ") and message in text and "\n" not in text, text
+
+
+def test_a_runs_pretraining_length_wins_over_phi3s_top_level_one() -> None:
+    """Phi-3 declares original_max_position_embeddings at the top level, which transformers prefers to
+    the one in the RoPE parameters: the run's value must be the one the model uses (its long factors
+    apply beyond it), and the one the export declares."""
+    phi3 = HFModelConfig.from_hf(
+        AutoConfig.for_model("phi3", **{**TINY, "max_position_embeddings": 4096}).to_dict()
+    )
+    assert phi3.transformers_config.original_max_position_embeddings == 4096
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0, 1.5, 2.0, 2.5],
+        "long_factor": [3.0, 4.0, 5.0, 6.0],
+        "original_max_position_embeddings": 512,
+    }
+    extended = phi3.with_rope(rope_scaling=scaling, max_position_embeddings=2048)
+    assert extended.transformers_config.original_max_position_embeddings == 512
+    assert extended.to_hf()["original_max_position_embeddings"] == 512
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scale = ROPE_INIT_FUNCTIONS["longrope"](extended.transformers_config, "cpu", seq_len=1024)
+    declared = {"max_position_embeddings": 2048, "rope_scaling": scaling}
+    want, want_scale = inverse_frequencies(RopeConfig.from_hf(declared, 8), seq_len=1024)
+    torch.testing.assert_close(inv_freq.double(), want, rtol=1e-6, atol=0)  # the long factors
+    assert scale == pytest.approx(want_scale)
+
+
+def test_mixtral_takes_yarn() -> None:
+    """Mixtral's config leaves head_dim None (hidden / heads), which transformers' YaRN setup needs."""
+    mixtral = HFModelConfig.from_hf(AutoConfig.for_model("mixtral", **{**TINY, "head_dim": None}).to_dict())
+    extended = mixtral.with_rope(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0}, max_position_embeddings=256
+    )
+    extended.check(64)
+    assert extended.rope_type == "yarn" and extended.transformers_config.head_dim == 8
 
 
 def test_models_the_ring_trains_are_not_refused() -> None:

@@ -235,7 +235,10 @@ class HFModelConfig:
             if not decoder_layer_names(causal_lm):
                 problems.append("no decoder layers to shard (_no_split_modules)")
             if decoder is not None and getattr(type(causal_lm), "_supports_attention_backend", False):
-                problems += [p for p in call_problems(*attention_calls(decoder, 16)) if p not in problems]
+                kinds = {p.split(" (")[0] for p in problems}  # one line per kind of problem
+                problems += [
+                    p for p in call_problems(*attention_calls(decoder, 16)) if p.split(" (")[0] not in kinds
+                ]
         if problems:
             raise refusal(self.model_type, problems)
 
