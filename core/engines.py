@@ -2,9 +2,10 @@
 
 ``kind: ray`` needs the ``ray`` package (the ``ray`` extra) and a Ray cluster that answers at the
 configured address (``ray.address``, else ``RAY_ADDRESS``); this process connects to it here, once, and
-the job's stages then run there. ``kind: slurm`` needs Slurm's ``sbatch`` on the PATH. Each missing
-piece is one :class:`~longctx.core.errors.EngineError` naming the extra to install, the command that is
-missing or the address that did not answer.
+the job's stages then run there. ``kind: slurm`` needs Slurm's ``sbatch`` on the PATH, and a
+controller that would take the job (``sbatch --test-only``). Each missing piece is one
+:class:`~longctx.core.errors.EngineError` naming the extra to install, the command that is missing
+(or its message) or the address that did not answer.
 
 A cluster with token authentication (Ray's ``RAY_AUTH_MODE=token``, which Ray turns on by itself for
 a cluster started where a token exists) is used given its address alone: its head is asked first
@@ -22,9 +23,10 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
-from longctx.core.config import ExecutorConfig
+from longctx.core.config import ExecutorConfig, SlurmConfig
 from longctx.core.errors import EngineError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -47,8 +49,45 @@ def check_engine(cfg: ExecutorConfig, key: str, *, verbose: bool = False) -> Non
             f"{key}.kind is 'slurm' but sbatch is not on the PATH: run on a machine that submits to the "
             "cluster (a login node), with Slurm's client commands installed"
         )
+    if cfg.kind == "slurm":
+        assert cfg.slurm is not None  # the config validator guarantees it
+        _try_sbatch(cfg.slurm, key)
     if cfg.kind == "ray":
         connect_ray(cfg, key, verbose=verbose)
+
+
+SBATCH_TIMEOUT_S = 120.0
+"""How long ``sbatch --test-only`` may take (without a controller, sbatch itself gives up after 18 s)."""
+
+
+def _try_sbatch(slurm: SlurmConfig, key: str) -> None:
+    """Refuse, with sbatch's own message, a job Slurm would not take from here: ``sbatch --test-only``
+    (which submits nothing) with the section's settings, for a job that runs ``true``. Without it, the
+    first stage's submission fails after the run has written its folder, with a traceback."""
+    options = {
+        "partition": slurm.partition,
+        "time": slurm.time,
+        "cpus-per-task": str(slurm.cpus_per_task),
+        "mem-per-cpu": f"{slurm.mem_per_cpu_gb}G",
+        "qos": slurm.qos,
+        **slurm.sbatch_args,
+    }
+    command = ["sbatch", "--test-only", *(f"--{k}={v}" if v else f"--{k}" for k, v in options.items())]
+    try:
+        done = subprocess.run(
+            [*command, "--wrap=true"], capture_output=True, text=True, timeout=SBATCH_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise EngineError(
+            f"{key}.kind is 'slurm' but sbatch --test-only got no answer from Slurm in "
+            f"{SBATCH_TIMEOUT_S:.0f} s"
+        ) from None
+    if done.returncode != 0:
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        message = said[-1] if said else f"exit status {done.returncode}"
+        raise EngineError(
+            f"{key}.kind is 'slurm' but sbatch cannot submit from here (sbatch --test-only: {message})"
+        )
 
 
 def ray_address(cfg: ExecutorConfig, key: str) -> str:
