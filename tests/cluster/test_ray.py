@@ -16,7 +16,7 @@ from datatrove.pipeline.base import PipelineStep
 
 from longctx.core.config import ExecutorConfig
 from longctx.core.engines import check_engine
-from longctx.core.errors import ConfigError
+from longctx.core.errors import ConfigError, EngineError
 from longctx.core.executors import StageFailed, run_stages
 from tests.cluster.conftest import output_bytes, run_config
 from tests.cluster.raycluster import RayCluster
@@ -106,48 +106,65 @@ def test_a_killed_ray_worker_resumes_to_the_same_output(
     assert output_bytes(tmp_path / "run") == local_reference
 
 
-@pytest.mark.parametrize(
-    ("job", "case"),
-    [("curate", "missing"), ("curate", "wrong"), ("pack", "wrong-in-home"), ("curate", "no-file")],
-)
-def test_a_missing_or_wrong_token_is_one_line(
-    ray_cluster: RayCluster, cluster_input: Path, cluster_tokenizer: Path, tmp_path: Path, job: str, case: str
+_TOKEN_HELP = "(`ray get-auth-token` on the head node prints it)"
+
+
+def test_a_missing_token_is_one_line_and_writes_nothing(
+    ray_cluster: RayCluster, cluster_input: Path, cluster_tokenizer: Path, tmp_path: Path
 ) -> None:
-    """Against the cluster with token authentication, given its address: no token anywhere Ray looks,
-    a wrong one (RAY_AUTH_TOKEN, or ``~/.ray/auth_token``), or RAY_AUTH_TOKEN_PATH naming no file.
-    One line naming where the token is to be set or was read, never the token; exit status 2; no
-    output folder (it used to be 20 s of Ray's retries, then "cannot connect to the Ray cluster")."""
-    wrong = "0" * 32
+    """Against the cluster with token authentication, given its address and no token anywhere Ray
+    looks: one line naming where to put it, exit status 2, no output folder (it used to be 20 s of
+    Ray's retries, then "cannot connect to the Ray cluster")."""
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in ray_cluster.client_env(HOME=str(home)).items() if k != "RAY_AUTH_TOKEN_PATH"}
-    if case == "wrong":
-        env["RAY_AUTH_TOKEN"] = wrong
-    elif case == "wrong-in-home":
-        _home_with_token(home / "x", wrong)
-        env["HOME"] = str(home / "x")
-    elif case == "no-file":
-        env["RAY_AUTH_TOKEN_PATH"] = str(tmp_path / "absent")
     config = run_config(tmp_path / "run", cluster_input, cluster_tokenizer, {"kind": "ray"})
-    done = longctx(job, "--config", str(config), env=env | {"RAY_ADDRESS": ray_cluster.address})
+    done = longctx("curate", "--config", str(config), env=env | {"RAY_ADDRESS": ray_cluster.address})
     assert done.returncode == 2, done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1, done.stderr[-3000:]
-    where = f"longctx {job}: RAY_ADDRESS {ray_cluster.address}: the Ray cluster"
-    expected = {
-        "missing": f"{where} requires token authentication and no token was found: set RAY_AUTH_TOKEN, or "
-        "RAY_AUTH_TOKEN_PATH to a file holding it, or write it to ~/.ray/auth_token "
-        "(`ray get-auth-token` on the head node prints it)",
-        "wrong": f"{where} refused the token in RAY_AUTH_TOKEN: set the cluster's token there "
-        "(`ray get-auth-token` on the head node prints it)",
-        "wrong-in-home": f"{where} refused the token in {home / 'x' / '.ray' / 'auth_token'}: set the "
-        "cluster's token there (`ray get-auth-token` on the head node prints it)",
-        "no-file": f"{where} requires token authentication and RAY_AUTH_TOKEN_PATH names "
-        f"{tmp_path / 'absent'}, which cannot be read (No such file or directory)",
-    }[case]
-    assert lines[0] == expected
-    assert wrong not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"longctx curate: RAY_ADDRESS {ray_cluster.address}: the Ray cluster requires token authentication "
+        "and no token was found: set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file holding it, or write "
+        f"it to ~/.ray/auth_token {_TOKEN_HELP}"
+    ], done.stderr[-3000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("case", ["RAY_AUTH_TOKEN", "home", "RAY_AUTH_TOKEN_PATH", "no-file"])
+def test_a_wrong_or_unreadable_token_is_refused_naming_where_it_was_read(
+    ray_cluster: RayCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A wrong token (from each place Ray reads one) or a RAY_AUTH_TOKEN_PATH naming no file: the
+    engine check refuses it naming the place, never the token (in this process: the command prints
+    the same message as the one line above)."""
+    wrong = "0" * 32
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(_home_with_token(tmp_path / "home", wrong)))
+    where = {
+        "RAY_AUTH_TOKEN": "RAY_AUTH_TOKEN",
+        "home": str(tmp_path / "home" / ".ray" / "auth_token"),
+        "RAY_AUTH_TOKEN_PATH": f"{tmp_path / 'wrong'} (RAY_AUTH_TOKEN_PATH)",
+    }
+    if case == "RAY_AUTH_TOKEN":
+        monkeypatch.setenv("RAY_AUTH_TOKEN", wrong)
+    elif case == "RAY_AUTH_TOKEN_PATH":
+        (tmp_path / "wrong").write_text(wrong)
+        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "wrong"))
+    elif case == "no-file":
+        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "absent"))
+    cfg = ExecutorConfig(kind="ray", ray={"address": ray_cluster.address})
+    with pytest.raises(EngineError) as refused:
+        check_engine(cfg, "pack.executor")
+    there = f"pack.executor.ray.address {ray_cluster.address}: the Ray cluster"
+    if case == "no-file":
+        expected = (
+            f"{there} requires token authentication and RAY_AUTH_TOKEN_PATH names {tmp_path / 'absent'}, "
+            "which cannot be read (No such file or directory)"
+        )
+    else:
+        expected = f"{there} refused the token in {where[case]}: set the cluster's token there {_TOKEN_HELP}"
+    assert str(refused.value) == expected
+    assert wrong not in str(refused.value)
 
 
 class _FailsOnRank1(PipelineStep):
