@@ -11,13 +11,15 @@ So every process started on the driver's behalf asks the kernel to kill it when 
   server, and the pool workers of a job run with ``start_method="fork"``) do it in an
   ``os.register_at_fork`` hook;
 * helper processes the driver starts from a fresh interpreter with :data:`DRIVER_ENV` set (the
-  job's forkserver and multiprocess's resource tracker, which import this module first) arm the
-  same as soon as they import this module (:func:`die_with_driver`), and make every process they
-  fork (the pool workers) die with them, so the chain driver -> forkserver -> worker unwinds at
-  once. (Left to itself, the forkserver would exit when the driver's end of its pipe closes, but
-  only after tearing down every module it imported: 0.2-4 s, while its workers run on, and the
-  tracker waits for all of them.) Pool workers also arm :func:`die_with_parent` when they pick up
-  a task.
+  job's forkserver, which imports this module first) arm the same as soon as they import this
+  module (:func:`die_with_driver`), and make every process they fork (the pool workers) die with
+  them, so the chain driver -> forkserver -> worker unwinds at once. (Left to itself, the
+  forkserver would exit when the driver's end of its pipe closes, but only after tearing down every
+  module it imported: 0.2-4 s, while its workers run on.) Pool workers also arm
+  :func:`die_with_parent` when they pick up a task.
+
+multiprocess's resource tracker is the exception: it exits by itself once all of these are gone,
+after unlinking the named semaphores they left (:func:`longctx.core.workers.start_resource_tracker`).
 
 Work a killed task leaves half done (a shard's temporary file) is removed when the job runs again.
 Forked children start with SIGTERM's default action (they die), whatever handler the driver has;
@@ -158,4 +160,4 @@ def process_exists(pid: int) -> bool:
     return True
 
 
-die_with_driver()  # first thing a helper process does (the forkserver and tracker import this first)
+die_with_driver()  # first thing a helper process does (the forkserver imports this first)

@@ -6,24 +6,26 @@ by a forkserver, beside a ``Manager`` server forked from the driver. Left to its
 
 * the forkserver outlives a driver killed with SIGKILL by seconds (it tears down what it imported
   first), and so do its workers and the resource tracker (which waits for all of them); here the
-  forkserver and the tracker die with the driver, and the workers with the forkserver
-  (:func:`longctx.core.lifetime.die_with_driver`, :func:`start_resource_tracker`);
+  forkserver dies with the driver, the workers with the forkserver
+  (:func:`longctx.core.lifetime.die_with_driver`), and the tracker as soon as they are gone;
 * the forkserver imports nothing, so every worker of every stage imports datatrove, pyarrow,
   tokenizers and the job's modules itself (about 1.8 s of CPU each on a 2-core machine: ten times in
   a two-task curation, a third of the CPU the second task was meant to add);
 * the forkserver and the managers put their sockets in a ``pymp-*`` folder of the system's temporary
   folder, which a killed job (SIGKILL, the OOM killer) leaves behind for good;
 * a pool of forkserver workers shares named semaphores (``/dev/shm/sem.mp-*`` on Linux), unlinked by
-  the pool when it closes or by ``multiprocess``'s resource tracker when the driver dies; a job killed
-  with all its processes (a process group or a Slurm job killed) leaves them behind for good.
+  the pool when it closes or by ``multiprocess``'s resource tracker once the job's processes are
+  gone; a job killed with all its processes (a process group or a Slurm job killed) takes the
+  tracker with it and leaves them behind for good. Here the tracker runs in a session of its own
+  (:func:`start_resource_tracker`), so that only a kill of the tracker itself leaves them.
 
 :func:`job_processes` preloads the job's modules in a forkserver of its own (started by the first
 pool, stopped when the job ends, so that no later job finds it pointing at a removed folder) and
 gives these processes ``<work>/tmp`` as their temporary folder (``TMPDIR`` for the processes
 started from a fresh interpreter, the driver's own ``multiprocess`` and ``tempfile`` settings for
 those forked from it), emptied when the job starts or resumes and removed when it ends. The job's
-semaphores are named after its work folder (:func:`semaphore_prefix`), so that those a killed run
-left are removed when the job starts or resumes.
+semaphores are named after its work folder (:func:`semaphore_prefix`), so that those a killed
+tracker left are removed when the job starts or resumes.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def remove_semaphores(prefix: str) -> None:
     """Unlink the named semaphores whose names start with ``prefix`` (a job's: :func:`semaphore_prefix`).
     Called before the job's pools start, after a garbage collection, so that finished pools of an
     earlier run of the job in this process have unlinked theirs through their own finalizers: what is
-    left was a killed run's. Nothing to do where semaphores are not files (not Linux)."""
+    left was a killed run's whose resource tracker was killed too. Nothing to do where semaphores are
+    not files (not Linux)."""
     pattern = f"sem.{prefix.lstrip('/')}-*"
     if not SEMAPHORE_FOLDER.is_dir() or not any(SEMAPHORE_FOLDER.glob(pattern)):
         return
@@ -125,14 +128,32 @@ def _stderr_fd() -> list[int]:
         return []
 
 
+_TRACKER = (
+    "import os, warnings\n"
+    "os.setsid()\n"
+    "warnings.filterwarnings('ignore', module='multiprocess.resource_tracker')\n"
+    "from multiprocess.resource_tracker import main\n"
+    "main({fd})\n"
+)
+"""The resource tracker's program: multiprocess's own, in a session of its own, without its warnings
+about what it cleans up (after a kill, that is expected)."""
+
+
 def start_resource_tracker() -> None:
-    """Start this process's ``multiprocess`` resource tracker now, unless one runs, from a command
-    that first imports :mod:`longctx.core.lifetime`, so that it dies with this process
-    (:func:`~longctx.core.lifetime.die_with_driver`; multiprocess's own command imports nothing of
-    ours, and the tracker would outlive a killed driver until it has read the end of its pipe and
-    cleaned up). What it would have cleaned up, the job's semaphores, the job's next run removes
-    (:func:`remove_semaphores`). Otherwise as multiprocess starts it (``ResourceTracker.ensure_running``),
-    whose pipe the pools and the forkserver then use."""
+    """Start this process's ``multiprocess`` resource tracker now, unless one runs, so that it
+    unlinks the job's named semaphores whenever the job ends, killed or not.
+
+    The tracker is the one process that can: it learns each semaphore's name when a pool creates it,
+    and when every process holding its pipe is gone (this one, the manager, the forkserver and its
+    workers, which all die at once when this one is killed: :mod:`longctx.core.lifetime`), it
+    unlinks those still registered and exits, within milliseconds of the kill. The semaphores cannot
+    be unlinked earlier: a forkserver worker opens them by name when it starts, and a pool starts a
+    new worker whenever one dies. So the tracker does not die with this process (its death signal
+    would leave them behind), and it runs in a session of its own, so that killing the job's process
+    group (Ctrl-\\, ``kill -9 -PGID``) misses it too. What a kill of the tracker itself leaves (a
+    cgroup killed whole) the job's next run removes (:func:`remove_semaphores`). Otherwise as
+    multiprocess starts it (``ResourceTracker.ensure_running``), whose pipe the pools and the
+    forkserver then use."""
     tracker = multiprocess.resource_tracker._resource_tracker
     with tracker._lock:
         if tracker._fd is not None and tracker._check_alive():
@@ -143,7 +164,7 @@ def start_resource_tracker() -> None:
                 os.waitpid(tracker._pid, 0)
             tracker._fd = tracker._pid = None
         read, write = os.pipe()
-        command = f"import {lifetime.__name__}; from multiprocess.resource_tracker import main; main({read})"
+        command = _TRACKER.format(fd=read)
         executable = multiprocess.spawn.get_executable()
         args = [executable, *multiprocess.util._args_from_interpreter_flags(), "-c", command]
         # as multiprocess does (bpo-33613): the signals it ignores are blocked until it has done so
@@ -188,7 +209,7 @@ def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator
     _stop_forkserver()  # one an earlier job of this process started, with its modules and folder
     multiprocess.forkserver.set_forkserver_preload(preload_modules(pipelines))
     saved_driver = os.environ.get(lifetime.DRIVER_ENV)
-    os.environ[lifetime.DRIVER_ENV] = str(os.getpid())  # the forkserver and the tracker die with it
+    os.environ[lifetime.DRIVER_ENV] = str(os.getpid())  # the forkserver dies with it
     config["tempdir"] = tempfile.tempdir = os.environ["TMPDIR"] = str(folder)
     try:
         yield folder

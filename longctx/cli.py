@@ -3,13 +3,18 @@
 Each subcommand lives in its own module of ``longctx.commands`` exposing ``add_parser(subparsers)``
 and ``run(args) -> int``; they keep heavy imports (datatrove, torch) inside ``run`` so that
 ``longctx --help`` is instant. User errors (:class:`~longctx.core.errors.LongctxError`) print one
-line and exit with status 2, without a traceback.
+line and exit with status 2, without a traceback. When the reader of the output stops reading
+(``longctx inspect ... | head``), the command stops quietly, with status 141 as a Unix tool that
+SIGPIPE ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import select
+import signal
 import sys
 
 # subcommand name -> module implementing it
@@ -43,13 +48,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # what is still buffered: a reader that has gone is met here, not at exit
+        return status
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        return 128 + signal.SIGPIPE  # as a Unix tool that SIGPIPE ended (the shell shows 141)
     except LongctxError as err:
         print(f"longctx {args.command}: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"longctx {args.command}: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
+
+
+def _reader_gone() -> bool:
+    """Whether what reads this command's output has stopped reading (``longctx inspect ... | head``);
+    if so, the output goes to /dev/null from now on, so that nothing fails again on its way out."""
+    try:
+        stdout = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(stdout, select.POLLOUT)
+        gone = any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no file descriptor, or no poll() here
+        return False
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stdout)
+        os.close(devnull)
+    return gone
 
 
 if __name__ == "__main__":

@@ -253,8 +253,11 @@ class PackedDataset(IterableDataset):
     stopped; handing out an epoch's last row moves on to the next epoch. :meth:`state_dict` records
     the position in *global* rows consumed in the epoch (a multiple of G at step boundaries), so a
     checkpoint taken at a step boundary resumes at any DP size that divides G. Iterate in the training
-    process, or through :class:`~longctx.packer.loader.PackedLoader` for worker processes (a plain
-    ``DataLoader`` with workers would leave the position in the workers, so it is refused).
+    process, or through :class:`~longctx.packer.loader.PackedLoader` for worker processes. A plain
+    ``DataLoader`` with workers (as ``transformers.Trainer`` builds with ``dataloader_num_workers``) is
+    refused: each worker would serve every row, and the position would stay in the workers. An
+    iterable dataset cannot be split among them exactly, as each worker collates batches of a size
+    only the DataLoader knows.
 
     **Trust.** ``tokenizer`` (the ``tokenizer.json`` you train with, or its sha256) and
     ``format_version`` are checked against the shards; each shard's bytes are hashed against the
@@ -386,8 +389,12 @@ class PackedDataset(IterableDataset):
     def __iter__(self) -> Iterator[Sample]:
         if get_worker_info() is not None:
             raise RuntimeError(
-                "PackedDataset iterated in a DataLoader worker: the resume position would stay in the "
-                "worker. Use longctx.packer.PackedLoader(dataset, num_workers=N) for worker processes"
+                "PackedDataset iterated in a DataLoader worker process: each worker holds a whole copy "
+                "of it, so every row would be served once per worker, and the resume position would "
+                "stay in the workers. With transformers.Trainer or TRL, set "
+                "TrainingArguments(dataloader_num_workers=0), the default: the training process then "
+                "reads the rows from the memory-mapped shards itself. In a loop of your own, "
+                "longctx.packer.PackedLoader(dataset, num_workers=N) loads in worker processes exactly"
             )
         order = self.order(self.epoch)
         chunk = max(1, CHUNK_TOKENS // self.seq_len)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from longctx.core.config import ExecutorConfig, StorageOptions, StrictModel, WorldCheck
+from longctx.core.config import ExecutorConfig, StorageOptions, StrictModel, WorldCheck, missing_extra
 from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS, TaskKind
 
 SourceKind = Literal["books", "papers", "code", "jsonl", "parquet", "hf_dataset"]
@@ -50,19 +50,26 @@ LOCATION = WorldCheck(_missing_location)
 """A local path (which must exist when a command uses the section) or an fsspec URL."""
 
 
+def _missing_reader(kind: str) -> str | None:
+    """``hf_dataset`` reads through the ``datasets`` package (datatrove's reader imports it), which
+    the base install does not bring."""
+    return missing_extra("datasets", "datasets") if kind == "hf_dataset" else None
+
+
 class SourceConfig(StrictModel):
     """One input source.
 
     ``kind`` chooses the reader: ``books`` (a folder of .txt files), ``papers`` (LaTeX folders or
     files, Markdown, text), ``code`` (a folder whose subfolders are repositories), or datatrove's
-    ``jsonl``/``parquet`` readers and ``hf_dataset`` (a ``datasets.save_to_disk`` folder) for
-    pre-extracted text. Length bounds default to the curation-wide rule; set both for a short
-    "anchor" source.
+    ``jsonl``/``parquet`` readers and ``hf_dataset`` (a ``datasets.save_to_disk`` folder, read with
+    the ``datasets`` extra) for pre-extracted text. Length bounds default to the curation-wide rule;
+    set both for a short "anchor" source.
     """
 
     name: str = Field(description="names the source's folder of curated documents")
-    kind: SourceKind = Field(
-        description="the reader: a folder of books, papers or code repositories, or rows"
+    kind: Annotated[SourceKind, WorldCheck(_missing_reader)] = Field(
+        description="the reader: a folder of books, papers or code repositories, or rows "
+        "(hf_dataset needs the datasets extra)"
     )
     path: Annotated[str, LOCATION] = Field(
         description="a local path or an fsspec URL (s3://, gs://, hf://...)"

@@ -93,7 +93,11 @@ def run_command(args: list[str], cluster: RayCluster | None) -> tuple[float, flo
     meter = ClusterCpu(cluster) if cluster else None
     cpu0, start = cpu_seconds(), time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "longctx.cli", *args], capture_output=True, text=True, cwd=REPO
+        [sys.executable, "-m", "longctx.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=cluster.client_env() if cluster else None,  # the cluster's token
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:

@@ -94,6 +94,7 @@ DEVICE_PACKAGES = frozenset(
 NOT_NEEDED = {
     "datatrove": "curation only: the trainer imports without it (tests/cli/test_architecture.py)",
     "orjson": "curation only",
+    "multiprocess": "curation and packing only: the stage runner's pools (longctx.core.workers)",
     "datasets": "tests only",
 }
 """longctx's own requirements that the GPU suite never imports, so they need not travel."""

@@ -3,7 +3,11 @@ errors for truncated or corrupt shards."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -160,3 +164,25 @@ def test_the_summary_counts_one_row_and_one_shard_in_the_singular(packed_run: Pa
     text = format_manifest(one, "t")
     assert "  1 row x 256 tokens = " in text and "; 1 shard file" in text
     assert " rows x" not in text and "file(s)" not in text
+
+
+@pytest.mark.parametrize("show", [False, True], ids=["summary", "show"])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(packed_run: PackedRun, show: bool) -> None:
+    """``longctx inspect ... | head``: once the reader has gone, the command stops without a word and
+    with the status of a Unix tool that SIGPIPE ended (128 + 13), as ``cat`` does (it was a
+    BrokenPipeError traceback). Here the reader is gone before the first line: a pipe whose reading
+    end is closed, so that the first write fails, whether it comes in the middle or at the last flush."""
+    reading, writing = os.pipe()
+    os.close(reading)
+    command = [sys.executable, "-m", "longctx.cli", "inspect", str(packed_run.folder(SEQ_LEN))]
+    try:
+        done = subprocess.run(
+            command + (["--show", "0"] if show else []), stdout=writing, stderr=subprocess.PIPE, timeout=300
+        )
+        reference = subprocess.run(["cat", "/proc/self/status"], stdout=writing, stderr=subprocess.PIPE)
+    finally:
+        os.close(writing)
+    said = done.stderr.decode()  # the summary's progress bar may be there
+    assert "Traceback" not in said and "Broken pipe" not in said and "Error" not in said, said
+    assert reference.returncode == -signal.SIGPIPE  # cat died of SIGPIPE: what the shell shows as 141
+    assert done.returncode == 128 + signal.SIGPIPE

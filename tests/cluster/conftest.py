@@ -30,17 +30,25 @@ def _ray_leftovers() -> set[str]:
     return found | ({f"/dev/shm/{p.name}" for p in shm.glob("*plasma*")} if shm.is_dir() else set())
 
 
+def _home_ray() -> dict[str, bytes]:
+    """The machine's ``~/.ray`` (where Ray keeps the token it generates), file by file."""
+    home = Path.home() / ".ray"
+    return {str(p): p.read_bytes() for p in sorted(home.rglob("*")) if p.is_file()} if home.is_dir() else {}
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
-    """A local Ray cluster of 2 CPUs on 127.0.0.1 (``ray start --head``), shared by the session."""
+    """A local Ray cluster of 2 CPUs on 127.0.0.1 (``ray start --head``) with token authentication,
+    shared by the session; the machine's ``~/.ray`` is left as it was."""
     if importlib.util.find_spec("ray") is None:
         pytest.skip("ray is not installed (the test extra installs it: pip install -e '.[test]')")
-    before = _ray_leftovers()
+    before, home_before = _ray_leftovers(), _home_ray()
     with local_ray_cluster(num_cpus=2) as cluster:
         yield cluster
     assert not cluster.processes()
     assert not cluster.temp_dir.exists()
     assert _ray_leftovers() <= before, _ray_leftovers() - before
+    assert _home_ray() == home_before
 
 
 def _slurm_answers(env: dict[str, str]) -> bool:

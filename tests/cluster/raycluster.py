@@ -2,7 +2,10 @@
 
 ``ray start --head`` with a fixed number of CPUs, every port chosen free (so that two clusters on
 one machine do not collide), its temporary folder and object store under a folder of its own, and
-every process it starts marked in its environment. Stopping it ends exactly those processes, found by
+every process it starts marked in its environment. It uses token authentication, as Ray clusters do
+once a token exists on their machine (``ray.init()`` writes one to ``~/.ray/auth_token``), with a
+token of its own in its folder (``RAY_AUTH_TOKEN_PATH``) and that folder as its processes' home, so
+that the machine's ``~/.ray`` is neither read nor written. Stopping it ends exactly those processes, found by
 that mark or by the files they hold open in the cluster's folder (by id: SIGTERM, then SIGKILL), and
 removes the folder. ``ray stop --force`` is not used: it ends every
 Ray process of the machine, other users' clusters included.
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -21,7 +25,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MARKER_KEY = "LONGCTX_TEST_RAY_CLUSTER"
@@ -66,15 +70,26 @@ def command_line(pid: int) -> str:
         return ""
 
 
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+"""The environment variables through which Ray finds its authentication mode and token."""
+
+
 @dataclass(frozen=True)
 class RayCluster:
     """A running local cluster: its address (``ray.init(address=...)``, ``RAY_ADDRESS``), CPUs,
-    temporary folder and the marker its processes carry."""
+    temporary folder, the marker its processes carry and the file holding its token."""
 
     address: str
     num_cpus: int
     temp_dir: Path
     mark: str
+    token_path: Path = field(repr=False)
+
+    def client_env(self, **more: str) -> dict[str, str]:
+        """This process's environment for a client of the cluster: Ray's authentication variables
+        replaced by ``RAY_AUTH_TOKEN_PATH``, the cluster's token file (no address), and ``more``."""
+        env = {k: v for k, v in os.environ.items() if k not in AUTH_VARIABLES and k != "RAY_ADDRESS"}
+        return env | {"RAY_AUTH_TOKEN_PATH": str(self.token_path)} | more
 
     def processes(self) -> list[int]:
         return cluster_processes(self.mark, self.temp_dir)
@@ -101,12 +116,16 @@ def stop_processes(pids_of, timeout_s: float = 15.0) -> list[int]:
 
 @contextlib.contextmanager
 def local_ray_cluster(num_cpus: int = 2) -> Iterator[RayCluster]:
-    """Start a one-node Ray cluster with ``num_cpus`` CPUs; stop it and remove its files at the end,
-    even when the body fails."""
+    """Start a one-node Ray cluster with ``num_cpus`` CPUs and token authentication; stop it and
+    remove its files at the end, even when the body fails."""
     temp = Path(tempfile.mkdtemp(prefix="lcray-"))
     mark = uuid.uuid4().hex
-    env = {**os.environ, MARKER_KEY: mark, "TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
+    token_path = temp / "auth_token"
+    token_path.write_text(secrets.token_hex(16))
+    (temp / "home").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in AUTH_VARIABLES and k != "RAY_ADDRESS"}
+    env |= {MARKER_KEY: mark, "TMPDIR": str(temp), "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(temp / "home")}
+    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
     port = free_port()
     command = [
         str(RAY),
@@ -141,7 +160,7 @@ def local_ray_cluster(num_cpus: int = 2) -> Iterator[RayCluster]:
         if started.returncode != 0:
             raise RuntimeError(f"ray start failed ({started.returncode}):\n{started.stderr[-3000:]}")
         address = (temp / "ray_current_cluster").read_text().strip()
-        yield RayCluster(address, num_cpus, temp, mark)
+        yield RayCluster(address, num_cpus, temp, mark, token_path)
     finally:
         left = stop_processes(lambda: cluster_processes(mark, temp))
         shutil.rmtree(temp, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""A missing engine is one line before anything is written: no ray (the extra), no sbatch on the PATH,
-no Ray cluster named, or none answering at the address given. Each for `curate` and for `pack`."""
+"""A missing engine is one line before anything is written: no ray (the extra), no sbatch on the PATH
+or an sbatch that cannot submit, no Ray cluster named, or none answering at the address given. Each
+for `curate` and for `pack`."""
 
 from __future__ import annotations
 
@@ -67,6 +68,39 @@ def test_slurm_without_sbatch_on_the_path(tmp_path: Path, job: str) -> None:
         tmp_path,
     )
     assert line.startswith(f"longctx {job}: {job}.executor.kind is 'slurm' but sbatch is not on the PATH")
+
+
+SBATCH_WITHOUT_CONTROLLER = """#!/bin/sh
+# Slurm's sbatch on a machine whose slurm.conf names a controller that is not running: what the real
+# one prints (after 9 s of its own retries; 18 s with --test-only), and its exit status
+case " $* " in
+    *" --test-only "*) echo "allocation failure: Unable to contact slurm controller (connect failure)" >&2 ;;
+    *) echo "sbatch: error: Batch job submission failed: Unable to contact slurm controller" \
+        "(connect failure)" >&2 ;;
+esac
+exit 1
+"""
+
+
+@pytest.mark.parametrize("job", ["curate", "pack"])
+def test_slurm_whose_sbatch_reaches_no_controller(tmp_path: Path, job: str) -> None:
+    """sbatch is on the PATH but cannot submit (a stand-in for Slurm's own, failing as it does without
+    a controller): one line with sbatch's message, exit 2, nothing written (it was a
+    CalledProcessError traceback, exit 1, and a partial output folder)."""
+    path = config(tmp_path, {"kind": "slurm", "slurm": {"partition": "cpu"}})
+    bin_folder = tmp_path / "bin"
+    bin_folder.mkdir()
+    (bin_folder / "sbatch").write_text(SBATCH_WITHOUT_CONTROLLER)
+    (bin_folder / "sbatch").chmod(0o755)
+    line = refused(
+        [sys.executable, "-m", "longctx.cli", job, "--config", str(path)],
+        environment(PATH=f"{bin_folder}{os.pathsep}{os.environ['PATH']}"),
+        tmp_path,
+    )
+    assert line == (
+        f"longctx {job}: {job}.executor.kind is 'slurm' but sbatch cannot submit from here "
+        "(sbatch --test-only: allocation failure: Unable to contact slurm controller (connect failure))"
+    )
 
 
 @pytest.mark.parametrize("job", ["curate", "pack"])

@@ -1,7 +1,8 @@
 """No process outlives a command: `longctx curate` killed with SIGKILL (the command alone, as the
 OOM killer or ``kill -9 <pid>`` would, not its process group) takes its datatrove workers and the
 executor's manager process with it, leaves nothing in the system's temporary folder (the executor's
-sockets live in the run's ``work/curate/tmp``), and the killed run still resumes to the same output.
+sockets live in the run's ``work/curate/tmp``) nor in /dev/shm (its pools' named semaphores), and
+the killed run still resumes to the same output.
 
 (`longctx pack` is checked the same way in tests/packer/test_pack_resume.py.) The reference for
 "no process" is the kernel's process table: every process the command started carries a marker in
@@ -23,7 +24,7 @@ import yaml
 
 from longctx import jobs
 from longctx.config import load_config
-from longctx.core.workers import remove_semaphores, semaphore_prefix
+from longctx.core.workers import SEMAPHORE_FOLDER, semaphore_prefix
 from longctx.pipeline.bpe import train_bpe
 from tests.core.processes import (
     HAS_PROC,
@@ -69,14 +70,27 @@ def _documents(output: Path) -> dict[str, bytes]:
     }
 
 
+def _semaphores(work: Path) -> list[str]:
+    """The named semaphores of the job whose work folder is ``work`` in /dev/shm (Linux keeps them there
+    as files; the job names them after its work folder: :func:`semaphore_prefix`)."""
+    return sorted(p.name for p in SEMAPHORE_FOLDER.glob(f"sem.{semaphore_prefix(work).lstrip('/')}-*"))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
-def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
+@pytest.mark.skipif(not SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux")
+@pytest.mark.parametrize("stage", ["read", "write"])
+def test_killed_curate_leaves_no_process_nor_file_and_resumes(tmp_path: Path, stage: str) -> None:
+    """Killed with SIGKILL while the pool of its ``read`` (or ``write``) stage is up: no process is
+    left, nothing in the system's temporary folder, none of the pool's named semaphores in /dev/shm
+    (they used to stay there until the job ran again, and for good if it never did), and the run
+    resumes to the uninterrupted run's output."""
     reference = tmp_path / "reference"
     jobs.curate(load_config(_curate_config(tmp_path, reference)))
     killed = tmp_path / "killed"
     config = _curate_config(tmp_path, killed)
-    completions = killed / "work" / "curate" / "logs" / "1_read" / "completions"
+    work = killed / "work" / "curate"
+    stage_logs = {"read": work / "logs" / "1_read", "write": work / "logs" / "4_write"}[stage]
     system_tmp = tmp_path / "system_tmp"  # the command's TMPDIR: what it would leave in /tmp
     system_tmp.mkdir()
     env, mark = marked_env()
@@ -86,10 +100,9 @@ def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wait_for(
-        lambda: completions.is_dir() and any(completions.iterdir()), process, 180, "a read task completed"
-    )
-    run_tmp = killed / "work" / "curate" / "tmp"
+    # the stage has started and its pool is up (it creates the semaphores: between stages there are none)
+    wait_for(lambda: stage_logs.is_dir() and _semaphores(work), process, 180, f"the {stage} stage's pool")
+    run_tmp = work / "tmp"
     sockets = sorted(p.name for p in run_tmp.glob("listener-*"))  # the forkserver's and the manager's
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -97,6 +110,7 @@ def test_killed_curate_leaves_no_process_and_resumes(tmp_path: Path) -> None:
     report = describe(survivors)
     kill_survivors(survivors)
     assert not survivors, f"processes outlived the killed `longctx curate` by {GRACE_SECONDS} s:\n{report}"
+    assert _semaphores(work) == []
     assert sockets, f"the executor's sockets are not in {run_tmp}"
     assert sorted(p.name for p in system_tmp.iterdir()) == []
 
@@ -149,13 +163,11 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(tmp
         time.sleep(0.01)
     names = _command_lines(alive)
     kill_survivors(survivors_after(mark, GRACE_SECONDS))
-    # the named semaphores the kill left are the job's next run's to remove (tests/pipeline/
-    # test_curate.py checks that); no run follows here, so they are removed as it would
-    remove_semaphores(semaphore_prefix(output / "work" / "curate"))
     # what the kill must take with it: the tracker, the forkserver and its workers (same command line)
     assert sum("resource_tracker" in h for h in helpers) == 1, helpers
     assert sum("multiprocess.forkserver" in h for h in helpers) >= 2, helpers
     assert not alive, f"alive {AT_ONCE_SECONDS} s after the kill: {names}"
+    assert _semaphores(output / "work" / "curate") == []  # the tracker unlinked them on its way out
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs Linux /proc")

@@ -143,6 +143,42 @@ def test_a_short_transformers_trainer_run_trains(packed_run: PackedRun, tmp_path
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
 
 
+@pytest.mark.slow
+def test_a_trainer_with_dataloader_workers_is_told_what_applies_to_it(
+    packed_run: PackedRun, tmp_path: Path
+) -> None:
+    """``transformers.Trainer`` with ``dataloader_num_workers=2`` over a PackedDataset: each worker
+    would get a whole copy of the dataset (every row served twice) and the position would stay in
+    the workers, so it is refused, with advice a Trainer user can follow (it said to use
+    PackedLoader, which a Trainer cannot take); with 0 workers the same Trainer trains."""
+    pytest.importorskip("accelerate")
+    ds = dataset(packed_run)
+    model = tiny_llama("sdpa", ds.shards.manifest.header.tokenizer.vocab_size).train()
+
+    def trainer(workers: int) -> transformers.Trainer:
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / f"out{workers}"),
+            max_steps=2,
+            per_device_train_batch_size=2,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            dataloader_num_workers=workers,
+            disable_tqdm=True,
+            remove_unused_columns=False,
+        )
+        return transformers.Trainer(
+            model=model, args=args, train_dataset=ds, data_collator=PackedCollator("sdpa")
+        )
+
+    with pytest.raises(RuntimeError) as refused:
+        trainer(2).train()
+    said = str(refused.value).strip().splitlines()[-1]
+    assert "TrainingArguments(dataloader_num_workers=0)" in said and "transformers.Trainer" in said, said
+    assert "every row" in said and "resume position" in said, said
+    assert trainer(0).train().global_step == 2
+
+
 def test_the_collator_takes_rows_loaded_with_datasets(packed_run: PackedRun) -> None:
     datasets = pytest.importorskip("datasets")
     folder = packed_run.folder(SEQ_LEN)
