@@ -161,7 +161,8 @@ def test_simulated_full_disk_during_the_run_then_resumes(
         (
             ["--workers", "0"],
             {},
-            "--workers 0: must be at least 1, or -1 to run every task at once (it sets pack.executor.workers)",
+            "--workers 0: must be at least 1, or -1 to run every task at once "
+            "(it sets pack.executor.workers)",
         ),
         ([], {"executor": {"tasks": 2, "workers": 0}}, "pack.executor.workers: must be at least 1"),
         ([], {"mix": {"books": 0.5, "..": 0.5}}, "pack.mix: '..' cannot be a source"),

@@ -609,14 +609,19 @@ def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size
     assert f"no checkpoint of step 3 in {stage2 / 'checkpoints'}" in err and "Traceback" not in err
 
 
-def test_stages_train_the_transformers_implementation_as_two_runs_chained_by_hand(
+def test_stages_train_a_family_the_own_decoder_cannot_read_as_two_runs_chained_by_hand(
     packed_root: Path, tmp_path: Path
 ) -> None:
-    """``train.model.implementation: transformers``: the staged run (its gate measured on the
-    transformers model) ends with the weights of two ordinary transformers runs chained by hand."""
+    """A Qwen3 checkpoint (q/k norms: only its transformers code runs it): the staged run, whose gate
+    measures the stage's model with that same code, ends with the weights of two ordinary runs
+    chained by hand. (The gate used to load every stage with the own decoder, which stopped a Qwen3
+    run at its first gate.)"""
     pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    from tests.trainer.families import save_tiny
+
     root = run_folder(packed_root, tmp_path)
-    model = {"rope_scaling": YARN, "tiny": TINY, "implementation": "transformers"}
+    base = save_tiny(tmp_path / "qwen3", "qwen3", vocab_size=320)
+    model = {"rope_scaling": YARN, "hf_path": str(base)}
     cfg = staged(root, two_stages(steps=2, gate={"max_short_loss_ratio": 1000.0}), model=model)
     result = jobs.train(parse_config(cfg), progress=False)
     assert [o.gate.passed for o in result.stages if o.gate is not None] == [True]
@@ -632,17 +637,13 @@ def test_stages_train_the_transformers_implementation_as_two_runs_chained_by_han
                 "steps": 2,
                 "optim": {"lr": 3e-3, "warmup_steps": 1},
                 "checkpoint": {"every": 3, "keep": 3},
-                "model": {
-                    **start,
-                    "implementation": "transformers",
-                    "rope_scaling": {**YARN, "factor": factor},
-                },
+                "model": {**start, "rope_scaling": {**YARN, "factor": factor}},
             },
         }
         jobs.train(parse_config(plain), progress=False)
         return out / "train" / "final"
 
-    first = single("A", 256, 2.0, {"tiny": TINY})
+    first = single("A", 256, 2.0, {"hf_path": str(base)})
     second = single("B", 512, 4.0, {"hf_path": str(first)})
     stages = root / "train" / "stages"
     assert_same_weights(weights(stages / "1-256" / "final"), weights(first))

@@ -118,6 +118,8 @@ def _transformers_config(hf: Mapping[str, Any]) -> Any:
             f"model_type {model_type!r} is not in the installed transformers {transformers.__version__} "
             "(longctx never runs code from a checkpoint folder; a newer transformers may have it)"
         )
+    # config.json writes Infinity and NaN as {"__float__": ...}; transformers decodes them when it reads one
+    values = transformers.PreTrainedConfig._decode_special_floats(values)
     try:
         return transformers.AutoConfig.for_model(model_type, **values)
     except Exception as err:  # the config classes' validators raise many kinds

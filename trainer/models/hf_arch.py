@@ -133,7 +133,19 @@ def model_problems(causal_lm: nn.Module, decoder: nn.Module | None, head: nn.Mod
         problems.append(f"parameters outside its decoder and output head ({type(causal_lm).__name__})")
     rotary = rotary_modules(causal_lm)
     if not rotary:
-        problems.append("no rotary position embedding (no RoPE module)")
+        tables = [
+            f"{name}.{buffer}" if name else buffer
+            for name, m in causal_lm.named_modules()
+            if "rotary" in type(m).__name__.lower()
+            for buffer in _own_buffers(m)
+        ]
+        if tables:
+            problems.append(
+                f"rotary positions from a fixed sin/cos table ({tables[0]}), not a rotary module with "
+                "inverse frequencies that RoPE scaling can set"
+            )
+        else:
+            problems.append("no rotary position embedding (no RoPE module)")
     inputs = causal_lm.get_input_embeddings() if hasattr(causal_lm, "get_input_embeddings") else None
     tables = [
         n

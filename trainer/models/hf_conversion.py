@@ -111,4 +111,13 @@ def to_checkpoint(causal_lm: nn.Module, tensors: dict[str, Tensor]) -> dict[str,
     conversion reverted: per-expert tensors, renamed keys)."""
     from transformers.core_model_loading import revert_weight_conversion
 
-    return dict(revert_weight_conversion(causal_lm, tensors))
+    reverted = revert_weight_conversion(causal_lm, tensors)
+    # split tensors (one per expert) are views of the fused one; safetensors stores each on its own
+    return {name: value if _owns_storage(value) else value.clone() for name, value in reverted.items()}
+
+
+def _owns_storage(tensor: Tensor) -> bool:
+    """Whether ``tensor`` is the whole of its storage (not a view into a larger one)."""
+    return (
+        tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
+    )
