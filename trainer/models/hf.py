@@ -90,6 +90,11 @@ def require_transformers() -> Any:
         )
     import transformers
 
+    if int(transformers.__version__.split(".")[0]) < 5:
+        raise ConfigError(
+            "the transformers implementation (train.model.implementation) needs transformers 5 (its "
+            f"rope_parameters and checkpoint conversion), found {transformers.__version__}: {EXTRA}"
+        )
     return transformers
 
 
