@@ -46,7 +46,7 @@ from longctx.core.lifetime import (
 from longctx.core.preflight import disk_fault
 from longctx.core.progress import stderr_to_file, tail, task_progress
 from longctx.core.text import plural
-from longctx.core.workers import job_processes, start_forkserver, start_resource_tracker
+from longctx.core.workers import job_processes, semaphore_prefix, start_forkserver, start_resource_tracker
 
 Stage = tuple[str, list[PipelineStep], int]
 """A stage of a job: its name, its pipeline and its number of tasks."""
@@ -362,8 +362,8 @@ def run_stages(
             )
         )
     with job_processes([pipeline for _, pipeline, _ in stages], work):
-        if pooled:  # before any pool: a tracker that dies with this process
-            start_resource_tracker()
+        if pooled:  # before any pool: a tracker that unlinks the job's semaphores when the job is gone
+            start_resource_tracker(semaphore_prefix(work))
         if pooled and start_method == "forkserver":
             # it imports the job's modules (~2 s of CPU) on another core while this process runs
             # the stages before the first pool; its workers' stderr is the console log

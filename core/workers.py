@@ -40,6 +40,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import multiprocess.forkserver
 import multiprocess.process
@@ -128,20 +129,36 @@ def _stderr_fd() -> list[int]:
         return []
 
 
+JOB_SEMAPHORES = "longctx_job_semaphores"
+"""The resource type under which a job's semaphore prefix is registered with the tracker: at its exit
+the tracker unlinks every semaphore named with the prefix, also one a kill caught between its creation
+and its registration (multiprocess registers a semaphore only after creating it)."""
+
 _TRACKER = (
-    "import os, warnings\n"
+    "import glob, os, warnings\n"
     "os.setsid()\n"
     "warnings.filterwarnings('ignore', module='multiprocess.resource_tracker')\n"
-    "from multiprocess.resource_tracker import main\n"
-    "main({fd})\n"
+    "from multiprocess import resource_tracker\n"
+    "def unlink_prefix(prefix):\n"
+    "    for path in glob.glob({folder!r} + '/sem.' + prefix.lstrip('/') + '-*'):\n"
+    "        try:\n"
+    "            os.unlink(path)\n"
+    "        except OSError:\n"
+    "            pass\n"
+    "resource_tracker._CLEANUP_FUNCS[{kind!r}] = unlink_prefix\n"
+    "resource_tracker.main({fd})\n"
 )
 """The resource tracker's program: multiprocess's own, in a session of its own, without its warnings
-about what it cleans up (after a kill, that is expected)."""
+about what it cleans up (after a kill, that is expected), and knowing :data:`JOB_SEMAPHORES`."""
+
+_tracked: set[str] = set()
+"""The semaphore prefixes registered with this process's tracker (:func:`start_resource_tracker`)."""
 
 
-def start_resource_tracker() -> None:
+def start_resource_tracker(prefix: str) -> None:
     """Start this process's ``multiprocess`` resource tracker now, unless one runs, so that it
-    unlinks the job's named semaphores whenever the job ends, killed or not.
+    unlinks the job's named semaphores (named with ``prefix``: :func:`semaphore_prefix`) whenever
+    the job ends, killed or not.
 
     The tracker is the one process that can: it learns each semaphore's name when a pool creates it,
     and when every process holding its pipe is gone (this one, the manager, the forkserver and its
@@ -155,16 +172,35 @@ def start_resource_tracker() -> None:
     multiprocess starts it (``ResourceTracker.ensure_running``), whose pipe the pools and the
     forkserver then use."""
     tracker = multiprocess.resource_tracker._resource_tracker
+    _start_tracker(tracker)
+    if prefix not in _tracked:
+        tracker.register(prefix, JOB_SEMAPHORES)
+        _tracked.add(prefix)
+
+
+def forget_job_semaphores(prefix: str) -> None:
+    """The job whose semaphores are named with ``prefix`` ended, its pools closed: the tracker no longer
+    needs to look for them."""
+    if prefix in _tracked:
+        _tracked.discard(prefix)
+        tracker = multiprocess.resource_tracker._resource_tracker
+        if tracker._fd is not None:
+            tracker.unregister(prefix, JOB_SEMAPHORES)
+
+
+def _start_tracker(tracker: Any) -> None:
+    """Start ``tracker`` (multiprocess's ``ResourceTracker``) with :data:`_TRACKER`, unless it runs."""
     with tracker._lock:
         if tracker._fd is not None and tracker._check_alive():
             return
+        _tracked.clear()  # a new tracker knows no prefix
         if tracker._fd is not None:  # it died: multiprocess would start another one too
             os.close(tracker._fd)
             with contextlib.suppress(ChildProcessError, TypeError):
                 os.waitpid(tracker._pid, 0)
             tracker._fd = tracker._pid = None
         read, write = os.pipe()
-        command = _TRACKER.format(fd=read)
+        command = _TRACKER.format(fd=read, folder=str(SEMAPHORE_FOLDER), kind=JOB_SEMAPHORES)
         executable = multiprocess.spawn.get_executable()
         args = [executable, *multiprocess.util._args_from_interpreter_flags(), "-c", command]
         # as multiprocess does (bpo-33613): the signals it ignores are blocked until it has done so
@@ -228,6 +264,7 @@ def job_processes(pipelines: Iterable[Iterable[object]], work: Path) -> Iterator
         tempfile.tempdir = saved[1]
         multiprocess.forkserver.set_forkserver_preload(saved_preload)
         shutil.rmtree(folder, ignore_errors=True)
+        forget_job_semaphores(semprefix)
         if saved_semprefix is None:
             config.pop("semprefix", None)
         else:

@@ -107,6 +107,53 @@ def test_packed_rows_on_rings_of_2_and_3_equal_each_document_alone(tmp_path: Pat
                 assert relative_error(grad, grads[param_name]) < 1e-10, (world, name, param_name)
 
 
+def _sharded_load_job(rank: int, world: int, store: str, folder: str, out: str) -> None:
+    """Load the checkpoint into a model sharded over ``world`` ranks (FSDP2 over data parallelism),
+    each rank reading only its rows, and gather every tensor back to rank 0."""
+    from longctx.trainer.models.weights import load_weights, loadable_tensors
+    from longctx.trainer.parallel.state import init_parallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    state = init_parallel(cp=1, timeout_s=300)
+    config = interface.from_hf(json.loads(Path(folder, "config.json").read_text()))
+    model = build_model(config, state, activation_checkpointing="none", bf16=False).model
+    load_weights(model, folder)
+    full, sharded = {}, []
+    for name, tensor in loadable_tensors(model).items():
+        if hasattr(tensor, "full_tensor"):
+            sharded += [name] if tensor.to_local().shape[0] < tensor.shape[0] else []
+            tensor = tensor.full_tensor()
+        full[name] = tensor.detach()
+    if rank == 0:
+        torch.save({"tensors": full, "sharded": sharded}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_neox"])
+def test_a_sharded_load_converts_checkpoints_as_transformers_does(model_type: str, tmp_path: Path) -> None:
+    """A mixture of experts stored one tensor per expert (fused into one parameter per layer) and
+    GPT-NeoX's renamed output head, loaded by 2 FSDP2 ranks each reading its slices: the model's
+    tensors are transformers' own model's, loaded by ``from_pretrained``."""
+    from tests.trainer.families import save_tiny
+
+    folder = save_tiny(tmp_path / model_type, model_type)
+    out = tmp_path / "loaded.pt"
+    spawn(2, _sharded_load_job, tmp_path, str(folder), str(out))
+    result = torch.load(out, weights_only=True)
+    loaded = result["tensors"]
+    assert any("experts" in n or "embed_out" in n or "lm_head" in n for n in result["sharded"]), result[
+        "sharded"
+    ]
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    want = dict(reference.named_parameters())
+    assert loaded.keys() <= want.keys() | {n for n, _ in reference.named_buffers()}
+    assert {n for n in want if n not in loaded} <= {"lm_head.weight"}  # a tied head is the embedding
+    for name, tensor in loaded.items():
+        expected = want[name] if name in want else reference.get_buffer(name)
+        assert torch.equal(tensor, expected), name
+
+
 # Training: world 4 against one process ------------------------------------------------------------------
 
 
