@@ -161,9 +161,26 @@ def pack_runs(root: Path) -> Path:
     return root
 
 
-def run_config(root: Path, base: Path) -> dict[str, Any]:
-    """The full path's run: two gated stages at cp 2 from ``base``, then a small evaluation."""
-    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+
+
+def rope_refusal(base: Path) -> str | None:
+    """Why the model of ``base`` cannot take YaRN (one line; None: it can): a family whose config takes
+    one RoPE type only (Phi-3: longrope), or declares one RoPE per layer type (Gemma 3). Its full path
+    then trains with the model's own RoPE."""
+    try:
+        interface.from_hf(config_json(base)).with_rope(
+            rope_scaling=YARN, max_position_embeddings=max(STAGE_LENGTHS)
+        )
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+def run_config(root: Path, base: Path, scaled: bool = True) -> dict[str, Any]:
+    """The full path's run: two gated stages at cp 2 from ``base`` (YaRN factors 2 then 4, or the model's
+    own RoPE when not ``scaled``), then a small evaluation."""
+    factors = [{"factor": 2.0}, {"factor": 4.0}] if scaled else [{}, {}]
     return {
         "output": str(root),
         "context": {"original": ORIGINAL, "target": STAGE_LENGTHS[-1]},
@@ -174,14 +191,14 @@ def run_config(root: Path, base: Path) -> dict[str, Any]:
                 {
                     "seq_len": STAGE_LENGTHS[0],
                     "steps": 2,
-                    "factor": 2.0,
+                    **factors[0],
                     "gate": {"max_short_loss_ratio": 1e3},
                 },
-                {"seq_len": STAGE_LENGTHS[1], "steps": 2, "factor": 4.0},
+                {"seq_len": STAGE_LENGTHS[1], "steps": 2, **factors[1]},
             ],
             "optim": {"lr": 1e-3, "warmup_steps": 1},
             "checkpoint": {"every": 2, "keep": 2},
-            "model": {"hf_path": str(base), "rope_scaling": yarn},
+            "model": {"hf_path": str(base), "rope_scaling": YARN if scaled else None},
         },
         "eval": {
             "rows": 1,
@@ -244,7 +261,8 @@ def full_path(model_type: str, packed: Path, work: Path) -> dict[str, Any]:
     shutil.copytree(packed, root)
     base = families.save_tiny(work / f"{model_type}-base", model_type, **full_path_overrides(model_type))
     config = root / "run.yaml"
-    config.write_text(yaml.safe_dump(run_config(root, base)))
+    unscaled = rope_refusal(base)
+    config.write_text(yaml.safe_dump(run_config(root, base, scaled=unscaled is None)))
     trained = _longctx("train", "--config", str(config), "--nproc", "2", cwd=root)
     if trained.returncode == 2 and not list((root / "train").glob("stages/*")):
         return {"result": "refused", "detail": _last_line(trained)}
@@ -273,7 +291,8 @@ def full_path(model_type: str, packed: Path, work: Path) -> dict[str, Any]:
     if evaluated.returncode != 0:
         return {"result": "failed", "step": "eval", "detail": _last_line(evaluated)}
     seconds = round(time.monotonic() - started, 1)
-    return {"result": "passed", "export_error": difference, "seconds": seconds}
+    rope = "yarn" if unscaled is None else f"the model's own ({unscaled.split(': ', 1)[-1]})"
+    return {"result": "passed", "rope": rope, "export_error": difference, "seconds": seconds}
 
 
 def versions() -> dict[str, str]:
@@ -300,6 +319,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         outcome = path.get("result", "not run")
         if outcome in ("refused", "failed"):
             outcome = f"{outcome}: {path['detail']}"
+        elif path.get("rope", "yarn") != "yarn":
+            outcome = f"{outcome}, with {path['rope']}"
         lines.append(
             f"| `{row['family']}` | {row['check']} (logits {row['error']:.0e}) | {row['implementation']} | "
             f"{', '.join(row['traits'])} | {outcome} |"

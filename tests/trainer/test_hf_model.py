@@ -447,13 +447,14 @@ def test_logit_scaling_is_applied_as_the_causal_lm_applies_it(model_type: str, t
     assert relative_error(got, want) < 1e-10
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "granite"])
+@pytest.mark.parametrize("model_type", ["qwen3", "granite", "diffllama"])
 def test_greedy_generation_with_the_key_value_cache_equals_transformers(
     model_type: str, tmp_path: Path
 ) -> None:
     """``longctx eval``'s generation (generate.greedy_generate, a KVCache as the model's attention) on
     the transformers path, against transformers recomputing the whole sequence for every token.
-    Granite scales attention scores by attention_multiplier (1.0), not 1/sqrt(head_dim)."""
+    Granite scales attention scores by attention_multiplier (1.0), not 1/sqrt(head_dim); DiffLlama's
+    differential attention calls the attention twice per layer, each call with its own cache."""
     folder = save_random(tmp_path / model_type, model_type)
     prompt = list(range(3, 23))
     got = greedy_generate(

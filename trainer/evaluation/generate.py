@@ -7,8 +7,8 @@ per layer instead of recomputing the whole prefix.
 
 :class:`KVCache` plugs into :class:`~longctx.trainer.models.decoder.Transformer` (or a transformers model on
 the ring attention path, ``hf.HFCausalLM``) as its attention (it is a ``BindableAttention``):
-the decoder calls the bound attention once per layer, in order, so the cache knows which layer a
-call belongs to without the model knowing about caches.
+the decoder calls the bound attention in the same order on every pass, so the cache knows which
+layer (which call) a call belongs to without the model knowing about caches.
 """
 
 from __future__ import annotations
@@ -28,56 +28,65 @@ if TYPE_CHECKING:
 
 
 class KVCache:
-    """Keys and values of every layer for one sequence (one document: there is no document mask),
-    filled by the first forward pass and extended by each later one.
+    """Keys and values of every attention call of a forward pass for one sequence (one document: there
+    is no document mask), filled by the first forward pass and extended by each later one.
 
-    Each pass's queries attend causally to the cached keys and their own. ``capacity`` bounds the
-    sequence length; the buffers are allocated on the first call, in the keys' dtype.
+    A pass calls the attention once per layer, or more (DiffLlama's differential attention calls it
+    twice): the first pass tells how many calls a pass makes, and each call keeps its own keys and
+    values. Each pass's queries attend causally to the cached keys and their own. ``capacity`` bounds
+    the sequence length; the buffers are allocated at a call's first use, in the keys' dtype.
     """
 
-    def __init__(self, num_layers: int, capacity: int) -> None:
-        self.num_layers = num_layers
+    def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self.length = 0  # tokens cached in every layer after a complete forward pass
-        self._keys: Tensor | None = None
-        self._values: Tensor | None = None
-        self._layer = 0
-        self._new = 0  # tokens added by the current forward pass
+        self.length = 0  # tokens cached for every call after a complete forward pass
+        self._keys: list[Tensor] = []
+        self._values: list[Tensor] = []
+        self._calls: int | None = None  # attention calls per forward pass, once the first pass ended
+        self._call = 0  # calls made by the current pass
+        self._new = 0  # tokens added by the current pass
 
     def bind(self, q_index: Tensor, q_segment: Tensor) -> RowAttention:
         """Start one forward pass (the model calls this once per pass, then the result per layer)."""
         if q_segment.numel() and bool((q_segment != q_segment[0]).any()):
             raise ValueError("a KVCache holds one sequence: the tokens of a pass must share one segment id")
-        if self._layer not in (0, self.num_layers):
-            raise RuntimeError(f"a forward pass stopped after {self._layer} of {self.num_layers} layers")
-        if self._layer == self.num_layers:
+        if self._call:  # the previous pass
+            if self._calls is None:
+                self._calls = self._call
+            if self._call != self._calls:
+                raise RuntimeError(
+                    f"a forward pass stopped after {self._call} of its {self._calls} attention calls"
+                )
             self.length += self._new
-        self._layer = 0
+        self._call = 0
         return self._attend
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:
         return self.bind(q_index, q_segment)(q, k, v)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None = None) -> Tensor:
-        """``q`` ``[new, heads, dim]``, ``k``/``v`` ``[new, kv_heads, dim]`` of one layer; the scores
-        are scaled by ``softmax_scale`` (default ``1 / sqrt(dim)``)."""
-        layer, start, new = self._layer, self.length, k.shape[0]
+        """``q`` ``[new, heads, dim]``, ``k``/``v`` ``[new, kv_heads, dim]`` of one attention call; the
+        scores are scaled by ``softmax_scale`` (default ``1 / sqrt(dim)``)."""
+        call, start, new = self._call, self.length, k.shape[0]
         if start + new > self.capacity:
             raise ValueError(
                 f"the sequence ({start + new} tokens) exceeds the cache capacity {self.capacity}"
             )
-        if self._keys is None or self._values is None:
-            shape = (self.num_layers, self.capacity, *k.shape[1:])
-            self._keys, self._values = k.new_empty(shape), v.new_empty(shape)
-        self._keys[layer, start : start + new] = k
-        self._values[layer, start : start + new] = v
-        self._layer, self._new = layer + 1, new
+        if call == len(self._keys):
+            if self._calls is not None:
+                raise RuntimeError(
+                    f"a forward pass made more than the first pass's {self._calls} attention calls"
+                )
+            self._keys.append(k.new_empty((self.capacity, *k.shape[1:])))
+            self._values.append(v.new_empty((self.capacity, *v.shape[1:])))
+        keys, values = self._keys[call], self._values[call]
+        keys[start : start + new] = k
+        values[start : start + new] = v
+        self._call, self._new = call + 1, new
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         if start == 0:
             return _causal_attention(q, k, v, scale)
-        return _attention_to_cache(
-            q, self._keys[layer, : start + new], self._values[layer, : start + new], scale
-        )
+        return _attention_to_cache(q, keys[: start + new], values[: start + new], scale)
 
 
 def _causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
@@ -115,7 +124,7 @@ def _attention_to_cache(q: Tensor, keys: Tensor, values: Tensor, scale: float) -
 def cached_attention(model: TrainedModel, capacity: int) -> Iterator[KVCache]:
     """Swap ``model``'s attention for a :class:`KVCache` for the duration of the block."""
     original = model.attention
-    cache = KVCache(model.config.num_hidden_layers, capacity)
+    cache = KVCache(capacity)
     model.attention = cache
     try:
         yield cache
