@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 from tests.cluster.raycluster import free_port
 from tests.core.processes import MARKER_KEY, describe, kill_survivors, marked_env, survivors_after
-from tests.trainer.test_train import shards_root, train_config  # noqa: F401 - shards_root is a fixture
+from tests.trainer.test_train import train_config
 
 pytestmark = pytest.mark.slow
 
@@ -70,22 +70,22 @@ def assert_same_training(run: Path, reference: tuple[list[float], dict]) -> None
 
 
 @pytest.fixture(scope="module")
-def one_agent(shards_root: Path, tmp_path_factory) -> tuple[list[float], dict]:
+def one_agent(packed: Path, tmp_path_factory) -> tuple[list[float], dict]:
     """Losses and weights of `longctx train --nproc 4` (one agent, world 4: DP2 x CP2)."""
     output = tmp_path_factory.mktemp("one_agent") / "run"
     env, _ = clean_env()
-    proc = launcher(write_config(shards_root, output), "--nproc", "4", env=env)
+    proc = launcher(write_config(packed, output), "--nproc", "4", env=env)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     return trained(output)
 
 
 def test_two_agents_of_two_ranks_train_as_one_agent_of_four(
-    shards_root: Path,
+    packed: Path,
     one_agent,
     tmp_path: Path,
 ) -> None:
-    config = write_config(shards_root, tmp_path / "run")
+    config = write_config(packed, tmp_path / "run")
     env, mark = clean_env()
     flags = ("--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     agents = [launcher(config, *flags, env=env) for _ in range(2)]
@@ -100,13 +100,11 @@ def test_two_agents_of_two_ranks_train_as_one_agent_of_four(
     ]
 
 
-def test_killing_one_agent_ends_the_other_with_one_line(shards_root: Path, tmp_path: Path) -> None:
+def test_killing_one_agent_ends_the_other_with_one_line(packed: Path, tmp_path: Path) -> None:
     """Two agents of one rank each (a 2-rank ring); the first (which hosts the rendezvous: it binds
     the port first) is killed with SIGKILL while both train; its rank dies with it, the other agent
     stops its own and prints one line."""
-    config = write_config(
-        shards_root, tmp_path / "run", steps=100_000, checkpoint={"every": 100_000, "keep": 1}
-    )
+    config = write_config(packed, tmp_path / "run", steps=100_000, checkpoint={"every": 100_000, "keep": 1})
     env, mark = clean_env()
     flags = ("--nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
     first = launcher(config, *flags, env=env)
@@ -143,13 +141,13 @@ def test_killing_one_agent_ends_the_other_with_one_line(shards_root: Path, tmp_p
 @pytest.mark.slurm
 def test_the_sbatch_template_trains_two_launchers_as_one_agent_of_four(
     slurm_cluster: dict[str, str],
-    shards_root: Path,
+    packed: Path,
     one_agent,
     tmp_path: Path,
 ) -> None:
     """configs/slurm/train.sbatch on the one-node cluster as two Slurm tasks (a launcher each, 2 ranks
     each), meeting at the allocation's first node as it reads it from Slurm."""
-    config = write_config(shards_root, tmp_path / "run")
+    config = write_config(packed, tmp_path / "run")
     log = tmp_path / "train.out"
     env, mark = clean_env()
     env |= {k: v for k, v in slurm_cluster.items() if k not in TORCHRUN_ENV and k != MARKER_KEY}

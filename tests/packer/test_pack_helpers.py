@@ -1,5 +1,6 @@
 """Inputs for the packer's tests: a small curated corpus in the layout curation writes, its
-tokenizer, and one packed run shared by the test modules (built once per session).
+tokenizer, one packed run shared by the test modules (built once per session), and the windows of
+staged training runs.
 
 Holds no tests. The packer's test modules import its helpers and load it as a plugin
 (``pytest_plugins = ["tests.packer.test_pack_helpers"]``) for the ``packed_run`` fixture.
@@ -81,6 +82,20 @@ def make_config(root: Path, **pack: Any) -> RootConfig:
     return parse_config(
         {"output": str(root), "context": {"original": ORIGINAL, "target": TARGET}, "pack": settings}
     )
+
+
+STAGED_LENGTHS = (256, 512)
+"""The window lengths of :func:`pack_staged`: two stages, from twice the original context (128)."""
+
+
+def pack_staged(root: Path) -> Path:
+    """Curated documents and windows of :data:`STAGED_LENGTHS` under ``root`` (what staged runs train
+    on); the mix leaves every ``papers`` document out of training, so that source has held-out
+    documents for the short-context guard."""
+    make_run(root)
+    mix = {"books": 0.6, "anchor": 0.4, "papers": 0.0}
+    jobs.pack(make_config(root, seq_lens=list(STAGED_LENGTHS), mix=mix, mix_max_dropped=0.9))
+    return root
 
 
 def make_run(root: Path, seed: int = 0, with_counts: bool = True) -> tuple[Tokenizer, dict[str, str]]:

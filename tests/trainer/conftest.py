@@ -1,4 +1,5 @@
-"""Fixtures shared by the trainer's tests: packed windows and a random Llama saved by transformers."""
+"""Fixtures shared by the trainer's tests: the windows of staged runs, and a random Llama saved by
+transformers (beside the session's packed windows, ``tests/conftest.packed``)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from longctx import jobs
-from tests.packer.test_pack_helpers import make_config as make_pack_config
-from tests.packer.test_pack_helpers import make_run
-
-WINDOW = 256
-
-
-@pytest.fixture(scope="session")
-def packed(tmp_path_factory) -> Path:
-    """A run folder with a tokenizer, curated documents and 256-token windows (original context 128)."""
-    root = tmp_path_factory.mktemp("packed")
-    make_run(root)
-    jobs.pack(make_pack_config(root, seq_lens=[WINDOW]))
-    return root
+from tests.packer.test_pack_helpers import pack_staged
 
 
 def save_random_llama(
@@ -47,3 +35,10 @@ def save_random_llama(
 def base_llama(packed: Path) -> Path:
     """The random Llama training starts from, with the shards' vocabulary (320)."""
     return save_random_llama(packed.parent / "base_llama", 320)
+
+
+@pytest.fixture(scope="session")
+def staged_packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Curated documents packed into windows of 256 and 512 tokens (``pack_staged``), read by every
+    staged run of the session: each trains in a copy."""
+    return pack_staged(tmp_path_factory.mktemp("staged"))

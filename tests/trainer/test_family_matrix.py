@@ -104,18 +104,13 @@ def test_the_trait_families_cover_every_trait() -> None:
     assert {t for traits in TRAIT_FAMILIES.values() for t in traits} == set(TRAITS)
 
 
-@pytest.fixture(scope="module")
-def packed_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return family_matrix.pack_runs(tmp_path_factory.mktemp("family-runs"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(TRAIT_FAMILIES))
 def test_a_family_of_each_trait_goes_the_whole_way_at_cp_2(
-    family: str, packed_runs: Path, tmp_path: Path
+    family: str, staged_packed: Path, tmp_path: Path
 ) -> None:
     """Two gated stages at cp 2 (the gate measures with the transformers code that trained), the export
     (which transformers opens with no tensor missing and the same logits) and ``longctx eval``."""
-    outcome: dict[str, Any] = family_matrix.full_path(family, packed_runs, tmp_path)
+    outcome: dict[str, Any] = family_matrix.full_path(family, staged_packed, tmp_path)
     assert outcome["result"] == "passed", outcome
     assert outcome["export_error"] <= family_matrix.families.FLOAT32_TOLERANCE

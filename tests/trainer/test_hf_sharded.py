@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from longctx import jobs
 from longctx.config import parse_config
+from longctx.core.errors import ConfigError
 from longctx.trainer.build import build_model
 from longctx.trainer.checkpoint import Checkpoint, load_checkpoint, read_trainer_state
 from longctx.trainer.models import interface
@@ -33,6 +34,7 @@ from longctx.trainer.models.decoder import RingAttention
 from longctx.trainer.models.hf import HFCausalLM
 from longctx.trainer.parallel.state import ParallelState
 from longctx.trainer.parallel.zigzag import zigzag_indices
+from longctx.trainer.preflight import check_before_start
 from tests.trainer.test_hf_model import (
     DOCS,
     MODELS,
@@ -284,40 +286,41 @@ REFUSALS = {
 }
 
 
-def start_training(
-    packed: Path, tmp_path: Path, name: str, model_type: str, extra: dict, **model: Any
-) -> Any:
-    """``longctx train --nproc 2`` (2 steps) on a random ``model_type`` checkpoint, in the background."""
+def refused_run(packed: Path, tmp_path: Path, name: str) -> Path:
+    """The config file of a 2-step run on a random checkpoint of REFUSALS[name]'s model."""
+    model_type, extra, implementation, _ = REFUSALS[name]
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": VOCAB, **extra})
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / f"base_{name}")
-    settings = train_config(
-        packed, tmp_path / name, steps=2, model={"hf_path": str(tmp_path / f"base_{name}"), **model}
-    )
+    model = {"hf_path": str(tmp_path / f"base_{name}"), "implementation": implementation}
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(settings))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    command = [sys.executable, "-m", "longctx.cli", "train", "--config", str(path), "--nproc", "2"]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path.write_text(yaml.safe_dump(train_config(packed, tmp_path / name, steps=2, model=model)))
+    return path
+
+
+@pytest.mark.parametrize("name", [name for name in REFUSALS if name != "sliding"])
+def test_unsupported_models_are_refused_by_the_check_before_start(
+    packed: Path, tmp_path: Path, name: str
+) -> None:
+    """The check that ``longctx train`` runs before any rank starts (the test below runs it through
+    the command once) names what the model has that the run cannot train, and writes nothing."""
+    cfg = parse_config(yaml.safe_load(refused_run(packed, tmp_path, name).read_text()))
+    with pytest.raises(ConfigError) as refused:
+        check_before_start(cfg.train, cfg.context, cfg.output, 2)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("train.model") and REFUSALS[name][3] in line, line
+    assert not (tmp_path / name).exists()
 
 
 @pytest.mark.slow
-def test_unsupported_models_are_refused_before_any_rank_starts(packed: Path, tmp_path: Path) -> None:
-    """`longctx train --nproc 2` on each: exit status 2, one line naming what is missing, nothing
-    written into the output folder; a Qwen3 base model (implementation auto) trains (the commands run
-    side by side)."""
-    started = {
-        name: start_training(packed, tmp_path, name, model_type, extra, implementation=implementation)
-        for name, (model_type, extra, implementation, _) in REFUSALS.items()
-    }
-    qwen3 = start_training(packed, tmp_path, "qwen3", "qwen3", {})
-    for name, process in started.items():
-        _, stderr = process.communicate(timeout=300)
-        missing = REFUSALS[name][3]
-        assert process.returncode == 2, (name, stderr[-2000:])
-        lines = stderr.strip().splitlines()
-        assert len(lines) == 1, (name, stderr)
-        assert lines[0].startswith("longctx train: train.model") and missing in lines[0], (name, stderr)
-        assert not (tmp_path / name).exists(), name
-    _, stderr = qwen3.communicate(timeout=600)
-    assert qwen3.returncode == 0, stderr[-3000:]
-    assert (tmp_path / "qwen3" / "train" / "final" / "model.safetensors").is_file()
+def test_an_unsupported_model_is_refused_before_any_rank_starts(packed: Path, tmp_path: Path) -> None:
+    """`longctx train --nproc 2` on a model with windows shorter than the run's: exit status 2, one
+    line naming what is missing, nothing written into the output folder."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    config = refused_run(packed, tmp_path, "sliding")
+    command = [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("longctx train: train.model") and REFUSALS["sliding"][3] in lines[0]
+    assert not (tmp_path / "sliding").exists()

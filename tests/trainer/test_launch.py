@@ -19,7 +19,7 @@ import yaml
 from longctx.core.errors import ConfigError
 from longctx.core.runlock import RunLockedError, run_lock
 from longctx.trainer.launch import PARENT_ENV
-from tests.trainer.test_train import SEQ_LEN, shards_root, train_config  # noqa: F401 - shards_root is a fixture
+from tests.trainer.test_train import SEQ_LEN, train_config
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
 
@@ -95,8 +95,8 @@ def running_job(shards: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill_group", "sigkill_launcher", "sigterm_launcher"])
-def test_killing_the_launcher_leaves_no_rank_training(shards_root: Path, tmp_path: Path, how: str) -> None:
-    proc, output = running_job(shards_root, tmp_path)
+def test_killing_the_launcher_leaves_no_rank_training(packed: Path, tmp_path: Path, how: str) -> None:
+    proc, output = running_job(packed, tmp_path)
     ranks = ranks_of(proc.pid)
     if how == "sigkill_group":
         os.killpg(proc.pid, signal.SIGKILL)  # the ranks live in sessions of their own: not reached
@@ -169,8 +169,8 @@ def test_a_stale_lock_is_taken_over_and_a_foreign_one_is_not(
 
 
 @pytest.mark.slow
-def test_a_second_launcher_is_refused_while_one_trains(shards_root: Path, tmp_path: Path) -> None:
-    proc, output = running_job(shards_root, tmp_path)
+def test_a_second_launcher_is_refused_while_one_trains(packed: Path, tmp_path: Path) -> None:
+    proc, output = running_job(packed, tmp_path)
     try:
         second = subprocess.run(
             [
@@ -209,11 +209,11 @@ def damage_ids(folder: Path, value: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["flipped_bytes", "id_beyond_vocabulary"])
-def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path: Path, damage: str) -> None:
+def test_damaged_shards_stop_training_with_one_line(packed: Path, tmp_path: Path, damage: str) -> None:
     import shutil
 
     folder = tmp_path / "shards"
-    shutil.copytree(shards_root / "shards" / f"seq{SEQ_LEN}", folder)
+    shutil.copytree(packed / "shards" / f"seq{SEQ_LEN}", folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     if damage == "flipped_bytes":
         path = folder / manifest["shards"][0]["file"]
@@ -225,7 +225,7 @@ def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path:
         path = damage_ids(folder, 10**6)
         expected = "input_ids: token 5 has id 1000000, outside the vocabulary"
     output = tmp_path / "run"
-    config = write_config(shards_root, output, shards=str(folder), steps=50)
+    config = write_config(packed, output, shards=str(folder), steps=50)
     done = subprocess.run(
         [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
         capture_output=True,
@@ -240,10 +240,8 @@ def test_damaged_shards_stop_training_with_one_line(shards_root: Path, tmp_path:
     assert not (output / "train" / ".lock").exists() and not (output / "train" / ".job").exists()
 
 
-def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(
-    shards_root: Path, tmp_path: Path
-) -> None:
-    config = write_config(shards_root, tmp_path / "run", cp=3)
+def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(packed: Path, tmp_path: Path) -> None:
+    config = write_config(packed, tmp_path / "run", cp=3)
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "3"],
@@ -253,7 +251,7 @@ def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(
         timeout=120,
     )
     assert done.returncode == 2
-    folder = shards_root / "shards" / f"seq{SEQ_LEN}"
+    folder = packed / "shards" / f"seq{SEQ_LEN}"
     assert done.stderr.strip() == (
         f"longctx train: the shards' seq_len ({folder}) = {SEQ_LEN} must be "
         "a positive multiple of 2 x train.cp = 6 (zigzag context parallelism cuts every window into 2 x cp "
@@ -265,11 +263,11 @@ def test_seq_len_not_divisible_by_2cp_is_refused_before_any_rank_starts(
 
 
 def test_a_mesh_that_does_not_divide_the_world_is_refused_before_any_rank_starts(
-    shards_root: Path, tmp_path: Path
+    packed: Path, tmp_path: Path
 ) -> None:
     """cp 2 x dp_replicate 2 needs a multiple of 4 processes: 2 are refused by the launcher, as each
     rank's mesh would refuse them (``MeshShape.for_world``), before any rank starts."""
-    config = write_config(shards_root, tmp_path / "run", cp=2, dp_replicate=2)
+    config = write_config(packed, tmp_path / "run", cp=2, dp_replicate=2)
     done = subprocess.run(
         [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
         capture_output=True,
@@ -299,7 +297,7 @@ def test_preflight_counts_the_replicas_in_the_world_size_rule(tmp_path: Path) ->
         check_before_start(train, ContextConfig(original=128, target=SEQ_LEN), tmp_path, world_size=2)
 
 
-def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_path: Path) -> None:
+def test_rope_scaling_typos_are_refused_at_config_load(packed: Path, tmp_path: Path) -> None:
     for scaling, message in [
         ({"rope_type": "yarm", "factor": 4.0}, "unknown rope_type 'yarm' (did you mean 'yarn'?)"),
         (
@@ -312,7 +310,7 @@ def test_rope_scaling_typos_are_refused_at_config_load(shards_root: Path, tmp_pa
         ),
         ({"rope_type": "linear", "factor": "two"}, "factor must be a positive number, got 'two'"),
     ]:
-        config = write_config(shards_root, tmp_path / "run", model={"rope_scaling": scaling})
+        config = write_config(packed, tmp_path / "run", model={"rope_scaling": scaling})
         done = subprocess.run(
             [sys.executable, "-m", "longctx.cli", "train", "--config", str(config), "--nproc", "2"],
             capture_output=True,
@@ -362,9 +360,9 @@ def test_the_error_line_starts_its_own_line_after_a_stopped_ranks_partial_line(t
 
 
 def test_multi_machine_flags_that_make_no_job_are_refused_before_any_rank_starts(
-    shards_root: Path, tmp_path: Path
+    packed: Path, tmp_path: Path
 ) -> None:
-    config = write_config(shards_root, tmp_path / "run", cp=2)
+    config = write_config(packed, tmp_path / "run", cp=2)
     for flags, message in [
         (
             ["--nnodes", "2"],

@@ -41,30 +41,18 @@ from longctx.core.errors import ConfigError
 from longctx.trainer.evaluation.effective import effective_lengths, task_scores
 from longctx.trainer.evaluation.measures import NeedleResult
 from longctx.trainer.evaluation.short_context import NoHeldOutDocuments
-from tests.packer.test_pack_helpers import make_config as make_pack_config
-from tests.packer.test_pack_helpers import make_run
+from tests.packer.test_pack_helpers import STAGED_LENGTHS
 
 ORIGINAL = 128
-LENGTHS = (256, 512)
+LENGTHS = STAGED_LENGTHS
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
 
 
-@pytest.fixture(scope="module")
-def packed_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Curated documents packed into windows of 256 and 512 tokens; the mix leaves every ``papers``
-    document out of training, so that source has held-out documents for the short-context guard."""
-    root = tmp_path_factory.mktemp("staged")
-    make_run(root)
-    mix = {"books": 0.6, "anchor": 0.4, "papers": 0.0}
-    jobs.pack(make_pack_config(root, seq_lens=list(LENGTHS), mix=mix, mix_max_dropped=0.9))
-    return root
-
-
-def run_folder(packed_root: Path, tmp_path: Path, name: str = "run") -> Path:
+def run_folder(staged_packed: Path, tmp_path: Path, name: str = "run") -> Path:
     """A copy of the packed run (documents, tokenizer, shards) to train in."""
     folder = tmp_path / name
-    shutil.copytree(packed_root, folder)
+    shutil.copytree(staged_packed, folder)
     return folder
 
 
@@ -123,14 +111,14 @@ def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_stage_hand_off_equals_two_runs_chained_by_hand(packed_root: Path, tmp_path: Path) -> None:
+def test_stage_hand_off_equals_two_runs_chained_by_hand(staged_packed: Path, tmp_path: Path) -> None:
     """Stage 2 starts from stage 1's final weights with a fresh optimizer: the same as training run B
     from run A's exported model. The trackers see one run: TensorBoard's steps count on across the
     stages, with the stage as a metric."""
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     cfg = staged(root, two_stages(), log={"every": 1, "tensorboard": True})
     result = jobs.train(parse_config(cfg), progress=False)
     stage1, stage2 = (root / "train" / "stages" / f"{k}-{n}" for k, n in ((1, 256), (2, 512)))
@@ -172,14 +160,14 @@ def test_stage_hand_off_equals_two_runs_chained_by_hand(packed_root: Path, tmp_p
 
 
 def test_keep_optimizer_carries_the_adam_moments_into_the_next_stage(
-    packed_root: Path, tmp_path: Path
+    staged_packed: Path, tmp_path: Path
 ) -> None:
     """With ``keep_optimizer`` stage 2 starts from stage 1's AdamW state: its first update differs
     from a fresh optimizer's, and its checkpoint's optimizer has taken both stages' steps."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    fresh = run_folder(packed_root, tmp_path, "fresh")
-    kept = run_folder(packed_root, tmp_path, "kept")
+    fresh = run_folder(staged_packed, tmp_path, "fresh")
+    kept = run_folder(staged_packed, tmp_path, "kept")
     jobs.train(parse_config(staged(fresh, two_stages(steps=2))), progress=False)
     jobs.train(parse_config(staged(kept, two_stages(steps=2, keep_optimizer=True))), progress=False)
     stage1 = "train/stages/1-256/final"
@@ -225,14 +213,14 @@ def chained_by_hand(
 
 @pytest.mark.slow
 def test_a_stage_whose_predecessor_changed_is_trained_again(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """Stage 1's steps raised after the run finished: stage 1 trains the extra step, and stage 2,
     which started from stage 1's old last checkpoint, is trained again from the new one (its earlier
     folder kept aside, byte for byte), ending with the weights of a run started by hand from stage 1's
     new model. A stage 2 from before the change (as if the run was killed between the stages) is not
     taken as finished either, and is trained again to the same weights."""
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     jobs.train(parse_config(staged(root, two_stages(steps=2))), progress=False)
     stage1, stage2 = root / "train" / "stages" / "1-256", root / "train" / "stages" / "2-512"
     before = snapshot(stage2)
@@ -266,14 +254,14 @@ def test_a_stage_whose_predecessor_changed_is_trained_again(
 
 
 def test_a_stage_at_context_original_trains_with_the_required_position_as_given(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """context.original 256: the first stage trains windows of the original length, whose last
     position is 255. ``train.coverage.required_position: 255``, what the coverage error's advice asks
     for, is honoured as given (not raised to context.original), and that stage trains more steps
     than ``max_steps_without_long``, since its windows cannot hold a position at or beyond
     context.original."""
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     stages = [{"seq_len": 256, "steps": 3, "factor": 1.0}, {"seq_len": 512, "steps": 1, "factor": 2.0}]
     rope = {**YARN, "factor": 2.0, "original_max_position_embeddings": 256}
     settings = staged(
@@ -292,9 +280,9 @@ def test_a_stage_at_context_original_trains_with_the_required_position_as_given(
 
 
 def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(staged(root, two_stages(steps=2, gate={"max_short_loss_ratio": 0.001}))))
     assert main(["train", "--config", str(config)]) == 2
@@ -361,7 +349,7 @@ def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> N
 
 
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """Both gates fail and the run still ends; the second gate, measured with what the first one
     kept (its windows, the baseline's loss), equals one measured from scratch."""
@@ -369,7 +357,7 @@ def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
     from longctx.trainer.evaluation.gates import GateSettings, evaluate_gate
     from longctx.trainer.stage_plan import resolve_stages
 
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     impossible = {"max_short_loss_ratio": 0.001}
     stages = two_stages(steps=2, gate=impossible)
     stages[1]["gate"] = impossible
@@ -400,17 +388,17 @@ def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
 
 
 @pytest.mark.slow
-def test_a_run_killed_mid_stage_2_resumes_to_the_same_weights(packed_root: Path, tmp_path: Path) -> None:
+def test_a_run_killed_mid_stage_2_resumes_to_the_same_weights(staged_packed: Path, tmp_path: Path) -> None:
     """SIGKILL once stage 2 has a checkpoint, start again: stage 1 is left alone, stage 2 resumes from
     its checkpoint and ends with the uninterrupted run's weights. Losing stage 2 entirely (a kill
     between the stages) restarts it from stage 1 to the same weights too."""
     stages = two_stages(steps=3)
     stages[1]["steps"] = 8
-    straight = run_folder(packed_root, tmp_path, "straight")
+    straight = run_folder(staged_packed, tmp_path, "straight")
     jobs.train(parse_config(staged(straight, stages, checkpoint={"every": 1, "keep": 2})), progress=False)
     want = weights(straight / "train" / "stages" / "2-512" / "final")
 
-    killed = run_folder(packed_root, tmp_path, "killed")
+    killed = run_folder(staged_packed, tmp_path, "killed")
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump(staged(killed, stages, checkpoint={"every": 1, "keep": 2})))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -445,9 +433,9 @@ def test_a_run_killed_mid_stage_2_resumes_to_the_same_weights(packed_root: Path,
 
 
 def test_eval_reports_effective_length_and_short_ratio_from_its_own_results(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     config = tmp_path / "run.yaml"
     settings = staged(root, two_stages(steps=2))
     settings["eval"]["needle"] |= {"kinds": ["single_needle", "document_qa"], "depths": [0.0, 1.0]}
@@ -496,11 +484,11 @@ def test_eval_reports_effective_length_and_short_ratio_from_its_own_results(
 
 
 def test_a_source_with_no_held_out_document_is_reported_with_what_to_do(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """Every ``anchor`` document is in the training rows: eval says so and skips the guard; a gate
     that needs the guard stops the run with the same reason."""
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     settings = staged(root, two_stages(steps=1))
     settings["eval"] |= {"short_context": {"source": "anchor"}, "needle": None}
     jobs.train(parse_config(settings), progress=False)
@@ -536,11 +524,11 @@ def test_stage_paths_are_the_run_layouts(tmp_path: Path) -> None:
 
 
 def test_every_stages_shards_are_checked_before_any_rank_starts(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """``longctx train --nproc 2`` refuses a plan whose later stage cannot run before starting the
     ranks or writing anything: shards missing, or of another length."""
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     config = tmp_path / "run.yaml"
     wrong = two_stages(steps=1, shards=str(root / "shards" / "seq256"))
     config.write_text(yaml.safe_dump(staged(root, wrong, cp=2)))
@@ -560,7 +548,7 @@ def test_every_stages_shards_are_checked_before_any_rank_starts(
 
 @pytest.mark.slow
 def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size(
-    packed_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    staged_packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """A two-stage run trained by 2 ranks (--nproc 2, cp=2), its first gate passed: started again, it
     prints each stage's results and gate and changes nothing; ``--export 2 --stage 1`` in one process
@@ -568,7 +556,7 @@ def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size
     from longctx.trainer.evaluation.gates import GateResult
     from tests.core.disks import tree
 
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     config = tmp_path / "run.yaml"
     stages = two_stages(steps=2, gate={"max_short_loss_ratio": 1000.0})
     config.write_text(yaml.safe_dump(staged(root, stages, cp=2)))
@@ -610,7 +598,7 @@ def test_a_finished_staged_run_says_so_and_exports_a_stage_at_another_world_size
 
 
 def test_stages_train_a_family_the_own_decoder_cannot_read_as_two_runs_chained_by_hand(
-    packed_root: Path, tmp_path: Path
+    staged_packed: Path, tmp_path: Path
 ) -> None:
     """A Qwen3 checkpoint (q/k norms: only its transformers code runs it): the staged run, whose gate
     measures the stage's model with that same code, ends with the weights of two ordinary runs
@@ -619,7 +607,7 @@ def test_stages_train_a_family_the_own_decoder_cannot_read_as_two_runs_chained_b
     pytest.importorskip("transformers", reason="the transformers extra is not installed")
     from tests.trainer.families import save_tiny
 
-    root = run_folder(packed_root, tmp_path)
+    root = run_folder(staged_packed, tmp_path)
     base = save_tiny(tmp_path / "qwen3", "qwen3", vocab_size=320)
     model = {"rope_scaling": YARN, "hf_path": str(base)}
     cfg = staged(root, two_stages(steps=2, gate={"max_short_loss_ratio": 1000.0}), model=model)

@@ -24,19 +24,13 @@ from longctx import jobs
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
 from longctx.trainer.tracking import scalars
+from tests.conftest import WINDOW
 from tests.readme import code_blocks
-from tests.trainer.conftest import WINDOW
 
 pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
 pytest.importorskip("wandb", reason="the wandb extra is not installed")
 
 SEQ_LEN = WINDOW
-
-
-@pytest.fixture
-def shards_root(packed: Path) -> Path:
-    """The trainer tests' shared packed run (``conftest.packed``, windows of ``SEQ_LEN``)."""
-    return packed
 
 
 @pytest.fixture(autouse=True)
@@ -199,12 +193,12 @@ def test_loss_by_position_tags_sort_as_their_buckets() -> None:
 
 
 @pytest.mark.slow
-def test_trackers_get_every_jsonl_record_also_across_a_resume(shards_root: Path, tmp_path: Path) -> None:
+def test_trackers_get_every_jsonl_record_also_across_a_resume(packed: Path, tmp_path: Path) -> None:
     """A 4-step run, then the same run killed after its step-2 checkpoint having logged steps 3-4
     with other values, and resumed: TensorBoard (purging the killed run's steps) and the W&B run
     (continued under the same id) hold the JSONL values, and no W&B process is left."""
     output = tmp_path / "run"
-    cfg = run_config(shards_root, output)
+    cfg = run_config(packed, output)
     jobs.train(parse_config(cfg), progress=False)
     records = jsonl(output)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
@@ -236,7 +230,7 @@ def test_trackers_get_every_jsonl_record_also_across_a_resume(shards_root: Path,
     assert not [c for c in child_processes() if "wandb" in c]
 
 
-def test_a_missing_extra_is_a_config_error_naming_the_key(shards_root: Path, tmp_path: Path) -> None:
+def test_a_missing_extra_is_a_config_error_naming_the_key(packed: Path, tmp_path: Path) -> None:
     """Without the tensorboard / wandb packages the config is refused before anything runs, with
     the pip command, on the console without a traceback."""
     blocker = (
@@ -254,7 +248,7 @@ def test_a_missing_extra_is_a_config_error_naming_the_key(shards_root: Path, tmp
         ({"wandb": {"project": "p", "mode": "offline"}}, "train.log.wandb", "wandb"),
     ):
         path = tmp_path / f"{extra}.yaml"
-        path.write_text(yaml.safe_dump(run_config(shards_root, tmp_path / extra, log=log)))
+        path.write_text(yaml.safe_dump(run_config(packed, tmp_path / extra, log=log)))
         done = subprocess.run(
             [sys.executable, "-c", blocker, "train", "--config", str(path)],
             capture_output=True,
@@ -266,6 +260,6 @@ def test_a_missing_extra_is_a_config_error_naming_the_key(shards_root: Path, tmp
         assert "Traceback" not in done.stderr
         assert not (tmp_path / extra).exists()
     with pytest.raises(ConfigError, match=r"train\.log\.wandb\.project"):
-        parse_config(run_config(shards_root, tmp_path / "x", log={"wandb": {"mode": "offline"}}))
+        parse_config(run_config(packed, tmp_path / "x", log={"wandb": {"mode": "offline"}}))
     with pytest.raises(ConfigError, match=r"train\.log_every: unknown key"):
-        parse_config(run_config(shards_root, tmp_path / "x", log_every=5))
+        parse_config(run_config(packed, tmp_path / "x", log_every=5))

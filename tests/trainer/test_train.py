@@ -34,10 +34,11 @@ from longctx.trainer.coverage import CoverageError, CoverageTracker
 from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
 from longctx.trainer.models.rope import RopeConfig
 from longctx.trainer.parallel.zigzag import zigzag_split
+from tests.conftest import WINDOW
 from tests.packer.test_pack_helpers import make_config as make_pack_config
-from tests.packer.test_pack_helpers import make_run, synthetic_texts, write_curated
+from tests.packer.test_pack_helpers import synthetic_texts, write_curated
 
-SEQ_LEN = 256
+SEQ_LEN = WINDOW
 ROPES = {
     "default": {},
     "linear": {"rope_type": "linear", "factor": 2.0},
@@ -58,16 +59,6 @@ ROPES = {
         "original_max_position_embeddings": 64,
     },
 }
-
-
-@pytest.fixture(scope="module")
-def shards_root(tmp_path_factory) -> Path:
-    """A curated corpus packed into 256-token windows (original context 128)."""
-    root = tmp_path_factory.mktemp("train_shards")
-    make_run(root)
-    manifests = jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
-    assert manifests and manifests[SEQ_LEN].max_position >= 200
-    return root
 
 
 def busiest_row(root: Path) -> dict[str, torch.Tensor]:
@@ -102,10 +93,10 @@ def packed_loss_and_grads(
 
 
 @pytest.mark.parametrize("rope", ["default", "yarn"])
-def test_packed_loss_equals_per_document_losses(shards_root: Path, rope: str) -> None:
+def test_packed_loss_equals_per_document_losses(packed: Path, rope: str) -> None:
     """Reference: each segment run alone (positions from 0, no other document in sight); the
     packed loss must be their token-weighted mean, and the gradients must match too."""
-    sample = busiest_row(shards_root)
+    sample = busiest_row(packed)
     assert len(segments(sample)) >= 4
     model = tiny_model(int(sample["input_ids"].max()) + 1, ROPES[rope])
     packed, packed_grads = packed_loss_and_grads(model, sample)
@@ -158,11 +149,11 @@ def _cp_worker(rank: int, world: int, store: str, root: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_two_cp_ranks_equal_one_process_for_every_rope_type(shards_root: Path, tmp_path: Path) -> None:
+def test_two_cp_ranks_equal_one_process_for_every_rope_type(packed: Path, tmp_path: Path) -> None:
     out = tmp_path / "cp2.pt"
-    mp.spawn(_cp_worker, args=(2, str(tmp_path / "store"), str(shards_root), str(out)), nprocs=2, join=True)
+    mp.spawn(_cp_worker, args=(2, str(tmp_path / "store"), str(packed), str(out)), nprocs=2, join=True)
     cp2 = torch.load(out, weights_only=True)
-    sample = busiest_row(shards_root)
+    sample = busiest_row(packed)
     for name, rope in ROPES.items():
         model = tiny_model(int(sample["input_ids"].max()) + 1, rope)
         loss, grads = packed_loss_and_grads(model, sample)
@@ -198,11 +189,11 @@ def train_config(root: Path, output: Path, **train) -> dict:
     }
 
 
-def test_overfitting_a_tiny_batch_drives_the_loss_down(shards_root: Path, tmp_path: Path) -> None:
+def test_overfitting_a_tiny_batch_drives_the_loss_down(packed: Path, tmp_path: Path) -> None:
     """Three windows cut from one document, seen again and again: the model must memorize them."""
     root = tmp_path / "tiny"
     root.mkdir()
-    (root / "tokenizer.json").write_bytes((shards_root / "tokenizer.json").read_bytes())
+    (root / "tokenizer.json").write_bytes((packed / "tokenizer.json").read_bytes())
     text = synthetic_texts(seed=7)["books"][0][:1200]
     write_curated(root, {"books": [text]}, load_tokenizer(root / "tokenizer.json"))
     manifests = jobs.pack(make_pack_config(root, seq_lens=[SEQ_LEN]))
@@ -221,10 +212,10 @@ def test_overfitting_a_tiny_batch_drives_the_loss_down(shards_root: Path, tmp_pa
     assert result.losses[-1] < 0.5 * result.losses[0], result.losses
 
 
-def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_path: Path) -> None:
+def test_six_steps_equal_three_plus_resume_plus_three(packed: Path, tmp_path: Path) -> None:
     """A run killed right after its step-3 checkpoint (later checkpoints never written) and started
     again ends with the same losses as a run that was never interrupted."""
-    cfg = train_config(shards_root, tmp_path / "run", checkpoint={"every": 3, "keep": 3})
+    cfg = train_config(packed, tmp_path / "run", checkpoint={"every": 3, "keep": 3})
     straight = jobs.train(parse_config(cfg), progress=False)
     final = tmp_path / "run" / "train" / "final" / "model.safetensors"
     straight_weights = load_file(final)
@@ -247,15 +238,15 @@ def test_six_steps_equal_three_plus_resume_plus_three(shards_root: Path, tmp_pat
     assert (tmp_path / "run" / "train" / "final" / "config.json").is_file()
 
 
-def test_resume_into_a_changed_run_is_refused(shards_root: Path, tmp_path: Path) -> None:
-    jobs.train(parse_config(train_config(shards_root, tmp_path / "run", steps=3)), progress=False)
-    changed = train_config(shards_root, tmp_path / "run", steps=6, global_batch_rows=2)
+def test_resume_into_a_changed_run_is_refused(packed: Path, tmp_path: Path) -> None:
+    jobs.train(parse_config(train_config(packed, tmp_path / "run", steps=3)), progress=False)
+    changed = train_config(packed, tmp_path / "run", steps=6, global_batch_rows=2)
     with pytest.raises(ConfigError, match=r"cannot resume .*global_batch_rows"):
         jobs.train(parse_config(changed), progress=False)
 
 
-def test_metrics_record_what_the_issue_asks_for(shards_root: Path, tmp_path: Path) -> None:
-    jobs.train(parse_config(train_config(shards_root, tmp_path / "m", steps=2)), progress=False)
+def test_metrics_record_what_the_issue_asks_for(packed: Path, tmp_path: Path) -> None:
+    jobs.train(parse_config(train_config(packed, tmp_path / "m", steps=2)), progress=False)
     record = json.loads((tmp_path / "m" / "train" / "metrics.jsonl").read_text().splitlines()[-1])
     for key in (
         "loss",
@@ -275,8 +266,8 @@ def test_metrics_record_what_the_issue_asks_for(shards_root: Path, tmp_path: Pat
     assert 128 in buckets and buckets[0] is not None
 
 
-def test_shards_that_never_reach_the_required_position_are_refused(shards_root: Path, tmp_path: Path) -> None:
-    cfg = train_config(shards_root, tmp_path / "refused", coverage={"required_position": 5000})
+def test_shards_that_never_reach_the_required_position_are_refused(packed: Path, tmp_path: Path) -> None:
+    cfg = train_config(packed, tmp_path / "refused", coverage={"required_position": 5000})
     with pytest.raises(CoverageError, match=r"largest position is .* below the required 5000"):
         jobs.train(parse_config(cfg), progress=False)
     path = tmp_path / "refused.yaml"
@@ -294,15 +285,15 @@ def test_shards_that_never_reach_the_required_position_are_refused(shards_root: 
 
 
 def test_the_coverage_advice_names_only_settings_that_would_change_it(
-    shards_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    packed: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """The refusal offers ``train.coverage.allow_short``; the warning printed because it is set does
     not. A configured ``required_position`` is to be lowered, an unset one (the default, the windows'
     last position) set, each to the shards' largest position read from their manifest."""
     from longctx.packer.manifest import load_manifest
 
-    largest = load_manifest(shards_root / "shards" / f"seq{SEQ_LEN}").max_position
-    cfg = train_config(shards_root, tmp_path / "refused", coverage={"required_position": 5000})
+    largest = load_manifest(packed / "shards" / f"seq{SEQ_LEN}").max_position
+    cfg = train_config(packed, tmp_path / "refused", coverage={"required_position": 5000})
     with pytest.raises(CoverageError) as refused:
         jobs.train(parse_config(cfg), progress=False)
     advice = str(refused.value).splitlines()[-1]
@@ -313,7 +304,7 @@ def test_the_coverage_advice_names_only_settings_that_would_change_it(
     )
     capsys.readouterr()
     warned = train_config(
-        shards_root, tmp_path / "warned", steps=1, coverage={"required_position": 5000, "allow_short": True}
+        packed, tmp_path / "warned", steps=1, coverage={"required_position": 5000, "allow_short": True}
     )
     jobs.train(parse_config(warned), progress=False)
     out = capsys.readouterr().out
@@ -323,7 +314,7 @@ def test_the_coverage_advice_names_only_settings_that_would_change_it(
         "Pack longer windows (pack.seq_lens) from longer documents or lower "
         f"train.coverage.required_position to {largest} or below."
     ) in out
-    unset = train_config(shards_root, tmp_path / "default", coverage={})
+    unset = train_config(packed, tmp_path / "default", coverage={})
     unset["context"]["target"] = 2 * SEQ_LEN  # the default requires position 511 of these 256-token windows
     with pytest.raises(CoverageError, match=f"set train.coverage.required_position to {largest} or below"):
         jobs.train(parse_config(unset), progress=False)
@@ -346,20 +337,20 @@ def test_tracker_aborts_after_steps_without_long_positions() -> None:
         tracker.check()
 
 
-def test_config_errors_for_train(tmp_path: Path, shards_root: Path) -> None:
+def test_config_errors_for_train(tmp_path: Path, packed: Path) -> None:
     with pytest.raises(ConfigError, match=r"train\.optim\.lrr: unknown key"):
-        parse_config(train_config(shards_root, tmp_path, optim={"lrr": 1}))
-    cfg = parse_config(train_config(shards_root, tmp_path / "x", cp=3))
+        parse_config(train_config(packed, tmp_path, optim={"lrr": 1}))
+    cfg = parse_config(train_config(packed, tmp_path / "x", cp=3))
     with pytest.raises(ConfigError, match=r"train\.cp = 3 must divide the number of processes"):
         jobs.train(cfg, progress=False)
 
 
 @pytest.fixture(scope="module")
-def cp2_run(shards_root: Path, tmp_path_factory) -> tuple[Path, Path, Path]:
+def cp2_run(packed: Path, tmp_path_factory) -> tuple[Path, Path, Path]:
     """(run folder, config file, $TMPDIR it ran with): `longctx train --nproc 2` with cp=2 (ring
     attention over gloo) on CPU, 8 steps, checkpoints at 4 and 8, in a fresh, empty $TMPDIR."""
     root = tmp_path_factory.mktemp("cp2")
-    cfg = train_config(shards_root, root / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 2})
+    cfg = train_config(packed, root / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 2})
     path = root / "cp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
     tmpdir = root / "tmpdir"
@@ -379,7 +370,7 @@ def cp2_run(shards_root: Path, tmp_path_factory) -> tuple[Path, Path, Path]:
 
 @pytest.mark.slow
 def test_two_rank_context_parallel_run_matches_one_process_and_learns(
-    cp2_run: tuple[Path, Path, Path], shards_root: Path, tmp_path: Path
+    cp2_run: tuple[Path, Path, Path], packed: Path, tmp_path: Path
 ) -> None:
     """`longctx train --nproc 2` with cp=2 (ring attention over gloo) on CPU: same losses as one
     process to 1e-5, and the loss falls."""
@@ -389,7 +380,7 @@ def test_two_rank_context_parallel_run_matches_one_process_and_learns(
     assert all(0 < r["attention_score_fraction"] < 1 for r in records)  # the zigzag ring skips masked scores
     single = jobs.train(
         parse_config(
-            train_config(shards_root, tmp_path / "cp1", cp=1, steps=8, checkpoint={"every": 4, "keep": 1})
+            train_config(packed, tmp_path / "cp1", cp=1, steps=8, checkpoint={"every": 4, "keep": 1})
         ),
         progress=False,
     ).losses
@@ -458,11 +449,11 @@ def test_a_finished_run_started_again_says_so_and_does_nothing(
 
 @pytest.mark.slow
 def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(
-    shards_root: Path, tmp_path: Path
+    packed: Path, tmp_path: Path
 ) -> None:
     """World 2 with cp=1 (data parallel): rank r takes rows r, r+2, ...; one process with
     global_batch_rows=2 takes the same two rows per step. The global-token loss makes them equal."""
-    cfg = train_config(shards_root, tmp_path / "dp2", cp=1, steps=4)
+    cfg = train_config(packed, tmp_path / "dp2", cp=1, steps=4)
     path = tmp_path / "dp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -479,7 +470,7 @@ def test_two_data_parallel_ranks_equal_one_process_accumulating_two_rows(
         for line in (tmp_path / "dp2" / "train" / "metrics.jsonl").read_text().splitlines()
     ]
     single = jobs.train(
-        parse_config(train_config(shards_root, tmp_path / "acc2", cp=1, steps=4, global_batch_rows=2)),
+        parse_config(train_config(packed, tmp_path / "acc2", cp=1, steps=4, global_batch_rows=2)),
         progress=False,
     ).losses
     assert len(dp2) == 4
