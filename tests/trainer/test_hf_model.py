@@ -99,6 +99,17 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max().clamp_min(1e-12))
 
 
+def packed_logits_error(folder: Path, lengths: list[int]) -> float:
+    """The relative difference between the transformers path's logits of one packed row of documents
+    of ``lengths`` and transformers' own, each document run alone (float64)."""
+    row = packed(lengths, TINY["vocab_size"])
+    want, _, _ = documents_alone(folder, row, lengths)
+    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
+    with torch.no_grad():
+        got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
+    return relative_error(got, want)
+
+
 @pytest.mark.parametrize("model_type", sorted(MODELS))
 def test_packed_row_equals_each_document_alone(model_type: str, tmp_path: Path) -> None:
     folder = save_random(tmp_path / model_type, model_type)
@@ -435,12 +446,7 @@ def test_a_rope_override_keeps_the_models_own_keys_of_its_rope_parameters(tmp_pa
     folder = shutil.copytree(base, tmp_path / "extended")
     (folder / "config.json").write_text(json.dumps(extended.to_hf()))
     lengths = [70, 30, 60]  # positions past the original 64, where the temperature rises
-    row = packed(lengths, TINY["vocab_size"])
-    want, _, _ = documents_alone(folder, row, lengths)
-    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
-    with torch.no_grad():
-        got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
-    assert relative_error(got, want) < 1e-10
+    assert packed_logits_error(folder, lengths) < 1e-10
 
 
 def test_mixtral_takes_yarn() -> None:
@@ -470,12 +476,7 @@ def test_models_the_ring_trains_are_not_refused() -> None:
 def test_logit_scaling_is_applied_as_the_causal_lm_applies_it(model_type: str, tmp_path: Path) -> None:
     extra = {"logits_scaling": 4.0} if model_type == "granite" else {"logit_scale": 0.5}
     folder = save_random(tmp_path / model_type, model_type, **extra)
-    row = packed(DOCS, TINY["vocab_size"])
-    want, _, _ = documents_alone(folder, row, DOCS)
-    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
-    with torch.no_grad():
-        got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
-    assert relative_error(got, want) < 1e-10
+    assert packed_logits_error(folder, DOCS) < 1e-10
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "granite", "diffllama"])
