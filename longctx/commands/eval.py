@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)
     for label in result["added_as_baseline"]:
-        print(f"\n{label} was evaluated too: it is eval.baseline (the bar and the short-context ratio)")
+        print(f"\n{label} was evaluated too: it is eval.baseline (the short-context ratio)")
     print("\nloss by position (mean next-token loss per bucket)")
     print(result["loss_table"])
     if result["needle_accuracy"] is not None:

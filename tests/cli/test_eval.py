@@ -8,6 +8,7 @@ README's, run as written except for the config.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shlex
 from pathlib import Path
@@ -63,11 +64,9 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
             "coverage": {"required_position": 200},
             "checkpoint": {"every": 3, "keep": 1},
         },
-        # the README's eval section, on this run's short windows and few steps; the effective length's
-        # bar at 256 tokens (context.original, 128, leaves no room for a needle)
+        # the README's eval section, on this run's short windows and few steps
         "eval": {
             **readme_eval,
-            "effective": {"baseline_length": 256},
             "rows": 4,
             "needle": {
                 **readme_eval["needle"],
@@ -126,9 +125,27 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
 
     assert mean(by_model["trained"]) < mean(by_model["base"])
 
-    # several samples per cell, the same needles for every model
+    # eval.needle.samples (6) items per (kind, length), the same needles for every model
     results = needles["models"]["trained"]["results"]
-    assert len(results) == 2 * 2 * 3 == needles["models"]["trained"]["examples"]
+    assert len(results) == 2 * 6 == needles["models"]["trained"]["examples"]
+    for n in (256, 384):  # spread evenly over the depths, item i at depths[i % 2]
+        items = [r for r in results if r["context_tokens"] == n]
+        assert [r["item"] for r in items] == list(range(6))
+        assert [r["depth"] for r in items] == [0.0, 1.0] * 3
+    # every item says what was asked; its prompt is in needle_prompts.jsonl.gz, once for every model
+    with gzip.open(folder / "needle_prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+        prompts = [json.loads(line) for line in f]
+    assert [p["id"] for p in prompts] == list(range(12))
+    for r in results:
+        prompt = prompts[r["prompt"]]
+        assert (prompt["context_tokens"], prompt["depth"], prompt["seed"]) == (
+            r["context_tokens"],
+            r["depth"],
+            r["seed"],
+        )
+        assert r["question"] and r["question"] in prompt["prompt"]
+        assert r["needles"] and all(needle in prompt["prompt"] for needle in r["needles"])
+        assert r["answer"] in " ".join(r["needles"])
     assert [r["answer"] for r in results] == [r["answer"] for r in needles["models"]["base"]["results"]]
     for label in ("base", "trained"):
         scored = needles["models"][label]["results"]
@@ -150,13 +167,10 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert main(["eval", "--config", str(config), "--model", "trained"]) == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     second = json.loads((root / "eval" / "002" / "summary.json").read_text())
-    # base, the effective length's bar (eval.baseline), is evaluated although --model left it out
-    assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [
-        ("trained", False),
-        ("base", True),
-    ]
+    # each model is held to its own short score: without the short-context guard no baseline is added
+    assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [("trained", False)]
     assert second["needle_accuracy"] == [
-        {"label": label, "accuracy": needles["models"][label]["accuracy"]} for label in ("trained", "base")
+        {"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}
     ]
 
 
@@ -346,8 +360,8 @@ def test_a_needle_length_too_short_for_its_task_names_eval_needle_lengths(
     trained_run, tmp_path: Path, capsys
 ) -> None:
     """A length of the grid that cannot hold the task's instruction, question and needle is named
-    as an entry of ``eval.needle.lengths`` (not the pipeline's ``context_tokens``), and the effective
-    length's bar is blamed only when the bar's own length is the one too short."""
+    as an entry of ``eval.needle.lengths`` (not the pipeline's ``context_tokens``); the removed
+    ``eval.effective.baseline_length`` is refused naming the key and where the reference is now."""
     root, config, _ = trained_run
     before = evaluations(root)
     short = changed_config(
@@ -360,14 +374,15 @@ def test_a_needle_length_too_short_for_its_task_names_eval_needle_lengths(
     ), err
     assert "context_tokens" not in err and "eval.effective" not in err and "\n" not in err
     bar = changed_config(
-        config, tmp_path / "bar.yaml", lambda s: s["eval"]["effective"].update(baseline_length=16)
+        config, tmp_path / "bar.yaml", lambda s: s["eval"].update(effective={"baseline_length": 16})
     )
     assert main(["eval", "--config", str(bar), "--model", "trained"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(
-        "longctx eval: eval.effective.baseline_length: a length of 16 tokens leaves no room"
+    assert err.splitlines()[1] == (
+        "  eval.effective: baseline_length was removed: each model's threshold comes from its own score "
+        "at the shortest length of eval.needle.lengths (drop the key; list that length there)"
     ), err
-    assert "context_tokens" not in err and "\n" not in err
+    assert "Traceback" not in err
     assert evaluations(root) == before
 
 

@@ -12,7 +12,7 @@ import torch
 
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.synthetic.checkers import score_generation
-from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS
 from longctx.pipeline.synthetic.tasks import build_example, derive_seed
 from longctx.trainer.evaluation.effective import score_by_length
 from longctx.trainer.evaluation.measures import (
@@ -40,12 +40,18 @@ def setup(tmp_path_factory):
 
 def test_grid_examples_are_the_task_builders(setup) -> None:
     haystack, tokenizer, _ = setup
-    examples = needle_examples(haystack, tokenizer, [900], [0.0, 1.0], KINDS, seed=5, samples=2)
-    assert len(examples) == len(KINDS) * 2 * 2
-    for item in examples:  # the same example curation would build from that seed
-        d, sample_seed = item.example.depth, derive_seed(5, "sample", item.sample)
-        parts = (sample_seed, item.task, 900) + ((d,) if item.task in LIST_KINDS else ())
-        assert item.example == build_example(haystack, tokenizer, 900, d, derive_seed(*parts), item.task)
+    examples = needle_examples(haystack, tokenizer, [900], [0.0, 1.0], KINDS, seed=5, samples=3)
+    assert len(examples) == len(KINDS) * 3  # 3 items per (kind, length), over the 2 depths
+    assert [e.id for e in examples] == list(range(len(examples)))
+    for kind in KINDS:
+        items = [e for e in examples if e.task == kind]
+        assert [e.item for e in items] == [0, 1, 2]
+        assert [e.example.depth for e in items] == [0.0, 1.0, 0.0]  # item i at depths[i % 2]
+    for item in examples:  # the same example curation would build from the item's own seed
+        d, seed = item.example.depth, derive_seed(5, item.task, 900, "item", item.item)
+        assert item.example == build_example(haystack, tokenizer, 900, d, seed, item.task)
+    # every item draws its own haystack, keys and values
+    assert len({e.example.prompt for e in examples}) == len(examples)
 
 
 def test_generation_budget_fits_list_answers(setup) -> None:
@@ -75,7 +81,15 @@ def test_scores_come_from_each_kinds_checker(setup) -> None:
         assert 0.0 <= r.score <= 1.0 and r.correct == (r.score == 1.0)
         assert r.answer == item.example.answer
     json.dumps([r.__dict__ for r in results])
+    assert all(
+        r.question == item.example.question and r.seed == item.example.seed
+        for item, r in zip(examples, results)
+    )
     # the accuracy keeps its meaning (fully correct answers); the length score averages the partial ones
     assert needle_accuracy(results)["accuracy"] == sum(r.correct for r in results) / len(results)
     by_length = score_by_length(results)
-    assert set(by_length) == {500, 600} and all(0.0 <= s <= 1.0 for s in by_length.values())
+    assert set(by_length) == {500, 600}
+    for n, score in by_length.items():  # the partial scores summed, over every kind's one item
+        assert score.count == len(kinds) and score.total == sum(
+            r.score for r in results if r.context_tokens == n
+        )

@@ -4,11 +4,13 @@ per metric (a line or a panel per model) into a new folder ``<output>/eval/<NNN>
 never replaces an earlier one.
 
 From the needle results it reports each model's effective context length
-(``longctx.trainer.evaluation.effective``: the needle grid gains the length where the bar is measured) and its
-score per task and length; from the short windows, the short-context guard
-(``longctx.trainer.evaluation.short_context``: loss on windows of documents no training row holds, as a ratio
-to the baseline model's). The ``eval.baseline`` model is evaluated whenever one of them needs it,
-even when ``eval.models`` (or ``--model``) leaves it out.
+(``longctx.trainer.evaluation.effective``: each model held to a threshold from its own score at the
+shortest length, or an absolute one) and its score per task and length, each with its count and
+95% interval; every item's question, answer and generation go to ``needle.json`` and the prompts,
+once for every model, to ``needle_prompts.jsonl.gz``. From the short windows, the short-context
+guard (``longctx.trainer.evaluation.short_context``: loss on windows of documents no training row
+holds, as a ratio to the baseline model's). The ``eval.baseline`` model is evaluated whenever the
+guard needs it, even when ``eval.models`` (or ``--model``) leaves it out.
 """
 
 from __future__ import annotations
@@ -38,13 +40,7 @@ from longctx.trainer.config import (
     check_base_model,
     missing_local_shards,
 )
-from longctx.trainer.evaluation.effective import (
-    bar_length,
-    bar_source,
-    effective_lengths,
-    grid_lengths,
-    task_scores,
-)
+from longctx.trainer.evaluation.effective import effective_lengths, task_scores
 from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.stage_plan import final_model, training_shards
 
@@ -233,10 +229,9 @@ def run_eval(
     layout = RunLayout(output)
     check_output_folders(eval, layout, train)
     specs = resolve_models(eval.models, layout, train)
-    bar = bar_length(eval.effective, context.original) if eval.needle is not None else None
     listed = [s.label for s in specs]
     baseline = eval.baseline
-    if bar is not None or eval.short_context is not None:  # the bar or the ratio needs the baseline
+    if eval.short_context is not None:  # the ratio needs the baseline
         specs, baseline = with_baseline(specs, eval.baseline, layout, train)
     tokenizer_path = layout.tokenizer_file(tokenizer)
     documents = layout.documents if documents is None else documents
@@ -244,11 +239,7 @@ def run_eval(
     check_vocabularies(specs, train, windows)
     needles = None  # the same needles for every model, built before any model is loaded
     if eval.needle is not None:
-        grid = eval.needle.model_copy(update={"lengths": grid_lengths(eval.needle.lengths, bar)})
-        sources = (
-            {bar: bar_source(eval.effective)} if bar is not None and bar not in eval.needle.lengths else {}
-        )
-        needles = build_needles(grid, tokenizer_path, documents, sources)
+        needles = build_needles(eval.needle, tokenizer_path, documents)
     info = windows.dataset.shards.manifest.header.tokenizer
     guard = choose_short_windows(eval, context, layout, train, documents, tokenizer_path, info)
     started = time.monotonic()
@@ -420,6 +411,14 @@ def choose_short_windows(
     return Guard(found)
 
 
+def items_per_kind(needle: NeedleEvalConfig) -> int:
+    """Items per (task kind, length): ``eval.needle.samples``, or by default enough for every length
+    to pool :data:`~longctx.trainer.evaluation.interval.ENOUGH_ITEMS` (93) over the kinds."""
+    from longctx.trainer.evaluation.interval import ENOUGH_ITEMS
+
+    return needle.samples or -(-ENOUGH_ITEMS // len(needle.kinds))
+
+
 def build_needles(
     needle: NeedleEvalConfig,
     tokenizer: Path | None,
@@ -438,7 +437,7 @@ def build_needles(
         raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
     try:
         examples = needle_examples(
-            haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
+            haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, items_per_kind(needle)
         )
     except NeedleLengthError as err:
         raise ConfigError(f"{(sources or {}).get(err.length, 'eval.needle.lengths')}: {err}") from None
@@ -555,6 +554,34 @@ class EvalProgress:
         self.bar.close()
 
 
+PROMPTS = "needle_prompts.jsonl.gz"
+"""The needle prompts of an evaluation, one JSON line per item, shared by every model's results."""
+
+
+def write_prompts(path: Path, examples: list[Any]) -> None:
+    """Every needle item's prompt as a gzip JSON-lines file (``{"id", "kind", "context_tokens",
+    "depth", "seed", "prompt"}``; ``needle.json``'s results name theirs by ``prompt``), written
+    atomically. The prompts go here rather than into ``needle.json`` because they are as long as
+    the context and the same for every model."""
+    import gzip
+
+    from longctx.core.atomic import atomic_path
+
+    with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
+        for item in examples:
+            e = item.example
+            row = {
+                "id": item.id,
+                "kind": item.task,
+                "item": item.item,
+                "context_tokens": e.context_tokens,
+                "depth": e.depth,
+                "seed": e.seed,
+                "prompt": e.prompt,
+            }
+            f.write(json.dumps(row) + "\n")
+
+
 def write_evaluation(
     layout: RunLayout,
     eval: EvalConfig,
@@ -581,15 +608,10 @@ def write_evaluation(
     accuracy = {label: needle_accuracy(results) for label, results in scores.needles.items()}
     effective = tasks = None
     if needles is not None:
-        effective = effective_lengths(
-            scores.needles,
-            threshold=eval.effective.threshold,
-            baseline=scores.baseline,
-            baseline_length=bar_length(eval.effective, original) or original,
-        )
+        effective = effective_lengths(scores.needles, eval.effective)
         tasks = {
             label: {
-                task: [{"context_tokens": n, "score": v} for n, v in by_length.items()]
+                task: [{"context_tokens": n, **v.as_json()} for n, v in by_length.items()]
                 for task, by_length in task_scores(results).items()
             }
             for label, results in scores.needles.items()
@@ -630,6 +652,7 @@ def write_evaluation(
                     ],
                 },
             )
+            write_prompts(tmp / PROMPTS, needles.examples)
             plot_needle_heatmap(scores.needles, tmp / "needle.png")
             assert effective is not None
             plot_score_by_length(effective, tmp / "score_by_length.png")
