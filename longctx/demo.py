@@ -278,9 +278,15 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
         ratios = ", ".join(
             f"{m['label']} {m['ratio']:.3f}" for m in short["models"] if m["ratio"] is not None
         )
+        released = ", ".join(
+            f"{m['label']} {m['ratio_to_released']:.3f}"
+            for m in short["models"]
+            if m.get("ratio_to_released") is not None
+        )
         lines.append(
             f"short-context loss ratio to {short['baseline']} ({short['windows']} held-out windows of "
             f"{short['length']} tokens, source {short['source']}): {ratios}"
+            + (f"; to the base as released (its own RoPE): {released}" if released else "")
         )
     lines.append("\nwhere things are:")
     for key, value in s["paths"].items():

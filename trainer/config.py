@@ -265,8 +265,14 @@ class GateConfig(StrictModel):
     max_short_loss_ratio: float | None = Field(
         default=None,
         gt=0,
-        description="the short-context loss (eval.short_context's held-out windows) over the eval.baseline "
-        "model's must stay at or below this",
+        description="the short-context loss (eval.short_context's held-out windows) over the reference "
+        "model's (short_loss_reference) must stay at or below this",
+    )
+    short_loss_reference: Literal["released", "baseline"] = Field(
+        default="released",
+        description="the model max_short_loss_ratio divides by: released, the base model as released (its "
+        "own RoPE, without train.model.rope_scaling and rope_theta); baseline, the eval.baseline model (the "
+        "base with the run's RoPE)",
     )
     require_effective_length: bool = Field(
         default=False,

@@ -100,6 +100,7 @@ def test_demo_runs_end_to_end_from_any_folder_and_reuses_finished_stages(tmp_pat
         "needle retrieval accuracy: base",
         "effective context length: base ",
         "short-context loss ratio to base (8 held-out windows of 512 tokens, source code): base 1.000, ",
+        "; to the base as released (its own RoPE): base ",
         "where things are",
     ):
         assert expected in out, expected

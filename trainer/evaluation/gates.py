@@ -7,8 +7,10 @@ After a stage's last step, its gate (``train.stages[k].gate``) measures the stag
   and items; the mean item score, ``longctx.trainer.evaluation.effective``), a point estimate at
   least ``min_needle_score`` (its detail gives its count and 95% interval);
 - ``short_loss_ratio``: the loss on held-out short windows (``eval.short_context``, documents no
-  training row of the run holds, ``longctx.trainer.evaluation.short_context``) over the ``eval.baseline``
-  model's, at most ``max_short_loss_ratio``;
+  training row of the run holds, ``longctx.trainer.evaluation.short_context``) over the reference
+  model's, at most ``max_short_loss_ratio``: by default (``short_loss_reference: released``) the
+  base model as released, with its own RoPE, since what extension must not cost is what the model
+  could do before; or the ``eval.baseline`` model (the base with the run's RoPE);
 - ``effective_length``: with ``require_effective_length``, the effective context length
   (``eval.effective``'s definition, over the lengths of ``eval.needle.lengths`` up to the stage's and
   the stage's own) reaches the stage's length; an undetermined one fails, with its reason.
@@ -201,10 +203,11 @@ def recorded_gate(stage: Stage, settings: GateSettings) -> GateResult | None:
 class GateMemo:
     """What every gate of one run measures alike, kept between its stages' gates in one process so
     it is measured once: the guard's windows (the documents no training row holds, tokenized) and
-    the baseline model's loss on them."""
+    the reference models' losses on them (the baseline's, the released base's)."""
 
     guard: Any = None
     baseline_loss: float | None = None
+    released_loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -258,7 +261,8 @@ def evaluate_gate(
         stage_loss = _window_loss(model, guard, device, bf16)
     del model
     baseline = None
-    if guard is not None and memo.baseline_loss is None:
+    reference = gate.short_loss_reference
+    if guard is not None and reference == "baseline" and memo.baseline_loss is None:
         baseline = _baseline_model(section, where, header.tokenizer.vocab_size, device)
     checks, measured = [], {}
     if needles is not None:
@@ -282,9 +286,20 @@ def evaluate_gate(
         if gate.require_effective_length:
             checks.append(effective_check(stage.seq_len, section.effective, by_length, measured))
     if guard is not None:
-        if memo.baseline_loss is None:
-            memo.baseline_loss = _window_loss(baseline, guard, device, bf16)
-        base_loss = memo.baseline_loss
+        if reference == "released":
+            if memo.released_loss is None:
+                from longctx.trainer.evaluation.job import released_loss
+
+                vocab = header.tokenizer.vocab_size
+                found = released_loss(train, context, vocab, device, guard.windows, bf16)
+                memo.released_loss = found["mean_loss"]
+            base_loss = memo.released_loss
+            against = "the base model's as released (its own RoPE; gate.short_loss_reference: released)"
+        else:
+            if memo.baseline_loss is None:
+                memo.baseline_loss = _window_loss(baseline, guard, device, bf16)
+            base_loss = memo.baseline_loss
+            against = f"{section.baseline}'s (eval.baseline; gate.short_loss_reference: baseline)"
         ratio = (
             stage_loss / base_loss
             if stage_loss is not None and base_loss is not None and base_loss > 0
@@ -293,7 +308,8 @@ def evaluate_gate(
         measured["short_context"] = {
             **guard.as_json(),
             "loss": stage_loss,
-            "baseline_loss": base_loss,
+            "reference_loss": base_loss,
+            "reference": reference,
             "baseline": section.baseline,
         }
         checks.append(
@@ -303,7 +319,7 @@ def evaluate_gate(
                 gate.max_short_loss_ratio,
                 ratio is not None and ratio <= gate.max_short_loss_ratio,
                 f"loss on {len(guard.windows)} held-out {guard.length}-token windows of source "
-                f"{guard.source!r} over {section.baseline}'s",
+                f"{guard.source!r} over {against}",
             )
         )
     return GateResult(

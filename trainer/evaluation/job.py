@@ -136,6 +136,39 @@ def with_baseline(
     return [*specs, added], added.label
 
 
+def released_base(train: TrainConfig) -> TrainConfig:
+    """``train`` with its model as released: without the run's ``train.model.rope_scaling`` and
+    ``rope_theta`` overrides (the checkpoint's own RoPE; the tiny model's defaults). The short-context
+    guard compares with it, since the rescaled base is already a changed model."""
+    model = train.model.model_copy(update={"rope_scaling": None, "rope_theta": None})
+    return train.model_copy(update={"model": model})
+
+
+def released_loss(
+    train: TrainConfig,
+    context: ContextConfig,
+    vocab_size: int,
+    device: torch.device,
+    windows: Any,
+    bf16: bool,
+    known: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The released base's (:func:`released_base`) loss on the guard's ``windows``, as
+    ``short_context.window_loss`` gives it. ``known`` is the rescaled base's, reused when the run
+    overrides no RoPE setting (the two are then the same model)."""
+    from longctx.trainer.build import base_model
+    from longctx.trainer.evaluation.short_context import window_loss
+
+    same = train.model.rope_scaling is None and train.model.rope_theta is None
+    if same and known is not None:
+        return known
+    model = base_model(released_base(train), context, vocab_size, device)
+    try:
+        return window_loss(model, windows, device, bf16)
+    finally:
+        del model
+
+
 def load_model_spec(
     spec: ModelSpec, train: TrainConfig | None, context: ContextConfig, vocab_size: int, device: torch.device
 ) -> TrainedModel:
@@ -205,6 +238,8 @@ class Scores:
     short: dict[str, dict[str, Any]]
     baseline: str = "base"
     added: list[str] = field(default_factory=list)
+    released: dict[str, Any] | None = None
+    """The released base's loss on the guard's windows (:func:`released_base`), when measured."""
 
 
 def run_eval(
@@ -498,26 +533,46 @@ def score_models(
                     needles.eos,
                 )
             del model
+        released = None
+        if guard_windows is not None and train is not None:
+            progress.write("evaluating the base model as released (its own RoPE) on the short windows")
+            base = short.get("base") if any(s.label == "base" and s.path is None for s in specs) else None
+            released = released_loss(train, context, vocab_size, device, guard_windows, bf16, base)
     finally:
         progress.close()
     labels = {s.label: s.source for s in specs}
-    return Scores(labels, losses, answers, short)
+    return Scores(labels, losses, answers, short, released=released)
 
 
 def short_context_report(guard: Guard | None, scores: Scores) -> dict[str, Any] | None:
-    """The guard's part of the summary: where the windows come from and each model's loss and ratio
-    to the baseline's; ``{"skipped": why}`` when no window was held out; None when not measured."""
+    """The guard's part of the summary: where the windows come from and each model's loss, its
+    ``ratio`` to the baseline's and its ``ratio_to_released`` to the base model as released
+    (``released_base``: its loss, or None without a train section); ``{"skipped": why}`` when no
+    window was held out; None when not measured."""
     from longctx.trainer.evaluation.short_context import loss_ratios
 
     if guard is None:
         return None
     if guard.windows is None:
         return {"skipped": guard.skipped}
-    ratios = loss_ratios({label: r["mean_loss"] for label, r in scores.short.items()}, scores.baseline)
+    losses = {label: r["mean_loss"] for label, r in scores.short.items()}
+    ratios = loss_ratios(losses, scores.baseline)
+    released = scores.released["mean_loss"] if scores.released is not None else None
     return {
         **guard.windows.as_json(),
         "baseline": scores.baseline,
-        "models": [{"label": label, **r, "ratio": ratios[label]} for label, r in scores.short.items()],
+        "released_base": released,
+        "models": [
+            {
+                "label": label,
+                **r,
+                "ratio": ratios[label],
+                "ratio_to_released": r["mean_loss"] / released
+                if released and r["mean_loss"] is not None
+                else None,
+            }
+            for label, r in scores.short.items()
+        ],
     }
 
 

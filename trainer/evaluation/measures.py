@@ -451,16 +451,22 @@ def format_effective(
 
 def format_short_context(short: Mapping[str, Any]) -> str:
     """The short-context guard as a line per model under the loss table: its loss on the held-out
-    short windows and the ratio to the baseline's (or why it was skipped)."""
+    short windows, the ratio to the baseline's and, when measured, to the base model as released
+    (its own RoPE); or why it was skipped."""
     if "skipped" in short:
         return f"short-context guard skipped: {short['skipped']}"
     held = "held-out " if short["held_out"] else ""
+    released = short.get("released_base")
+    against = f"; the base as released (its own RoPE): loss {released:.4f}" if released is not None else ""
     lines = [
         f"short windows ({short['windows']} {held}windows of {short['length']} tokens from source "
-        f"{short['source']!r}; ratio to {short['baseline']}):"
+        f"{short['source']!r}; ratio to {short['baseline']}{against}):"
     ]
     for m in short["models"]:
         loss = f"{m['mean_loss']:.4f}" if m["mean_loss"] is not None else "-"
         ratio = f"{m['ratio']:.3f}" if m["ratio"] is not None else "-"
-        lines.append(f"  {m['label']}: loss {loss}, ratio {ratio}")
+        line = f"  {m['label']}: loss {loss}, ratio {ratio}"
+        if m.get("ratio_to_released") is not None:
+            line += f", ratio to the released base {m['ratio_to_released']:.3f}"
+        lines.append(line)
     return "\n".join(lines)
