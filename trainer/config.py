@@ -613,9 +613,15 @@ class EvalConfig(StrictModel):
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "
         "first; default the training shards",
     )
+    documents: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
+        default=None,
+        description="curated documents to hide the needles in and cut the short-context guard's windows "
+        "from: a documents folder (<run>/documents, one folder per source) or an fsspec URL of one, copied "
+        "into train.cache (default <output>/cache); default the run's own (or pack.input's)",
+    )
     storage_options: StorageOptions = Field(
-        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default "
-        "train.storage_options",
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards or eval.documents URL; "
+        "default train.storage_options",
     )
     rows: int = Field(
         default=8,
@@ -645,7 +651,7 @@ class EvalConfig(StrictModel):
         default=None, description="the short-context guard; null: not measured"
     )
 
-    @field_validator("shards", mode="before")
+    @field_validator("shards", "documents", mode="before")
     @classmethod
     def _path_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value

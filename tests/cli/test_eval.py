@@ -14,6 +14,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -405,3 +407,48 @@ def test_a_model_whose_vocabulary_the_shards_overflow_is_refused_before_any_work
     assert err.startswith(f"longctx eval: {small}: ") and len(err.strip().splitlines()) == 1, err
     assert "100" in err and "320" in err and "Traceback" not in err
     assert evaluations(root) == before
+
+
+def test_eval_documents_points_the_needles_elsewhere_local_or_s3(trained_run, s3, tmp_path: Path) -> None:
+    """``eval.documents`` hides the needles in another documents folder: a copy of the run's gives the
+    run's own prompts, one with other texts other prompts, and the copy published to ``s3://`` the
+    local copy's prompts (from a copy in the run's cache); a missing folder is one error naming the
+    key."""
+    import shutil
+
+    from longctx.core.remote import cache_folder, publish_folder
+
+    root, config, _ = trained_run
+    settings = yaml.safe_load(config.read_text())
+    needle = {"lengths": [SEQ_LEN], "depths": [0.5], "samples": 2, "max_new_tokens": 2}
+    settings["eval"] = {"models": ["trained"], "rows": 1, "allow_training_windows": True, "needle": needle}
+
+    def prompts(eval_section: dict) -> list[str]:
+        result = jobs.evaluate(parse_config(settings | {"eval": {**settings["eval"], **eval_section}}))
+        with gzip.open(Path(result["folder"]) / "needle_prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+            return [json.loads(line)["prompt"] for line in f]
+
+    own = prompts({})
+    copy = tmp_path / "documents"
+    shutil.copytree(root / "documents", copy)
+    assert prompts({"documents": str(copy)}) == own
+    other = tmp_path / "other"
+    shutil.copytree(root / "documents", other)
+    for f in sorted(other.rglob("*.parquet")):  # the same files, every text in reverse word order
+        table = pq.read_table(f)
+        texts = [" ".join(reversed(t.split())) for t in table.column("text").to_pylist()]
+        pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), f)
+    moved = prompts({"documents": str(other)})
+    assert len(moved) == len(own) and all(a != b for a, b in zip(moved, own))
+
+    url = f"s3://{s3.bucket()}/curated/documents"
+    publish_folder(copy, url, storage_options=s3.storage_options)
+    assert prompts({"documents": url, "storage_options": s3.storage_options}) == own
+    fetched = cache_folder(url, root / "cache")
+    assert sorted(p.relative_to(fetched) for p in fetched.rglob("*.parquet")) == sorted(
+        p.relative_to(copy) for p in copy.rglob("*.parquet")
+    )
+    with pytest.raises(ConfigError, match=r"eval\.documents: path does not exist"):
+        prompts({"documents": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match=r"^eval\.documents: no file under s3://"):
+        prompts({"documents": f"s3://{s3.bucket()}/nothing", "storage_options": s3.storage_options})

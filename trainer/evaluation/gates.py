@@ -71,7 +71,8 @@ class GateSettings:
     def recorded(self) -> dict[str, Any]:
         """The settings a recorded result must have been measured with to be reused."""
         return self.section.model_dump(
-            mode="json", include={"needle", "short_context", "baseline", "effective", "precision"}
+            mode="json",
+            include={"needle", "short_context", "baseline", "effective", "precision", "documents"},
         )
 
 
@@ -242,7 +243,9 @@ def evaluate_gate(
     gate, section, started = stage.gate, settings.section, time.monotonic()
     memo = memo if memo is not None else GateMemo()
     where = _Where(train, context, layout, layout.tokenizer_file(tokenizer))
-    documents = settings.documents or layout.documents
+    from longctx.trainer.evaluation.job import eval_documents
+
+    documents = eval_documents(section, layout, train) or settings.documents or layout.documents
     bf16 = use_bf16(section.precision, device)
     header = load_manifest(
         layout.training_shards(stage.config.shards, stage.seq_len), train.storage_options

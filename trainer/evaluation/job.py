@@ -68,6 +68,25 @@ def _haystack(documents: Path, limit_chars: int) -> list[str]:
     return texts
 
 
+def eval_documents(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> Path | None:
+    """The folder ``eval.documents`` names (None when it is not set): a local folder as it is, a URL
+    copied into the cache (``train.cache``, default ``<output>/cache``) with
+    :func:`longctx.core.remote.fetch_folder`. ``ConfigError`` naming the key when a URL holds no
+    file."""
+    from longctx.core.remote import cache_folder, fetch_folder
+
+    if eval.documents is None:
+        return None
+    if not is_remote(eval.documents):
+        return Path(eval.documents.removeprefix("file://"))
+    cache = (train.cache if train and train.cache else None) or layout.cache
+    storage = eval.storage_options or (train.storage_options if train else None)
+    folder = fetch_folder(eval.documents, cache_folder(eval.documents, cache), storage_options=storage)
+    if folder is None:
+        raise ConfigError(f"eval.documents: no file under {eval.documents}")
+    return folder
+
+
 def _location(shards: str | Path) -> str | Path:
     """A shard folder as a comparable value: a URL as it is, a local folder as a :class:`Path`."""
     return shards if is_remote(shards) else Path(shards)
@@ -269,7 +288,7 @@ def run_eval(
     if eval.short_context is not None:  # the ratio needs the baseline
         specs, baseline = with_baseline(specs, eval.baseline, layout, train)
     tokenizer_path = layout.tokenizer_file(tokenizer)
-    documents = layout.documents if documents is None else documents
+    documents = eval_documents(eval, layout, train) or documents or layout.documents
     windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
     check_vocabularies(specs, train, windows)
     needles = None  # the same needles for every model, built before any model is loaded
@@ -286,11 +305,12 @@ def run_eval(
 
 
 def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> None:
-    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or shard cache, when the windows
-    come from a URL) is a file, read-only or cannot be created: one line naming the path."""
+    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or cache, when the windows or
+    ``eval.documents`` come from a URL) is a file, read-only or cannot be created: one line naming
+    the path."""
     check_output_folder(layout.eval, key="output")
     shards = eval.shards or (train.shards if train else None)
-    if shards is not None and is_remote(shards):
+    if any(url is not None and is_remote(url) for url in (shards, eval.documents)):
         cache = train.cache if train and train.cache else None
         check_output_folder(cache or layout.cache, key="train.cache" if cache else "output")
 
