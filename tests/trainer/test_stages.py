@@ -321,6 +321,25 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     assert capsys.readouterr().err.strip() == err  # the recorded result, not measured again
     assert snapshot(root / "train" / "stages") == before
 
+    # against eval.baseline (the base with the run's YaRN) instead: measured again (the gate changed),
+    # over the loss `longctx eval` gives base on the same windows, and the detail says so
+    gate_on_baseline = {"max_short_loss_ratio": 0.001, "short_loss_reference": "baseline"}
+    config.write_text(yaml.safe_dump(staged(root, two_stages(steps=2, gate=gate_on_baseline))))
+    assert main(["train", "--config", str(config)]) == 2
+    assert "gate.short_loss_reference: baseline" in capsys.readouterr().err
+    again = json.loads((stage1 / "gate.json").read_text())
+    measured = again["measured"]["short_context"]
+    assert measured["reference"] == "baseline" and measured["loss"] == short["loss"]
+    evaluated = jobs.evaluate(
+        parse_config(
+            yaml.safe_load(config.read_text())
+            | {"eval": {**yaml.safe_load(config.read_text())["eval"], "models": ["base"], "needle": None}}
+        )
+    )
+    (base,) = evaluated["short_context"]["models"]
+    assert measured["reference_loss"] == pytest.approx(base["mean_loss"], rel=1e-9, abs=0)
+    assert measured["reference_loss"] != short["reference_loss"]  # not the released base's
+
 
 def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> None:
     """A failed ``require_effective_length``: with the threshold a fraction of the short score the
