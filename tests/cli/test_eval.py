@@ -169,6 +169,9 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert main(["eval", "--config", str(config), "--model", "trained"]) == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     second = json.loads((root / "eval" / "002" / "summary.json").read_text())
+    # the same needles give the same prompts file, byte for byte (no time stamp in it)
+    prompts = "needle_prompts.jsonl.gz"
+    assert (root / "eval" / "002" / prompts).read_bytes() == (folder / prompts).read_bytes()
     # each model is held to its own short score: without the short-context guard no baseline is added
     assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [("trained", False)]
     assert second["needle_accuracy"] == [

@@ -374,7 +374,7 @@ def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> N
 def test_the_effective_length_gate_scores_the_grid_up_to_the_stage_and_follows_the_definition() -> None:
     """``require_effective_length`` scores ``eval.needle.lengths`` below the stage's length and the
     stage's own; a dip below the stage's length fails it, and a weak short score is undetermined."""
-    from longctx.trainer.evaluation.gates import effective_check, gate_lengths
+    from longctx.trainer.evaluation.gates import effective_check, gate_lengths, needle_check
 
     assert gate_lengths([256, 512, 1024, 4096], 2048, True) == [256, 512, 1024, 2048]
     assert gate_lengths([256, 512], 512, True) == [256, 512]
@@ -393,6 +393,14 @@ def test_the_effective_length_gate_scores_the_grid_up_to_the_stage_and_follows_t
     assert (held.value, held.passed) == (1024, True)
     weak = effective_check(1024, config, {256: Score(1, 100), 1024: Score(100, 100)}, {})
     assert weak.value is None and not weak.passed and weak.detail.startswith("undetermined: the score at")
+    # min_needle_score stays a point estimate; its detail gives the count and the interval
+    # (4 of 6: Wilson's (4 + z^2/2 -+ z sqrt(4 * 2 / 6 + z^2 / 4)) / (6 + z^2) = 0.30, 0.90)
+    check = needle_check(1024, ["single_needle"], Score(4, 6), 0.6)
+    assert check.passed and check.value == pytest.approx(4 / 6)
+    assert check.detail == (
+        "mean score of single_needle at 1024 tokens: 0.67 [0.30, 0.90] n=6, too few items for +/-0.1 "
+        "(95% Wilson interval)"
+    )
 
 
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(

@@ -270,22 +270,12 @@ def evaluate_gate(
     checks, measured = [], {}
     if needles is not None:
         from longctx.trainer.evaluation.effective import score_by_length
-        from longctx.trainer.evaluation.interval import describe
 
         by_length = score_by_length(stage_needles)
         measured["score_by_length"] = [{"context_tokens": n, **s.as_json()} for n, s in by_length.items()]
         if gate.min_needle_score is not None:
-            score = by_length[stage.seq_len]
-            checks.append(
-                Check(
-                    "needle_score",
-                    score.mean,
-                    gate.min_needle_score,
-                    score.mean >= gate.min_needle_score,
-                    f"mean score of {', '.join(needles.config.kinds)} at {stage.seq_len} tokens: "
-                    f"{describe(score.as_json())} (95% Wilson interval)",
-                )
-            )
+            kinds = needles.config.kinds
+            checks.append(needle_check(stage.seq_len, kinds, by_length[stage.seq_len], gate.min_needle_score))
         if gate.require_effective_length:
             checks.append(effective_check(stage.seq_len, section.effective, by_length, measured))
     if guard is not None:
@@ -395,6 +385,21 @@ def _baseline_model(section: EvalConfig, where: _Where, vocab_size: int, device:
 
     (spec,), _ = with_baseline([], section.baseline, where.layout, where.train)
     return load_model_spec(spec, where.train, where.context, vocab_size, device)
+
+
+def needle_check(seq_len: int, kinds: list[str], score: Any, limit: float) -> Check:
+    """Whether the needle ``score`` (an :class:`~longctx.trainer.evaluation.interval.Score`) at the
+    stage's length reaches ``limit``: a point estimate, its count and 95% interval in the detail."""
+    from longctx.trainer.evaluation.interval import describe
+
+    return Check(
+        "needle_score",
+        score.mean,
+        limit,
+        score.mean >= limit,
+        f"mean score of {', '.join(kinds)} at {seq_len} tokens: {describe(score.as_json())} "
+        "(95% Wilson interval)",
+    )
 
 
 def effective_check(

@@ -639,10 +639,12 @@ def write_prompts(path: Path, examples: list[Any]) -> None:
     atomically. The prompts go here rather than into ``needle.json`` because they are as long as
     the context and the same for every model."""
     import gzip
+    import io
 
     from longctx.core.atomic import atomic_path
 
-    with atomic_path(path) as tmp, gzip.open(tmp, "wt", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, gzip.GzipFile(tmp, "wb", mtime=0) as raw:  # mtime 0: same bytes again
+        f = io.TextIOWrapper(raw, encoding="utf-8")
         for item in examples:
             e = item.example
             row = {
@@ -655,6 +657,7 @@ def write_prompts(path: Path, examples: list[Any]) -> None:
                 "prompt": e.prompt,
             }
             f.write(json.dumps(row) + "\n")
+        f.flush()
 
 
 def write_evaluation(
