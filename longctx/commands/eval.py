@@ -61,10 +61,11 @@ def run(args: argparse.Namespace) -> int:
     print("\nloss by position (mean next-token loss per bucket)")
     print(result["loss_table"])
     if result["needle_accuracy"] is not None:
-        print("\nneedle retrieval accuracy (all cells; by context length)")
+        print("\nneedle retrieval accuracy (all items; per context length, with its item count)")
         for label, accuracy in result["needle_accuracy"].items():
             by_length = ", ".join(
-                f"{c['context_tokens']}: {c['accuracy']:.0%}" for c in result["needle_by_length"][label]
+                f"{c['context_tokens']}: {c['accuracy']:.0%} of {c['count']}"
+                for c in result["needle_by_length"][label]
             )
             print(f"  {label}: {accuracy:.1%}  ({by_length})")
     if result["effective_length"] is not None:

@@ -156,6 +156,7 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
             {
                 "context_tokens": n,
                 "accuracy": sum(r["correct"] for r in scored if r["context_tokens"] == n) / 6,
+                "count": 6,
             }
             for n in (256, 384)
         ]

@@ -239,13 +239,15 @@ def needle_grid(
 
 
 def needle_accuracy(results: Sequence[NeedleResult]) -> dict[str, Any]:
-    """Overall accuracy and accuracy per context length (over depths, kinds and samples)."""
+    """Overall accuracy and accuracy per context length (over depths, kinds and items), each length
+    with its item ``count``."""
     lengths = sorted({r.context_tokens for r in results})
     by_length = {n: [r.correct for r in results if r.context_tokens == n] for n in lengths}
     return {
         "accuracy": sum(r.correct for r in results) / len(results) if results else None,
         "by_length": [
-            {"context_tokens": n, "accuracy": sum(cell) / len(cell)} for n, cell in by_length.items()
+            {"context_tokens": n, "accuracy": sum(cell) / len(cell), "count": len(cell)}
+            for n, cell in by_length.items()
         ],
         "examples": len(results),
     }
@@ -363,13 +365,25 @@ def threshold_text(verdict: Mapping[str, Any]) -> str:
     return f"{verdict['threshold']:.3f} = {verdict['fraction']:g} x {at}"
 
 
+def counts_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The item counts of a model's scores by length, for its legend entry: ``; n=93``,
+    ``; n=6-12, too few items for +/-0.1`` (when a score lacks enough items), '' without scores."""
+    from longctx.trainer.evaluation.interval import HALF_WIDTH
+
+    if not rows:
+        return ""
+    low, high = min(r["count"] for r in rows), max(r["count"] for r in rows)
+    few = "" if all(r["enough"] for r in rows) else f", too few items for +/-{HALF_WIDTH:g}"
+    return f"; n={low}{'' if low == high else f'-{high}'}{few}"
+
+
 def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
     """Each model's needle score against context length (log2 x axis, one line per model, each with
     its own marker and line style and shifted a little sideways so that equal scores hide none), its
     95% interval as error bars, its threshold as a dashed line of its colour and its effective
     length as a star (``effective``: what
     ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
-    fig = new_figure(figsize=(8, 4.5))
+    fig = new_figure(figsize=(12, 4.5))
     ax = fig.subplots()
     models = list(effective["models"].items())
     for index, (label, verdict) in enumerate(models):
@@ -381,6 +395,7 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
         marker, linestyle = _LINE_STYLES[index % len(_LINE_STYLES)]
         length = verdict["effective_length"]
         found = "undetermined" if verdict["status"] == "undetermined" else f"effective {length or 'none'}"
+        found += counts_text(rows)
         line = ax.errorbar(
             xs,
             ys,
@@ -405,8 +420,11 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
         if length is not None:
             score = next(r["score"] for r in rows if r["context_tokens"] == length)
             ax.plot([length * shift], [score], marker="*", markersize=16, color=color, linestyle="none")
-            ax.annotate(
-                f"{label}: {length}", (length * shift, score), textcoords="offset points", xytext=(6, 6)
+            ax.annotate(  # below the point, a line per model: the labels never overlap
+                f"{label}: {length}",
+                (length * shift, score),
+                textcoords="offset points",
+                xytext=(6, -14 - 12 * index),
             )
     ax.set_xscale("log", base=2)
     lengths = sorted({s["context_tokens"] for v in effective["models"].values() for s in v["scores"]})
@@ -415,7 +433,7 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
     ax.set_xlabel("context tokens")
     ax.set_ylabel("score (95% Wilson interval)")
     ax.set_title("effective context length: every length up to it clears the threshold (lower end)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: hides no point
     fig.tight_layout()
     write_figure(path, fig)
 
