@@ -91,12 +91,12 @@ def state_bytes(model: TrainedModel, optimizer: torch.optim.Optimizer) -> dict[s
 
 
 def check_vocabulary(config: AnyModelConfig, vocab_size: int, folder: str | Path) -> None:
-    """Refuse shards whose token ids may not fit the model's embedding."""
-    if vocab_size > config.vocab_size:
+    """Refuse shards whose token ids may not fit an embedding of the model (``input_embedding``)."""
+    rows, embedding = config.input_embedding
+    if vocab_size > rows:
         raise ConfigError(
-            f"the shards in {folder} use a vocabulary of {vocab_size} tokens but the model's embedding has "
-            f"{config.vocab_size} rows: pack with the model's tokenizer (or a "
-            "model whose vocab_size covers it)"
+            f"the shards in {folder} use a vocabulary of {vocab_size} tokens but the model's {embedding} "
+            f"has {rows} rows: pack with the model's tokenizer (or a model whose vocabulary covers it)"
         )
 
 

@@ -140,13 +140,15 @@ def check(model_type: str, folder: Path, **overrides: Any) -> Row:
 
 
 def full_path_overrides(model_type: str) -> dict[str, Any]:
-    """The tiny model of the full path: the shards' vocabulary, and windows (sliding, local, chunked)
+    """The tiny model of the full path: the shards' vocabulary (per-layer input embeddings' too), and
+    windows (sliding, local, chunked)
     that no 512-token training window outgrows, since a shorter one is refused."""
     settings = families.tiny_config(model_type).to_dict()
     windows = {
         k: 4 * max(STAGED_LENGTHS) for k in ("sliding_window", "attention_window_size") if settings.get(k)
     }
-    return {"vocab_size": SHARDS_VOCAB, **windows}
+    vocabularies = {k: SHARDS_VOCAB for k in ("vocab_size", "vocab_size_per_layer_input") if k in settings}
+    return {"vocab_size": SHARDS_VOCAB, **vocabularies, **windows}
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}

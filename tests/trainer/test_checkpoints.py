@@ -196,6 +196,29 @@ def test_shards_with_a_larger_vocabulary_than_the_model_are_refused(packed: Path
     assert not (tmp_path / "out").exists()
 
 
+def test_shards_overflowing_a_per_layer_input_embedding_are_refused(packed: Path, tmp_path: Path) -> None:
+    """Gemma 4's per-layer input embedding is indexed by every token id too: a smaller
+    ``vocab_size_per_layer_input`` is refused like a smaller embedding (an IndexError on every rank
+    before)."""
+    from tests.trainer.families import save_tiny
+
+    gemma4 = save_tiny(
+        tmp_path / "gemma4",
+        "gemma4_text",
+        vocab_size=320,
+        vocab_size_per_layer_input=128,
+        sliding_window=1024,
+    )
+    with pytest.raises(ConfigError) as refused:
+        run(config(packed, tmp_path / "out", model={"hf_path": str(gemma4)}))
+    assert str(refused.value) == (
+        f"the shards in {packed / 'shards' / 'seq256'} use a vocabulary of 320 tokens but the model's "
+        "per-layer input embedding (vocab_size_per_layer_input) has 128 rows: pack with the model's "
+        "tokenizer (or a model whose vocabulary covers it)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_model_beyond_this_machines_memory_is_refused_on_the_cpu(packed: Path, tmp_path: Path) -> None:
     """No GPU: the estimate is checked against the machine's physical memory (here some 8 TB of states)."""
     huge = {

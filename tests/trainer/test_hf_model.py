@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from longctx.trainer.config import KernelsConfig
 from longctx.trainer.evaluation.generate import greedy_generate
 from longctx.trainer.models import interface
 from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
+from longctx.trainer.models.files import config_json
 from longctx.trainer.models.hf import HFCausalLM, HFModelConfig
 from longctx.trainer.models.interface import load_folder
 from longctx.trainer.models.kernels import KernelChoice
@@ -410,6 +412,35 @@ def test_a_runs_pretraining_length_wins_over_phi3s_top_level_one() -> None:
     want, want_scale = inverse_frequencies(RopeConfig.from_hf(declared, 8), seq_len=1024)
     torch.testing.assert_close(inv_freq.double(), want, rtol=1e-6, atol=0)  # the long factors
     assert scale == pytest.approx(want_scale)
+
+
+def test_a_rope_override_keeps_the_models_own_keys_of_its_rope_parameters(tmp_path: Path) -> None:
+    """Ministral 3 reads ``llama_4_scaling_beta`` from its RoPE parameters (a query temperature that
+    grows with the position past the original length): a run's YaRN replaces the frequencies and keeps
+    it (it was dropped, and every rank failed multiplying None by a tensor). The packed row's logits
+    equal transformers' own model's, each document alone, under the extended declaration."""
+    base = save_random(tmp_path / "base", "ministral3")
+    config = interface.from_hf(config_json(base), "transformers")
+    beta = config.transformers_config.rope_parameters["llama_4_scaling_beta"]
+    extended = config.with_rope(
+        rope_scaling={"rope_type": "yarn", "factor": 4.0}, max_position_embeddings=256
+    )
+    params = extended.to_hf()["rope_parameters"]
+    assert beta > 0 and params["llama_4_scaling_beta"] == beta
+    assert (params["rope_type"], params["factor"], params["original_max_position_embeddings"]) == (
+        "yarn",
+        4.0,
+        64,
+    )
+    folder = shutil.copytree(base, tmp_path / "extended")
+    (folder / "config.json").write_text(json.dumps(extended.to_hf()))
+    lengths = [70, 30, 60]  # positions past the original 64, where the temperature rises
+    row = packed(lengths, TINY["vocab_size"])
+    want, _, _ = documents_alone(folder, row, lengths)
+    model = load_folder(folder, implementation="transformers", dtype=torch.float64)
+    with torch.no_grad():
+        got = model.logits(model(**{k: v for k, v in row.items() if k != "labels"}))
+    assert relative_error(got, want) < 1e-10
 
 
 def test_mixtral_takes_yarn() -> None:

@@ -381,10 +381,10 @@ def check_vocabularies(specs: list[ModelSpec], train: TrainConfig | None, window
         folders.append(train.model.hf_path)
     implementation = train.model.implementation if train is not None else "auto"
     for folder in folders:
-        rows = interface.from_hf(config_json(folder), implementation).vocab_size
+        rows, embedding = interface.from_hf(config_json(folder), implementation).input_embedding
         if rows < vocab_size:
             raise ConfigError(
-                f"{folder}: the model's embedding has {rows} rows, fewer than the {vocab_size} tokens of "
+                f"{folder}: the model's {embedding} has {rows} rows, fewer than the {vocab_size} tokens of "
                 f"the vocabulary of the shards it would be scored on ({windows.shards}); evaluate it on "
                 "shards packed with its tokenizer (eval.shards) or in a run that uses it"
             )

@@ -97,6 +97,11 @@ class ModelConfig:
             raise ValueError(f"rope.head_dim {self.rope.head_dim} differs from head_dim {self.head_dim}")
 
     @property
+    def input_embedding(self) -> tuple[int, str]:
+        """The rows of the embedding token ids index, and its name (one embedding here)."""
+        return self.vocab_size, "embedding"
+
+    @property
     def shape(self) -> ModelShape:
         """The dimensions the FLOP model (``longctx.trainer.planning.flops``) reads."""
         return ModelShape(

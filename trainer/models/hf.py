@@ -191,6 +191,16 @@ class HFModelConfig:
         return int(self.transformers_config.vocab_size)
 
     @property
+    def input_embedding(self) -> tuple[int, str]:
+        """The fewest rows of an embedding that token ids index, and what that embedding is: the
+        token embedding (``vocab_size``), or the per-layer input embedding of Gemma 3n and Gemma 4
+        when its ``vocab_size_per_layer_input`` is smaller (every token id indexes it too)."""
+        per_layer = getattr(self.transformers_config, "vocab_size_per_layer_input", None)
+        if per_layer is not None and int(per_layer) < self.vocab_size:
+            return int(per_layer), "per-layer input embedding (vocab_size_per_layer_input)"
+        return self.vocab_size, "embedding"
+
+    @property
     def tie_word_embeddings(self) -> bool:
         return bool(getattr(self.transformers_config, "tie_word_embeddings", False))
 

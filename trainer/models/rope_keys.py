@@ -118,6 +118,14 @@ LENGTH_DEPENDENT_TYPES = ("dynamic", "longrope")
 
 _LEGACY_KEYS = ("rope_scaling", "rope_theta")
 
+FREQUENCY_KEYS = frozenset(
+    {*_COMMON_KEYS, "partial_rotary_factor", "max_position_embeddings"}.union(*_TYPE_KEYS.values())
+)
+"""Keys of a RoPE declaration that set its frequencies (or the length they are set for): what a run's
+``rope_scaling`` replaces. Any other key in a checkpoint's ``rope_parameters`` is the model's own,
+read by its attention rather than by the RoPE (Ministral 3's ``llama_4_scaling_beta``, the position
+temperature; multimodal models' ``mrope_section``), and is kept."""
+
 
 def ntk_base(theta: float, factor: float, dim: int) -> float:
     """The NTK-aware base for ``dim`` rotated channels: ``theta * factor ** (dim / (dim - 2))``.
@@ -163,7 +171,8 @@ def with_run_rope(
     * A scaling with a pretraining length (:data:`ORIGINAL_LENGTH_TYPES`) that does not give
       ``original_max_position_embeddings`` gets the checkpoint's: its top-level
       ``original_max_position_embeddings`` (Phi-3) or else its ``max_position_embeddings``; the
-      checkpoint's ``partial_rotary_factor`` is kept.
+      checkpoint's ``partial_rotary_factor`` and its keys that are not RoPE parameters
+      (:data:`FREQUENCY_KEYS`) are kept.
     * A top-level ``original_max_position_embeddings`` (Phi-3), which transformers prefers to the one in
       the RoPE parameters, is set to the value the run uses, so that the run's value is the one used.
     * ``ntk`` (not a transformers type) becomes default RoPE with the NTK base (:func:`ntk_base` over
@@ -196,6 +205,9 @@ def with_run_rope(
             }
             if current.get("partial_rotary_factor") is not None:
                 params.setdefault("partial_rotary_factor", current["partial_rotary_factor"])
+            for key, value in current.items():  # the model's own keys (FREQUENCY_KEYS)
+                if key not in FREQUENCY_KEYS:
+                    params.setdefault(key, value)
             pretrained = hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings")
             if rope_type in ORIGINAL_LENGTH_TYPES and pretrained is not None:
                 params.setdefault("original_max_position_embeddings", pretrained)
