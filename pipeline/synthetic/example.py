@@ -1,10 +1,11 @@
 """What a synthetic task is made of: haystack documents, sizes, needles and the finished
-:class:`Example`, shared by the needle builders (``tasks``) and the word-list builders (``words``)."""
+:class:`Example`, shared by the needle builders (``tasks``) and the builders without haystack text
+(``words``, ``jsonkv``)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from longctx.pipeline.synthetic.kinds import TaskKind
@@ -112,3 +113,30 @@ def as_haystack(items: Sequence[str | HaystackDoc]) -> list[HaystackDoc]:
         item if isinstance(item, HaystackDoc) else HaystackDoc(str(i), item) for i, item in enumerate(items)
     ]
     return [doc for doc in docs if doc.text]
+
+
+def largest_fitting(size: Callable[[int], int], budget: int, fixed: int) -> int:
+    """The largest ``n >= 1`` whose ``size(n)`` (the tokens of a prompt of ``n`` items) is at most
+    ``budget``, or 0 when one item is already too many; ``fixed`` is the prompt's tokens without
+    items. For the builders whose context is a list of items (``json_kv``).
+
+    ``size`` is assumed to grow with ``n`` (items add tokens, nearly additively). The search steps
+    from one item by the tokens per item measured so far (a few probes, since the estimate is good
+    after the first) and keeps a bracket, bisected when a step would leave it, so it always ends.
+    """
+    fits, too_many = 0, None  # the largest n known to fit, the smallest known not to
+    n = 1
+    while too_many is None or too_many - fits > 1:
+        tokens = size(n)
+        if tokens <= budget:
+            fits = n
+        else:
+            too_many = n
+        if too_many == 1:
+            return 0
+        guess = n + int((budget - tokens) / max(1.0, (tokens - fixed) / n))
+        if too_many is None:
+            n = max(guess, fits + 1)
+        else:
+            n = guess if fits < guess < too_many else (fits + too_many) // 2
+    return fits

@@ -8,6 +8,9 @@ nothing heavy, so configs can).
   ``multi_query`` (several needles asked at once), ``document_qa`` (a fact planted in one of the
   curated documents), and the aggregation tasks ``common_words`` and ``frequent_words`` (a list of
   invented words, no haystack text and no needle depth).
+- Scored by a whole value (``checkers.score_value``), after HELMET (Yen et al., 2025), scorable on
+  base models: ``json_kv`` (the value of one key of a JSON object of random keys and values, no
+  haystack text).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ TaskKind = Literal[
     "document_qa",
     "common_words",
     "frequent_words",
+    "json_kv",
 ]
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 # curate.synthetic's default: the retrieval kinds
@@ -33,3 +37,6 @@ RECALL_KINDS: frozenset[TaskKind] = frozenset(
 )
 # kinds without haystack text or needles: their prompt is a word list, and depth plays no part
 LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words"})
+# kinds scored by the whole expected value (an opening quote tolerated, a longer word refused): their
+# answers (random values) may begin other words
+VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv"})

@@ -22,6 +22,11 @@ Task kinds, after RULER (Hsieh et al., 2024):
 * ``common_words`` and ``frequent_words``: aggregation over a list of invented words, without
   haystack text (``longctx.pipeline.synthetic.words``).
 
+After HELMET (Yen et al., 2025), a kind a base model can be scored on without instruction tuning:
+
+* ``json_kv``: the value of one key of a JSON object of random UUID keys and values, without
+  haystack text (``longctx.pipeline.synthetic.jsonkv``).
+
 How each kind is scored is ``longctx.pipeline.synthetic.checkers``.
 
 The haystack is real text: curated documents concatenated in an order drawn from the seed, the first
@@ -69,6 +74,7 @@ from longctx.pipeline.synthetic.example import (
     as_haystack,
     derive_seed,
 )
+from longctx.pipeline.synthetic.jsonkv import build_json_kv_example
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, TASK_KINDS, TaskKind
 from longctx.pipeline.synthetic.names import (
     ADJECTIVES,
@@ -279,6 +285,12 @@ _TASKS: dict[str, Callable[[random.Random, float, TaskSizes, str], _Task]] = {
     "variable_tracking": _variable_tracking,
     "multi_query": _multi_query,
     "document_qa": _document_qa,
+}
+# the kinds built without haystack text, each by its own module
+_TEXTLESS: dict[str, Callable[[Tokenizer, int, float, int, TaskKind, TaskSizes], Example]] = {
+    "common_words": build_list_example,
+    "frequent_words": build_list_example,
+    "json_kv": build_json_kv_example,
 }
 
 
@@ -498,16 +510,17 @@ def build_example(
     seed. The haystack is cut with the tokenizer so the prompt comes as close to the budget as
     sentence boundaries allow (typically within a few percent). The word-list kinds
     (``common_words``, ``frequent_words``) use neither the haystack nor the depth
-    (:func:`longctx.pipeline.synthetic.words.build_list_example`). Raises ``ValueError`` for a bad
-    kind or depth, a budget too small for the instruction, question and needles, or too little
-    haystack text.
+    (:func:`longctx.pipeline.synthetic.words.build_list_example`); ``json_kv`` uses the depth for
+    the asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`).
+    Raises ``ValueError`` for a bad kind or depth, a budget too small for the instruction, question
+    and needles, or too little haystack text.
     """
-    if kind not in _TASKS and kind not in LIST_KINDS:
+    if kind not in _TASKS and kind not in _TEXTLESS:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(TASK_KINDS)}")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
-    if kind in LIST_KINDS:
-        return build_list_example(tokenizer, context_tokens, depth, seed, kind, sizes)
+    if kind in _TEXTLESS:
+        return _TEXTLESS[kind](tokenizer, context_tokens, depth, seed, kind, sizes)
     docs = as_haystack(haystack)
     if not docs:
         raise ValueError("no haystack text: every haystack document is empty")

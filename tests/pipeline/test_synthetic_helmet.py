@@ -1,0 +1,206 @@
+"""The HELMET-style json_kv task kind: its prompt against hand-written golden text, the whole-value
+checker's scores against hand-written golden cases, and properties over many seeds checked by
+parsing the prompt independently (JSON): the token budget, where the answer sits, determinism."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import pytest
+
+from longctx.pipeline.synthetic.checkers import (
+    generation_settled,
+    score_generation,
+    score_value,
+    value_settled,
+)
+from longctx.pipeline.synthetic.example import Example, largest_fitting
+from longctx.pipeline.synthetic.jsonkv import json_kv_prompt
+from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS, TASK_KINDS, VALUE_KINDS
+from longctx.pipeline.synthetic.stage import SyntheticTasks
+from longctx.pipeline.synthetic.tasks import build_example, make_grid
+from longctx.trainer.evaluation.measures import NeedleLengthError, needle_examples
+from tests.pipeline.test_synthetic import (  # noqa: F401  (module-scoped fixtures)
+    check_needles,
+    haystack,
+    relative_position,
+    run_stage,
+    tokenizer,
+    tokenizer_file,
+)
+
+KINDS = ["json_kv"]
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def by_hand(kind: str, answer: str) -> Example:
+    """An example with only what the checkers read, written by hand."""
+    return Example(kind, 0, 0.0, 100, 90, "", 0, "", answer, "", (), (), (answer,))  # type: ignore[arg-type]
+
+
+def test_kind_registry() -> None:
+    assert set(KINDS) <= set(TASK_KINDS) and set(KINDS) == VALUE_KINDS
+    assert not VALUE_KINDS & RECALL_KINDS and not VALUE_KINDS & LIST_KINDS
+
+
+# --- golden prompts ----------------------------------------------------------------------------
+
+
+def test_json_kv_golden_prompt() -> None:
+    assert json_kv_prompt([("alpha", "1"), ("beta", "two words")], "beta") == (
+        "A JSON object of keys and values follows. Memorize it: a question about the value of one of "
+        "its keys follows the object.\n"
+        "\n"
+        '{"alpha": "1", "beta": "two words"}\n'
+        "\n"
+        'What is the value of the key "beta" in the JSON object above?\n'
+        "Answer:"
+    )
+
+
+# --- checkers: golden cases --------------------------------------------------------------------
+
+VALUE = "0209be8e-b19a-444b-98fe-316686826410"
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer", "generated", "score"),
+    [
+        # json_kv: the value, whole; an opening quote and any closing punctuation are fine
+        ("json_kv", VALUE, " 0209be8e-b19a-444b-98fe-316686826410", 1.0),
+        ("json_kv", VALUE, ' "0209be8e-b19a-444b-98fe-316686826410"', 1.0),
+        ("json_kv", VALUE, "'0209be8e-b19a-444b-98fe-316686826410'}", 1.0),
+        ("json_kv", VALUE, "0209be8e-b19a-444b-98fe-316686826410\nWhat is the value", 1.0),
+        ("json_kv", VALUE, " 0209be8e-b19a-444b-98fe-316686826410, the value", 1.0),
+        ("json_kv", VALUE, " 0209be8e-b19a-444b", 0.0),  # partly right
+        ("json_kv", VALUE, " 0209be8e-b19a-444b-98fe-3166868264100", 0.0),  # one digit more
+        ("json_kv", VALUE, " 0209be8e-b19a-444b-98fe-316686826410-ab", 0.0),
+        ("json_kv", VALUE, " 0209BE8E-B19A-444B-98FE-316686826410", 0.0),  # case counts
+        ("json_kv", VALUE, ' ""0209be8e-b19a-444b-98fe-316686826410"', 0.0),  # one quote only
+        ("json_kv", VALUE, " The value is 0209be8e-b19a-444b-98fe-316686826410", 0.0),
+        ("json_kv", VALUE, " 1f4c2a7e-0d3b-4c8a-9e21-5b7f60a1c9d3", 0.0),  # another value
+        ("json_kv", VALUE, "", 0.0),
+    ],
+)
+def test_whole_value_checker_golden(kind, answer, generated, score) -> None:
+    assert score_generation(by_hand(kind, answer), generated) == score
+    assert score_value(generated, answer) == bool(score)
+
+
+@pytest.mark.parametrize(
+    ("generated", "settled"),
+    [
+        ("", False),
+        (" ", False),
+        (' "', False),
+        (" ke", False),
+        (" kelu", False),  # the next character decides
+        (" kelu\n", True),
+        (' "kelu"', True),
+        (" kelum", True),
+        (" tovi", True),
+        (" Kelu", True),
+    ],
+)
+def test_whole_value_settled_golden(generated, settled) -> None:
+    assert value_settled(generated, "kelu") == settled
+    for kind in VALUE_KINDS:
+        assert generation_settled(by_hand(kind, "kelu"), generated) == settled
+
+
+def test_largest_fitting_golden() -> None:
+    def size(n: int) -> int:  # 20 tokens of frame, 7 per item
+        return 20 + 7 * n
+
+    assert largest_fitting(size, 100, 20) == 11  # 97 tokens; 12 items take 104
+    assert largest_fitting(size, 27, 20) == 1 and largest_fitting(size, 26, 20) == 0
+
+    def uneven(n: int) -> int:  # not additive: the search still ends on the largest fitting count
+        return 5 + 3 * n + (n % 4) * 2
+
+    assert largest_fitting(uneven, 200, 5) == max(n for n in range(1, 100) if uneven(n) <= 200)
+
+
+# --- json_kv ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [300, 800, 2000])
+@pytest.mark.parametrize("seed", range(5))
+def test_json_kv_answer_is_the_asked_keys_value(tokenizer, budget, seed) -> None:
+    depth = random.Random(seed).random()
+    example = build_example([], tokenizer, budget, depth, seed=seed, kind="json_kv")
+    check_needles(example, tokenizer)
+    assert example.prompt_tokens <= budget and example.prompt.endswith("\nAnswer:")
+    pairs = json.loads(example.context, object_pairs_hook=list)
+    assert len({k for k, _ in pairs}) == len(pairs)
+    assert all(UUID.fullmatch(k) and UUID.fullmatch(v) for k, v in pairs)
+    key = re.fullmatch(r'What is the value of the key "(.+)" in the JSON object above\?', example.question)[1]
+    assert dict(pairs)[key] == example.answer == example.answer_items[0]
+    assert example.prompt == json_kv_prompt(pairs, key)  # the same frame as the golden prompt
+    # the needle is the asked pair, at the requested place among the pairs, and the only target
+    (needle,) = example.needles
+    assert needle.text == f'"{key}": "{example.answer}"' and needle.target
+    assert [k for k, _ in pairs].index(key) == round(depth * (len(pairs) - 1))
+    # within one pair of the budget: one more pair would not fit
+    pair = len(tokenizer.encode(", " + needle.text, add_special_tokens=False).ids)
+    assert example.prompt_tokens > budget - pair - 2
+    assert example.haystack_ids == () and example.choices == ()
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_json_kv_pair_at_the_requested_depth(tokenizer, depth) -> None:
+    example = build_example([], tokenizer, 3000, depth, seed=4, kind="json_kv")
+    (needle,) = example.needles
+    assert abs(needle.depth - depth) <= 0.05
+    assert abs(relative_position(example, needle.char_offset) - depth) <= 0.05
+
+
+def test_json_kv_grid_moves_one_pair(tokenizer) -> None:
+    grid = make_grid([], tokenizer, [700], [0.0, 0.5, 1.0], seed=3, kind="json_kv")
+    objects = [json.loads(e.context, object_pairs_hook=list) for e in grid]
+    assert len({frozenset(pairs) for pairs in objects}) == 1  # the same pairs, in another order
+    assert len({e.answer for e in grid}) == 1 and len({e.context for e in grid}) == 3
+    assert objects[0][0][1] == grid[0].answer and objects[2][-1][1] == grid[2].answer
+
+
+def test_json_kv_too_small(tokenizer) -> None:
+    with pytest.raises(ValueError, match=r"context_tokens=60 is too small for json_kv: .* take \d+ tokens"):
+        build_example([], tokenizer, 60, 0.5, seed=0, kind="json_kv")
+    with pytest.raises(NeedleLengthError, match="a length of 60 tokens is too small for json_kv"):
+        needle_examples([], tokenizer, [60], [0.5], ["json_kv"], seed=0)
+
+
+# --- the stage----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deterministic_by_seed(haystack, tokenizer, kind) -> None:
+    random.seed(1)
+    a = build_example(haystack, tokenizer, 900, 0.3, seed=21, kind=kind)
+    random.seed(2)
+    assert build_example(haystack, tokenizer, 900, 0.3, seed=21, kind=kind) == a
+    b = build_example(haystack, tokenizer, 900, 0.3, seed=22, kind=kind)
+    assert b.prompt != a.prompt and b.answer != a.answer
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_oracle_and_wrong_answers(haystack, tokenizer, kind) -> None:
+    example = build_example(haystack, tokenizer, 900, 0.5, seed=7, kind=kind)
+    assert score_generation(example, " " + example.answer) == 1.0
+    assert score_generation(example, f' "{example.answer}"\n') == 1.0
+    assert score_generation(example, " " + example.answer + "x") == 0.0
+    assert score_generation(example, " " + example.answer[:-1]) == 0.0
+
+
+def test_stage_builds_the_helmet_kinds(haystack, tokenizer, tokenizer_file) -> None:
+    step = SyntheticTasks(tokenizer_file, n_examples=2, context_tokens=700, kinds=KINDS, seed=5)
+    docs = run_stage(step, haystack)
+    assert sorted(d.metadata["task"] for d in docs) == sorted(KINDS * 2)
+    for doc in docs:
+        meta = doc.metadata
+        assert doc.text.endswith("\nAnswer: " + meta["answer"])
+        assert meta["token_count"] == len(tokenizer.encode(doc.text, add_special_tokens=False).ids)
+        assert meta["needle_positions"]
+        assert meta["prompt_tokens"] <= meta["context_tokens"] == 700
