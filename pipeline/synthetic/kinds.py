@@ -10,7 +10,8 @@ nothing heavy, so configs can).
   invented words, no haystack text and no needle depth).
 - Scored by a whole value (``checkers.score_value``), after HELMET (Yen et al., 2025), scorable on
   base models: ``json_kv`` (the value of one key of a JSON object of random keys and values, no
-  haystack text).
+  haystack text) and ``icl_labels`` (many-shot in-context learning: inputs labelled by arbitrary
+  words, the last input's label asked; no haystack text and no needle depth).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ TaskKind = Literal[
     "common_words",
     "frequent_words",
     "json_kv",
+    "icl_labels",
 ]
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 # curate.synthetic's default: the retrieval kinds
@@ -35,8 +37,9 @@ DEFAULT_KINDS: tuple[TaskKind, ...] = ("single_needle", "multi_key", "multi_valu
 RECALL_KINDS: frozenset[TaskKind] = frozenset(
     {"multi_query", "document_qa", "common_words", "frequent_words"}
 )
-# kinds without haystack text or needles: their prompt is a word list, and depth plays no part
-LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words"})
+# kinds without haystack text or needles: their prompt is a list (of words, or of labelled inputs),
+# and depth plays no part
+LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words", "icl_labels"})
 # kinds scored by the whole expected value (an opening quote tolerated, a longer word refused): their
-# answers (random values) may begin other words
-VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv"})
+# answers (random values, invented labels) may begin other words
+VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv", "icl_labels"})

@@ -22,10 +22,13 @@ Task kinds, after RULER (Hsieh et al., 2024):
 * ``common_words`` and ``frequent_words``: aggregation over a list of invented words, without
   haystack text (``longctx.pipeline.synthetic.words``).
 
-After HELMET (Yen et al., 2025), a kind a base model can be scored on without instruction tuning:
+After HELMET (Yen et al., 2025), two kinds a base model can be scored on without instruction
+tuning:
 
 * ``json_kv``: the value of one key of a JSON object of random UUID keys and values, without
   haystack text (``longctx.pipeline.synthetic.jsonkv``).
+* ``icl_labels``: many-shot in-context learning, inputs labelled by arbitrary invented words; the
+  last input's label is asked; without haystack text (``longctx.pipeline.synthetic.icl``).
 
 How each kind is scored is ``longctx.pipeline.synthetic.checkers``.
 
@@ -74,6 +77,7 @@ from longctx.pipeline.synthetic.example import (
     as_haystack,
     derive_seed,
 )
+from longctx.pipeline.synthetic.icl import build_icl_example
 from longctx.pipeline.synthetic.jsonkv import build_json_kv_example
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, TASK_KINDS, TaskKind
 from longctx.pipeline.synthetic.names import (
@@ -290,6 +294,7 @@ _TASKS: dict[str, Callable[[random.Random, float, TaskSizes, str], _Task]] = {
 _TEXTLESS: dict[str, Callable[[Tokenizer, int, float, int, TaskKind, TaskSizes], Example]] = {
     "common_words": build_list_example,
     "frequent_words": build_list_example,
+    "icl_labels": build_icl_example,
     "json_kv": build_json_kv_example,
 }
 
@@ -509,9 +514,10 @@ def build_example(
     ``multi_query`` and the asked fact for ``document_qa``; other needles get depths drawn from the
     seed. The haystack is cut with the tokenizer so the prompt comes as close to the budget as
     sentence boundaries allow (typically within a few percent). The word-list kinds
-    (``common_words``, ``frequent_words``) use neither the haystack nor the depth
-    (:func:`longctx.pipeline.synthetic.words.build_list_example`); ``json_kv`` uses the depth for
-    the asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`).
+    (``common_words``, ``frequent_words``) and ``icl_labels`` use neither the haystack nor the
+    depth (:func:`longctx.pipeline.synthetic.words.build_list_example`,
+    :func:`longctx.pipeline.synthetic.icl.build_icl_example`); ``json_kv`` uses the depth for the
+    asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`).
     Raises ``ValueError`` for a bad kind or depth, a budget too small for the instruction, question
     and needles, or too little haystack text.
     """
@@ -626,9 +632,10 @@ def make_grid(
     """One example per (length, depth), lengths outer, for evaluation.
 
     The examples of one length share their seed (derived from ``seed``, ``kind`` and the length), so
-    they hold the same haystack, keys and values and differ only in where the needles sit. The
-    word-list kinds have no depth: their seed also takes the depth, so each cell of a length is an
-    independent list rather than the same one repeated.
+    they hold the same haystack, keys and values and differ only in where the needles sit. The kinds
+    without depth (``kinds.LIST_KINDS``: the word lists and ``icl_labels``) take the depth into
+    their seed too, so each cell of a length is an independent list rather than the same one
+    repeated.
     """
     return [
         build_example(

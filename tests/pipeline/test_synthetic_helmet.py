@@ -1,6 +1,7 @@
-"""The HELMET-style json_kv task kind: its prompt against hand-written golden text, the whole-value
-checker's scores against hand-written golden cases, and properties over many seeds checked by
-parsing the prompt independently (JSON): the token budget, where the answer sits, determinism."""
+"""The HELMET-style task kinds (json_kv, icl_labels): prompts against hand-written golden text, the
+checkers' scores against hand-written golden cases, and properties over many seeds checked by
+parsing the prompt independently (JSON, regular expressions): the token budget, where the answer
+sits, determinism and the labelling rule."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from longctx.pipeline.synthetic.checkers import (
     value_settled,
 )
 from longctx.pipeline.synthetic.example import Example, largest_fitting
+from longctx.pipeline.synthetic.icl import CATEGORIES, icl_prompt
 from longctx.pipeline.synthetic.jsonkv import json_kv_prompt
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS, TASK_KINDS, VALUE_KINDS
+from longctx.pipeline.synthetic.names import ADJECTIVES
 from longctx.pipeline.synthetic.stage import SyntheticTasks
-from longctx.pipeline.synthetic.tasks import build_example, make_grid
+from longctx.pipeline.synthetic.tasks import TaskSizes, build_example, make_grid
 from longctx.trainer.evaluation.measures import NeedleLengthError, needle_examples
 from tests.pipeline.test_synthetic import (  # noqa: F401  (module-scoped fixtures)
     check_needles,
@@ -31,8 +34,16 @@ from tests.pipeline.test_synthetic import (  # noqa: F401  (module-scoped fixtur
     tokenizer_file,
 )
 
-KINDS = ["json_kv"]
+KINDS = ["json_kv", "icl_labels"]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+DEMO = re.compile(r"^Input: (.+)\nAnswer: (\S+)$", re.M)
+PSEUDO_WORD = re.compile(r"(?:[bdfgklmnprstvz][aeiou]){2,3}")
+# English class names a label must never be (the categories' names, and common label words)
+CLASS_NAMES = {
+    "animal", "animals", "tool", "tools", "fruit", "fruits", "instrument", "instruments", "vehicle",
+    "vehicles", "clothing", "clothes", "furniture", "weather", "positive", "negative", "neutral", "yes",
+    "no", "true", "false",
+}  # fmt: skip
 
 
 def by_hand(kind: str, answer: str) -> Example:
@@ -42,7 +53,7 @@ def by_hand(kind: str, answer: str) -> Example:
 
 def test_kind_registry() -> None:
     assert set(KINDS) <= set(TASK_KINDS) and set(KINDS) == VALUE_KINDS
-    assert not VALUE_KINDS & RECALL_KINDS and not VALUE_KINDS & LIST_KINDS
+    assert not VALUE_KINDS & RECALL_KINDS and {"icl_labels"} == LIST_KINDS & VALUE_KINDS
 
 
 # --- golden prompts ----------------------------------------------------------------------------
@@ -56,6 +67,22 @@ def test_json_kv_golden_prompt() -> None:
         '{"alpha": "1", "beta": "two words"}\n'
         "\n"
         'What is the value of the key "beta" in the JSON object above?\n'
+        "Answer:"
+    )
+
+
+def test_icl_golden_prompt() -> None:
+    assert icl_prompt([("quiet otter", "kelu"), ("hammer bold", "tovima")], "rusty heron") == (
+        "Each input below has a label. Learn the labels from the examples: the last input's label is "
+        "asked.\n"
+        "\n"
+        "Input: quiet otter\n"
+        "Answer: kelu\n"
+        "\n"
+        "Input: hammer bold\n"
+        "Answer: tovima\n"
+        "\n"
+        "Input: rusty heron\n"
         "Answer:"
     )
 
@@ -82,6 +109,16 @@ VALUE = "0209be8e-b19a-444b-98fe-316686826410"
         ("json_kv", VALUE, " The value is 0209be8e-b19a-444b-98fe-316686826410", 0.0),
         ("json_kv", VALUE, " 1f4c2a7e-0d3b-4c8a-9e21-5b7f60a1c9d3", 0.0),  # another value
         ("json_kv", VALUE, "", 0.0),
+        # icl_labels: the label word, whole
+        ("icl_labels", "kelu", " kelu", 1.0),
+        ("icl_labels", "kelu", " kelu\n\nInput: quiet otter", 1.0),
+        ("icl_labels", "kelu", ' "kelu".', 1.0),
+        ("icl_labels", "kelu", " kelum", 0.0),  # a longer word
+        ("icl_labels", "kelu", " kelu_2", 0.0),
+        ("icl_labels", "kelu", " kel", 0.0),
+        ("icl_labels", "kelu", " Kelu", 0.0),
+        ("icl_labels", "kelu", " tovima", 0.0),
+        ("icl_labels", "kelu", " animal", 0.0),
     ],
 )
 def test_whole_value_checker_golden(kind, answer, generated, score) -> None:
@@ -172,7 +209,70 @@ def test_json_kv_too_small(tokenizer) -> None:
         needle_examples([], tokenizer, [60], [0.5], ["json_kv"], seed=0)
 
 
-# --- the stage----------------------------------------------------------------------------------
+# --- icl_labels ---------------------------------------------------------------------------------
+
+
+def parse_icl(example: Example) -> tuple[list[tuple[str, str]], str]:
+    """(noun, label) of every demonstration and the asked noun, from the prompt's text alone: an
+    input's noun is its one word that is not an adjective of the inputs."""
+
+    def noun(text: str) -> str:
+        (word,) = [w for w in text.split(" ") if w not in ADJECTIVES]
+        return word
+
+    demos = [(noun(text), label) for text, label in DEMO.findall(example.context)]
+    assert example.context.count("Input: ") == len(demos)
+    return demos, noun(example.question.removeprefix("Input: "))
+
+
+@pytest.mark.parametrize("budget", [200, 600, 1500])
+@pytest.mark.parametrize("seed", range(6))
+def test_icl_label_follows_the_rule(tokenizer, budget, seed) -> None:
+    example = build_example([], tokenizer, budget, 0.5, seed=seed, kind="icl_labels")
+    assert example.prompt_tokens == len(tokenizer.encode(example.prompt, add_special_tokens=False).ids)
+    assert example.prompt_tokens <= budget and example.prompt.endswith("\nAnswer:")
+    assert example.prompt == icl_prompt(
+        DEMO.findall(example.context), example.question.removeprefix("Input: ")
+    )
+    demos, asked = parse_icl(example)
+    category = {noun: name for name, nouns in CATEGORIES.items() for noun in nouns}
+    labels: dict[str, set[str]] = {}
+    for noun, label in demos:
+        labels.setdefault(category[noun], set()).add(label)
+    assert all(len(v) == 1 for v in labels.values())  # one label per class
+    assert len(set().union(*labels.values())) == len(labels) <= 6  # distinct labels, default classes
+    assert asked in {noun for noun, _ in demos}  # the context alone decides the answer
+    assert {example.answer} == labels[category[asked]] and example.answer_items == (example.answer,)
+    for label in set().union(*labels.values()):  # arbitrary words: no class name, no input word
+        assert PSEUDO_WORD.fullmatch(label) and label not in CLASS_NAMES
+        assert label not in category and label not in ADJECTIVES
+    demo = len(tokenizer.encode(f"\n\nInput: {demos[0][0]}\nAnswer: x", add_special_tokens=False).ids)
+    assert example.prompt_tokens > budget - 3 * demo  # within a demonstration or so of the budget
+    assert example.needles == () and example.haystack_ids == () and example.depth == 0.5
+
+
+def test_icl_many_shots_and_classes(tokenizer) -> None:
+    example = build_example([], tokenizer, 4000, 0.0, seed=1, kind="icl_labels")
+    demos, _ = parse_icl(example)
+    assert len(demos) >= 100  # many-shot: about 35 tokens a demonstration with this small BPE
+    assert len({label for _, label in demos}) == 6
+    three = build_example([], tokenizer, 1000, 0.0, seed=1, kind="icl_labels", sizes=TaskSizes(classes=3))
+    assert len({label for _, label in parse_icl(three)[0]}) == 3
+
+
+def test_icl_settings_and_grid(tokenizer) -> None:
+    for classes in (1, 9):
+        with pytest.raises(ValueError, match=f"TaskSizes.classes={classes}: icl_labels takes from 2 to 8"):
+            build_example(
+                [], tokenizer, 600, 0.5, seed=0, kind="icl_labels", sizes=TaskSizes(classes=classes)
+            )
+    with pytest.raises(ValueError, match="context_tokens=20 is too small for icl_labels"):
+        build_example([], tokenizer, 20, 0.5, seed=0, kind="icl_labels")
+    grid = make_grid([], tokenizer, [500], [0.0, 1.0], seed=2, kind="icl_labels")
+    assert grid[0].context != grid[1].context  # no depth: each cell its own example
+
+
+# --- both ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -202,5 +302,5 @@ def test_stage_builds_the_helmet_kinds(haystack, tokenizer, tokenizer_file) -> N
         meta = doc.metadata
         assert doc.text.endswith("\nAnswer: " + meta["answer"])
         assert meta["token_count"] == len(tokenizer.encode(doc.text, add_special_tokens=False).ids)
-        assert meta["needle_positions"]
+        assert bool(meta["needle_positions"]) == (meta["task"] != "icl_labels")
         assert meta["prompt_tokens"] <= meta["context_tokens"] == 700
