@@ -18,13 +18,13 @@ token or when the score is settled). Three rules, chosen by the task kind:
   ``k`` items are all wrong (or that names none of the choices) scores 0, and ``j`` right items
   among the first ``k`` score ``j / k``. For ``document_qa`` ``k`` is 1: the first value the
   generation names must be the asked one.
-* **Whole value** (``kinds.VALUE_KINDS``: ``json_kv``, ``icl_labels``): 1 when
+* **Whole value** (``kinds.VALUE_KINDS``: ``json_kv``, ``icl_labels``, ``nolima_needle``): 1 when
   the generation, without leading white space and without one opening quote (``"`` or ``'``),
   starts with the expected answer and the answer ends there: the generation ends with it or goes on
   with a character that cannot continue a value (anything but a letter, a digit, ``_`` or ``-``),
   else 0 (:func:`score_value`). So ``"v"``, `` v.`` and ``v\nInput: ...`` score 1 for ``v``, and
   ``vx``, a prefix of ``v`` or ``The value is v`` score 0: these answers (random values, invented
-  labels) may begin longer words, which the exact rule would accept. Case counts.
+  labels and names) may begin longer words, which the exact rule would accept. Case counts.
 """
 
 from __future__ import annotations

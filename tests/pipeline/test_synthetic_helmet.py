@@ -1,7 +1,8 @@
-"""The HELMET-style task kinds (json_kv, icl_labels): prompts against hand-written golden text, the
-checkers' scores against hand-written golden cases, and properties over many seeds checked by
-parsing the prompt independently (JSON, regular expressions): the token budget, where the answer
-sits, determinism and the labelling rule."""
+"""The HELMET- and NoLiMa-style task kinds (json_kv, icl_labels, nolima_needle): prompts against
+hand-written golden text, the checkers' scores against hand-written golden cases, and properties
+over many seeds checked by parsing the prompt independently (JSON, regular expressions, a stop-word
+list written here): the token budget, where the answer sits, determinism, the labelling rule and the
+absence of a shared content word between a NoLiMa fact and its question."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 
 import pytest
 
+from longctx.pipeline.synthetic.associations import RELATIONS
 from longctx.pipeline.synthetic.checkers import (
     generation_settled,
     score_generation,
@@ -34,7 +36,7 @@ from tests.pipeline.test_synthetic import (  # noqa: F401  (module-scoped fixtur
     tokenizer_file,
 )
 
-KINDS = ["json_kv", "icl_labels"]
+KINDS = ["json_kv", "icl_labels", "nolima_needle"]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 DEMO = re.compile(r"^Input: (.+)\nAnswer: (\S+)$", re.M)
 PSEUDO_WORD = re.compile(r"(?:[bdfgklmnprstvz][aeiou]){2,3}")
@@ -44,6 +46,18 @@ CLASS_NAMES = {
     "vehicles", "clothing", "clothes", "furniture", "weather", "positive", "negative", "neutral", "yes",
     "no", "true", "false",
 }  # fmt: skip
+STOP_WORDS = {
+    "a", "an", "the", "to", "of", "in", "on", "at", "for", "from", "by", "with", "and", "or", "has",
+    "have", "had", "been", "be", "is", "was", "which", "who", "what", "that", "this", "it", "its",
+}  # fmt: skip
+NOLIMA_INSTRUCTION = (
+    "A fact about a character is hidden in the following text. "
+    "Memorize it: a question about it follows the text."
+)
+
+
+def content_words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower())) - STOP_WORDS
 
 
 def by_hand(kind: str, answer: str) -> Example:
@@ -87,6 +101,31 @@ def test_icl_golden_prompt() -> None:
     )
 
 
+def test_nolima_golden_associations(haystack, tokenizer) -> None:
+    """The prompt's frame, and for items whose place is written here by hand, the question names it."""
+    places = {"the Semper Opera House": "Dresden", "Big Ben": "London", "paella": "Spain", "sushi": "Japan"}
+    fact = re.compile(
+        r"([A-Z][a-z]+ [A-Z][a-z]+) (?:lives next to (.+)|works across the street from (.+)"
+        r"|cooked (.+) for the neighbours last night|made (.+) for dinner)\."
+    )
+    question = re.compile(
+        r"Which character (?:has been to|has visited|knows a recipe from|has tried the cuisine of) (.+)\?"
+    )
+    seen = set()
+    for seed in range(80):
+        example = build_example(haystack, tokenizer, 400, 0.5, seed=seed, kind="nolima_needle")
+        assert example.prompt == (f"{NOLIMA_INSTRUCTION}\n\n{example.context}\n\n{example.question}\nAnswer:")
+        (needle,) = example.needles
+        name, *items = fact.fullmatch(needle.text).groups()
+        item = next(i for i in items if i)
+        place = question.fullmatch(example.question).group(1)
+        assert example.answer == name and needle.target
+        if item in places:
+            assert place == places[item]
+            seen.add(item)
+    assert len(seen) >= 2  # the hand-written pairs were met
+
+
 # --- checkers: golden cases --------------------------------------------------------------------
 
 VALUE = "0209be8e-b19a-444b-98fe-316686826410"
@@ -119,6 +158,14 @@ VALUE = "0209be8e-b19a-444b-98fe-316686826410"
         ("icl_labels", "kelu", " Kelu", 0.0),
         ("icl_labels", "kelu", " tovima", 0.0),
         ("icl_labels", "kelu", " animal", 0.0),
+        # nolima_needle: the full name
+        ("nolima_needle", "Vera Tolimak", " Vera Tolimak", 1.0),
+        ("nolima_needle", "Vera Tolimak", " Vera Tolimak.\nWhich character", 1.0),
+        ("nolima_needle", "Vera Tolimak", " Vera", 0.0),
+        ("nolima_needle", "Vera Tolimak", " Vera Tolimakova", 0.0),
+        ("nolima_needle", "Vera Tolimak", " Tolimak", 0.0),
+        ("nolima_needle", "Vera Tolimak", " vera tolimak", 0.0),
+        ("nolima_needle", "Vera Tolimak", " The character is Vera Tolimak", 0.0),
     ],
 )
 def test_whole_value_checker_golden(kind, answer, generated, score) -> None:
@@ -272,7 +319,42 @@ def test_icl_settings_and_grid(tokenizer) -> None:
     assert grid[0].context != grid[1].context  # no depth: each cell its own example
 
 
-# --- both ---------------------------------------------------------------------------------------
+# --- nolima_needle ------------------------------------------------------------------------------
+
+
+def test_nolima_table_shares_no_content_word() -> None:
+    """Every fact template x question template x pair of every relation."""
+    for relation in RELATIONS:
+        for item, place in relation.pairs:
+            for fact in relation.facts:
+                for question in relation.questions:
+                    f = content_words(fact.format(name="Vera Tolimak", item=item))
+                    q = content_words(question.format(place=place))
+                    assert not f & q, (fact, question, item, place)
+
+
+@pytest.mark.parametrize("budget", [300, 1200])
+def test_nolima_question_shares_no_content_word_with_the_fact(haystack, tokenizer, budget) -> None:
+    for seed in range(60):
+        example = build_example(haystack, tokenizer, budget, 0.3, seed=seed, kind="nolima_needle")
+        (needle,) = example.needles
+        assert not content_words(needle.text) & content_words(example.question), seed
+        assert example.answer in needle.text and example.answer not in example.question
+        assert example.context.count(example.answer) == 1  # the name appears in the fact only
+        assert example.prompt_tokens <= budget
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.25, 0.5, 0.75, 1.0])
+def test_nolima_fact_at_the_requested_depth(haystack, tokenizer, depth) -> None:
+    example = build_example(haystack, tokenizer, 2048, depth, seed=5, kind="nolima_needle")
+    check_needles(example, tokenizer)
+    (needle,) = example.needles
+    assert abs(relative_position(example, needle.char_offset) - depth) <= 0.1
+    assert abs(needle.depth - depth) <= 0.1
+    assert 0.9 * 2048 <= example.prompt_tokens <= 2048
+
+
+# --- all three ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("kind", KINDS)

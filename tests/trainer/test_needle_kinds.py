@@ -1,5 +1,5 @@
-"""The eval grid with the RULER- and HELMET-style kinds: built by ``needle_examples`` from the
-same task code as curation, decoded by a tiny transformers Llama, scored by each kind's
+"""The eval grid with the RULER-, HELMET- and NoLiMa-style kinds: built by ``needle_examples`` from
+the same task code as curation, decoded by a tiny transformers Llama, scored by each kind's
 checker, with room for list answers and long values."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ KINDS = [
     "frequent_words",
     "json_kv",
     "icl_labels",
+    "nolima_needle",
 ]
 
 
@@ -81,7 +82,7 @@ def test_generation_budget_fits_list_answers(setup) -> None:
 def test_scores_come_from_each_kinds_checker(setup) -> None:
     haystack, tokenizer, model = setup
     # short answers: fast (json_kv's value is a UUID of dozens of tokens)
-    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words", "icl_labels"]
+    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words", "icl_labels", "nolima_needle"]
     examples = needle_examples(haystack, tokenizer, [500, 600], [0.5], kinds, seed=2, samples=1)
     results = score_needles(model, tokenizer, examples, torch.device("cpu"), max_new_tokens=4)
     assert [(r.task, r.context_tokens) for r in results] == [
