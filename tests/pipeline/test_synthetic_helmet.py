@@ -25,7 +25,7 @@ from longctx.pipeline.synthetic.jsonkv import json_kv_prompt
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS, TASK_KINDS, VALUE_KINDS
 from longctx.pipeline.synthetic.names import ADJECTIVES
 from longctx.pipeline.synthetic.stage import SyntheticTasks
-from longctx.pipeline.synthetic.tasks import TaskSizes, build_example, make_grid
+from longctx.pipeline.synthetic.tasks import HaystackDoc, TaskSizes, build_example, make_grid
 from longctx.trainer.evaluation.measures import NeedleLengthError, needle_examples
 from tests.pipeline.test_synthetic import (  # noqa: F401  (module-scoped fixtures)
     check_needles,
@@ -386,3 +386,18 @@ def test_stage_builds_the_helmet_kinds(haystack, tokenizer, tokenizer_file) -> N
         assert meta["token_count"] == len(tokenizer.encode(doc.text, add_special_tokens=False).ids)
         assert bool(meta["needle_positions"]) == (meta["task"] != "icl_labels")
         assert meta["prompt_tokens"] <= meta["context_tokens"] == 700
+
+
+def test_nolima_on_real_books(shared_corpus, tokenizer) -> None:
+    from longctx.pipeline.readers.base import read_text_file
+
+    names = ["patrickmineault__zipf__dracula.txt", "aimacode__aima-data__flatland.txt"]
+    books = [HaystackDoc(f"books/{n}", read_text_file(shared_corpus / "books" / n)) for n in names]
+    for seed, depth in enumerate((0.0, 0.5, 1.0)):
+        example = build_example(books, tokenizer, 4096, depth, seed=seed, kind="nolima_needle")
+        check_needles(example, tokenizer)
+        (needle,) = example.needles
+        assert not content_words(needle.text) & content_words(example.question)
+        assert example.context.count(example.answer) == 1
+        assert abs(relative_position(example, needle.char_offset) - depth) <= 0.1
+        assert 0.9 * 4096 <= example.prompt_tokens <= 4096
