@@ -480,7 +480,8 @@ class NeedleEvalConfig(StrictModel):
         default_factory=lambda: ["single_needle"],
         min_length=1,
         description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
-        "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
+        "document_qa, common_words, frequent_words) score the fraction of a list retrieved; json_kv, "
+        "icl_labels and nolima_needle (HELMET, NoLiMa) score the whole value",
     )
     seed: int = Field(default=0, description="the same seed and documents give the same needles")
     samples: int | None = Field(
@@ -493,8 +494,8 @@ class NeedleEvalConfig(StrictModel):
     max_new_tokens: int = Field(
         default=16,
         gt=0,
-        description="tokens generated per answer; the recall-scored kinds get at least their answer's "
-        "tokens plus 8",
+        description="tokens generated per answer; the recall-scored and whole-value kinds get at least "
+        "their answer's tokens plus 8",
     )
 
     @field_validator("lengths")

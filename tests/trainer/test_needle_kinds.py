@@ -1,6 +1,6 @@
-"""The eval grid with the RULER-style kinds: built by ``needle_examples`` from the same task code as
-curation, decoded by a tiny transformers Llama, scored by each kind's checker, with room for list
-answers."""
+"""The eval grid with the RULER-, HELMET- and NoLiMa-style kinds: built by ``needle_examples`` from
+the same task code as curation, decoded by a tiny transformers Llama, scored by each kind's
+checker, with room for list answers and long values."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.config import SyntheticConfig
 from longctx.pipeline.synthetic.checkers import score_generation
-from longctx.pipeline.synthetic.kinds import RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS, TASK_KINDS, VALUE_KINDS
 from longctx.pipeline.synthetic.tasks import build_example, derive_seed
+from longctx.trainer.config import NeedleEvalConfig
 from longctx.trainer.evaluation.effective import score_by_length
 from longctx.trainer.evaluation.measures import (
     generation_budget,
@@ -26,7 +28,16 @@ from tests.pipeline.test_synthetic import prose
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 
 pytest.importorskip("transformers")
-KINDS = ["single_needle", "multi_query", "document_qa", "common_words", "frequent_words"]
+KINDS = [
+    "single_needle",
+    "multi_query",
+    "document_qa",
+    "common_words",
+    "frequent_words",
+    "json_kv",
+    "icl_labels",
+    "nolima_needle",
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +65,19 @@ def test_grid_examples_are_the_task_builders(setup) -> None:
     assert len({e.example.prompt for e in examples}) == len(examples)
 
 
+def test_settings_take_every_kind() -> None:
+    assert set(KINDS) == set(TASK_KINDS) - {"multi_key", "multi_value", "variable_tracking"}
+    assert NeedleEvalConfig(kinds=list(TASK_KINDS)).kinds == list(TASK_KINDS)
+    assert SyntheticConfig(kinds=list(TASK_KINDS)).kinds == list(TASK_KINDS)
+
+
 def test_generation_budget_fits_list_answers(setup) -> None:
     haystack, tokenizer, _ = setup
     for kind in KINDS:
         example = build_example(haystack, tokenizer, 900, 0.5, 1, kind)
         answer = len(tokenizer.encode(" " + example.answer, add_special_tokens=False).ids)
         budget = generation_budget(example, tokenizer, 4)
-        if kind in RECALL_KINDS:
+        if kind in RECALL_KINDS | VALUE_KINDS:  # lists, and values scored with the character after them
             assert budget == answer + 8 and budget > 4  # the configured 4 could never hold the list
         else:
             assert budget == 4  # the exact-answer kinds keep max_new_tokens as configured
@@ -70,7 +87,8 @@ def test_generation_budget_fits_list_answers(setup) -> None:
 @pytest.mark.slow
 def test_scores_come_from_each_kinds_checker(setup) -> None:
     haystack, tokenizer, model = setup
-    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words"]  # short answers: fast
+    # short answers: fast (json_kv's value is a UUID of dozens of tokens)
+    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words", "icl_labels", "nolima_needle"]
     examples = needle_examples(haystack, tokenizer, [500, 600], [0.5], kinds, seed=2, samples=1)
     results = score_needles(model, tokenizer, examples, torch.device("cpu"), max_new_tokens=4)
     assert [(r.task, r.context_tokens) for r in results] == [

@@ -27,7 +27,7 @@ from longctx.core.text import plural
 from longctx.pipeline.synthetic.checkers import answer_settled as answer_settled  # the exact-answer rule
 from longctx.pipeline.synthetic.checkers import generation_settled, score_generation
 from longctx.pipeline.synthetic.checkers import score_answer as score_answer
-from longctx.pipeline.synthetic.kinds import RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS, VALUE_KINDS
 from longctx.trainer.coverage import position_edges
 from longctx.trainer.evaluation.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
@@ -170,9 +170,10 @@ def needle_examples(
 
 def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
     """Tokens a model may generate for ``example``: ``max_new_tokens``, raised for the recall kinds
-    (whose answers are lists) to the expected answer's tokens plus ``_ANSWER_SLACK``, so that a
-    correct list always fits."""
-    if example.kind not in RECALL_KINDS:
+    (whose answers are lists) and the whole-value kinds (whose answers, a UUID for ``json_kv``, may
+    be long, and are scored with the character after them) to the expected answer's tokens plus
+    ``_ANSWER_SLACK``, so that a correct answer always fits."""
+    if example.kind not in RECALL_KINDS | VALUE_KINDS:
         return max_new_tokens
     answer = len(tokenizer.encode(" " + example.answer, add_special_tokens=False).ids)
     return max(max_new_tokens, answer + _ANSWER_SLACK)
