@@ -13,6 +13,8 @@ mapped, which object storage cannot do, and a local write is atomic where a remo
 - :func:`fetch_files` copies listed files into a local folder, each checked against its expected
   checksum before it is renamed into place; cached files whose checksum matches are reused. It holds
   a lock on the folder, so several processes (the ranks of one job) can fetch into it at once.
+  :func:`fetch_folder` copies a whole folder published without a manifest (a curated documents
+  folder), keeping cached files the remote objects' ETags show to be intact.
 
 Credentials and endpoints come from ``storage_options`` (fsspec's keyword arguments, e.g.
 ``{"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}``) or the environment the backend
@@ -306,4 +308,31 @@ def fetch_files(
                     )
         if last is not None:
             write_bytes(dest / last[0], last[1])
+    return dest
+
+
+def fetch_folder(
+    url: str, dest: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None
+) -> Path | None:
+    """Make ``dest`` hold a copy of every file under the remote folder ``url`` (its relative paths
+    kept); returns ``dest``, or None when ``url`` holds no file. For a folder published without a
+    manifest (a curated ``documents`` folder): a cached file is kept when the remote object is a
+    whole copy of it (same size and S3 ETag, as :func:`publish_folder` checks), any other is
+    downloaded under a temporary name and renamed into place. Holds the folder's lock, as
+    :func:`fetch_files` does."""
+    dest = Path(dest)
+    fs, root = filesystem(url, storage_options)
+    root = root.rstrip("/")
+    with remote_errors(url, "listing"):
+        found = fs.find(root, detail=True)
+    files = {path[len(root) + 1 :]: info for path, info in found.items() if info.get("type") != "directory"}
+    if not files:
+        return None
+    with _locked(dest):
+        for name, info in sorted(files.items()):
+            target = dest / name
+            if target.is_file() and _uploaded(target, info):
+                continue
+            with atomic_path(target) as tmp, remote_errors(join(url, name), "downloading"):
+                fs.get_file(f"{root}/{name}", str(tmp))
     return dest

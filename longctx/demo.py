@@ -222,6 +222,13 @@ def _summary(
     }
 
 
+def effective_text(verdict: dict[str, Any]) -> str:
+    """One model's effective length in a few words: its length, ``none`` or ``undetermined``."""
+    if verdict["status"] == "undetermined":
+        return "undetermined"
+    return str(verdict["effective_length"] or "none")
+
+
 def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
     from longctx.pipeline.stats import format_summary
 
@@ -262,12 +269,8 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
         lines.append(f"needle retrieval accuracy: {accuracy} (a tiny model after a few steps: expect 0)")
     if s["effective_length"] is not None:
         effective = s["effective_length"]
-        found = ", ".join(
-            f"{label} {v['effective_length'] or 'none'}" for label, v in effective["models"].items()
-        )
-        bar = effective["baseline"]
-        where = f"{bar['model']}'s score at {bar['length']} tokens" if bar else "a fixed threshold"
-        lines.append(f"effective context length: {found} (bar {effective['threshold']:.2f}, {where})")
+        found = ", ".join(f"{label} {effective_text(v)}" for label, v in effective["models"].items())
+        lines.append(f"effective context length: {found} (details: longctx eval's summary.json)")
     short = s["short_context"]
     if short is not None and "skipped" in short:
         lines.append(f"short-context guard skipped: {short['skipped']}")
@@ -275,9 +278,15 @@ def format_demo_summary(cfg: RootConfig, s: dict[str, Any]) -> str:
         ratios = ", ".join(
             f"{m['label']} {m['ratio']:.3f}" for m in short["models"] if m["ratio"] is not None
         )
+        released = ", ".join(
+            f"{m['label']} {m['ratio_to_released']:.3f}"
+            for m in short["models"]
+            if m.get("ratio_to_released") is not None
+        )
         lines.append(
             f"short-context loss ratio to {short['baseline']} ({short['windows']} held-out windows of "
             f"{short['length']} tokens, source {short['source']}): {ratios}"
+            + (f"; to the base as released (its own RoPE): {released}" if released else "")
         )
     lines.append("\nwhere things are:")
     for key, value in s["paths"].items():

@@ -184,8 +184,9 @@ class DedupConfig(StrictModel):
 
 
 class SyntheticConfig(StrictModel):
-    """Synthetic long-context tasks (needle retrieval, variable tracking, and the RULER-style
-    multi-query, document QA and word-aggregation tasks) built from the curated
+    """Synthetic long-context tasks (needle retrieval, variable tracking, the RULER-style
+    multi-query, document QA and word-aggregation tasks, and the HELMET- and NoLiMa-style JSON
+    key-value, in-context learning and associative needle tasks) built from the curated
     documents as haystack and written as one more curated source, which the packer mixes like any
     other (long-context recipes give retrieval tasks about 20% of the mix)."""
 
@@ -199,7 +200,8 @@ class SyntheticConfig(StrictModel):
     kinds: list[TaskKind] = Field(
         default_factory=lambda: list(DEFAULT_KINDS),
         description="task kinds (longctx.pipeline.synthetic.kinds): default the four retrieval kinds; "
-        "multi_query, document_qa, common_words and frequent_words may be added",
+        "multi_query, document_qa, common_words, frequent_words, json_kv, icl_labels and nolima_needle "
+        "may be added",
     )
     depths: list[float] | None = Field(default=None, description="needle depths in [0, 1]; null: uniform")
     seed: int = Field(default=0, description="the same seed and documents give the same tasks")

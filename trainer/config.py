@@ -258,18 +258,26 @@ class GateConfig(StrictModel):
         default=None,
         ge=0,
         le=1,
-        description="the needle-grid score at the stage's length (mean over eval.needle.kinds of each "
-        "kind's checker score) must reach this",
+        description="the needle-grid score at the stage's length (the mean item score over "
+        "eval.needle.kinds, a point estimate; its count and interval are in the gate's detail) must reach "
+        "this",
     )
     max_short_loss_ratio: float | None = Field(
         default=None,
         gt=0,
-        description="the short-context loss (eval.short_context's held-out windows) over the eval.baseline "
-        "model's must stay at or below this",
+        description="the short-context loss (eval.short_context's held-out windows) over the reference "
+        "model's (short_loss_reference) must stay at or below this",
+    )
+    short_loss_reference: Literal["released", "baseline"] = Field(
+        default="released",
+        description="the model max_short_loss_ratio divides by: released, the base model as released (its "
+        "own RoPE, without train.model.rope_scaling and rope_theta); baseline, the eval.baseline model (the "
+        "base with the run's RoPE)",
     )
     require_effective_length: bool = Field(
         default=False,
-        description="the effective context length (eval.effective's bar) must reach the stage's length",
+        description="the effective context length (eval.effective's definition, over eval.needle.lengths up "
+        "to the stage's length and the stage's length) must reach the stage's length",
     )
 
     @property
@@ -472,17 +480,22 @@ class NeedleEvalConfig(StrictModel):
         default_factory=lambda: ["single_needle"],
         min_length=1,
         description="task kinds (longctx.pipeline.synthetic.kinds); the recall-scored ones (multi_query, "
-        "document_qa, common_words, frequent_words) score the fraction of a list retrieved",
+        "document_qa, common_words, frequent_words) score the fraction of a list retrieved; json_kv, "
+        "icl_labels and nolima_needle (HELMET, NoLiMa) score the whole value",
     )
     seed: int = Field(default=0, description="the same seed and documents give the same needles")
-    samples: int = Field(
-        default=3, gt=0, description="needles per (length, depth, kind) cell, each from its own seed"
+    samples: int | None = Field(
+        default=None,
+        gt=0,
+        description="items per (task kind, length), spread evenly over the depths, each from its own seed; "
+        "null: enough for a 95% interval of at most +/-0.1 on each length's score (93 items per length, "
+        "shared among the kinds)",
     )
     max_new_tokens: int = Field(
         default=16,
         gt=0,
-        description="tokens generated per answer; the recall-scored kinds get at least their answer's "
-        "tokens plus 8",
+        description="tokens generated per answer; the recall-scored and whole-value kinds get at least "
+        "their answer's tokens plus 8",
     )
 
     @field_validator("lengths")
@@ -501,27 +514,45 @@ class NeedleEvalConfig(StrictModel):
 
 
 class EffectiveLengthConfig(StrictModel):
-    """Effective context length (``longctx.trainer.evaluation.effective``): the largest needle-grid length
-    whose
-    score (the mean over task kinds of each kind's mean over depths and samples) clears a bar.
+    """Effective context length (``longctx.trainer.evaluation.effective``, after RULER and NoLiMa): the
+    largest needle-grid length L such that every evaluated length up to L clears the threshold with
+    the lower end of its score's 95% Wilson interval; the first failing length is reported beside it.
 
-    ``threshold``: a fixed bar in [0, 1]; null (the default) measures it: the ``eval.baseline``
-    model's score at ``baseline_length`` (default ``context.original``), RULER's short-context
-    baseline made per model; that length is then part of the grid. A score equal to the bar passes;
-    a score of 0 never does.
+    The threshold is ``threshold`` when set (absolute, as RULER's), else ``fraction`` of the model's
+    own score at its shortest evaluated length (NoLiMa). A model whose score there is below
+    ``min_short_score`` gets no length: its result is undetermined, with that reason.
     """
 
     threshold: float | None = Field(
         default=None,
+        gt=0,
+        le=1,
+        description="an absolute threshold (RULER: a reference model's score at a short length); null: "
+        "fraction of the model's own score at its shortest evaluated length",
+    )
+    fraction: float = Field(
+        default=0.85,
+        gt=0,
+        le=1,
+        description="the threshold as a fraction of the model's own score at its shortest evaluated length "
+        "(NoLiMa: 0.85); unused when threshold is set",
+    )
+    min_short_score: float = Field(
+        default=0.5,
         ge=0,
         le=1,
-        description="a fixed bar; null: the baseline model's score at baseline_length",
+        description="below this score at the shortest evaluated length, the effective length is undetermined",
     )
-    baseline_length: int | None = Field(
-        default=None,
-        gt=0,
-        description="where the baseline model's score is measured; default context.original",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_baseline_length(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "baseline_length" in data:
+            raise ValueError(
+                "baseline_length was removed: each model's threshold comes from its own score at the "
+                "shortest length of eval.needle.lengths (drop the key; list that length there)"
+            )
+        return data
 
 
 class ShortContextConfig(StrictModel):
@@ -568,8 +599,8 @@ class EvalConfig(StrictModel):
     (``<output>/train/final``) or a Hugging Face checkpoint folder (``./base`` for a folder named
     like a keyword). Each evaluation writes a new folder ``<output>/eval/<NNN>``.
 
-    ``baseline`` names the model the others are measured against: ``effective`` (the effective
-    context length's bar) and ``short_context`` (the short-window loss ratio) use it.
+    ``baseline`` names the model the short-context guard measures the others against (the
+    short-window loss ratio); the effective length holds each model to its own short score.
     """
 
     models: Annotated[list[str], WorldCheck(_missing_model)] = Field(
@@ -583,9 +614,15 @@ class EvalConfig(StrictModel):
         "(s3://bucket/run/shards/seq65536), copied into train.cache (default <output>/cache) and checked "
         "first; default the training shards",
     )
+    documents: Annotated[str | None, WorldCheck(missing_local_shards)] = Field(
+        default=None,
+        description="curated documents to hide the needles in and cut the short-context guard's windows "
+        "from: a documents folder (<run>/documents, one folder per source) or an fsspec URL of one, copied "
+        "into train.cache (default <output>/cache); default the run's own (or pack.input's)",
+    )
     storage_options: StorageOptions = Field(
-        description="fsspec options (credentials, endpoint_url...) for an eval.shards URL; default "
-        "train.storage_options",
+        description="fsspec options (credentials, endpoint_url...) for an eval.shards or eval.documents URL; "
+        "default train.storage_options",
     )
     rows: int = Field(
         default=8,
@@ -606,16 +643,16 @@ class EvalConfig(StrictModel):
     baseline: str = Field(
         default="base",
         min_length=1,
-        description="the model the others are measured against (a label of eval.models, or base, trained "
-        "or a checkpoint folder, then evaluated too): its needle score is the effective-length bar and "
-        "its short-window loss the guard's denominator",
+        description="the model the short-context guard measures the others against (a label of eval.models, "
+        "or base, trained or a checkpoint folder, then evaluated too): its short-window loss is the "
+        "guard's denominator",
     )
     effective: EffectiveLengthConfig = Field(default_factory=EffectiveLengthConfig)
     short_context: ShortContextConfig | None = Field(
         default=None, description="the short-context guard; null: not measured"
     )
 
-    @field_validator("shards", mode="before")
+    @field_validator("shards", "documents", mode="before")
     @classmethod
     def _path_text(cls, value: Any) -> Any:
         return os.fspath(value) if isinstance(value, os.PathLike) else value

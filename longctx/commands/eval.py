@@ -13,12 +13,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Evaluate whether models use their long context, each on the same windows and needles: mean loss "
             "per position bucket on packed windows (a healthy extended model's loss keeps falling past the "
-            "original context) and a needle-retrieval grid of context lengths x depths, several samples per "
-            "cell, scored by greedy decoding. Each run writes a new folder <output>/eval/<NNN>/ "
-            "(loss_by_position.{json,png,txt}, needle.{json,png}, score_by_length.png, summary.json) and "
-            "never replaces an earlier one. It reports each model's effective context length (the largest "
-            "needle length whose score reaches the bar, eval.effective) with its score per task, and, with "
-            "eval.short_context, its loss on held-out short windows as a ratio to eval.baseline's. Models "
+            "original context) and a needle-retrieval grid of items per task kind and context length, spread "
+            "over the depths, scored by greedy decoding. Each run writes a new folder <output>/eval/<NNN>/ "
+            "(loss_by_position.{json,png,txt}, needle.{json,png}, needle_prompts.jsonl.gz, "
+            "score_by_length.png, summary.json) and never replaces an earlier one. It reports each model's "
+            "effective context length (the largest length up to which every length's score clears the "
+            "threshold with the lower end of its 95% interval, eval.effective) with its score per task, "
+            "each with its count and interval, and, with eval.short_context, its loss on held-out short "
+            "windows as a ratio to eval.baseline's and to the base model as released. Models "
             "(eval.models, default: base trained): 'base' is the model training starts from (train.model), "
             "'trained' is <output>/train/final (a staged run's last stage's), anything else a Hugging Face "
             "checkpoint folder (Llama, Mistral and Qwen2 run on longctx's decoder, other RoPE decoders on "
@@ -55,14 +57,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config} has no 'eval' section")
     result = jobs.evaluate(cfg)
     for label in result["added_as_baseline"]:
-        print(f"\n{label} was evaluated too: it is eval.baseline (the bar and the short-context ratio)")
+        print(f"\n{label} was evaluated too: it is eval.baseline (the short-context ratio)")
     print("\nloss by position (mean next-token loss per bucket)")
     print(result["loss_table"])
     if result["needle_accuracy"] is not None:
-        print("\nneedle retrieval accuracy (all cells; by context length)")
+        print("\nneedle retrieval accuracy (all items; per context length, with its item count)")
         for label, accuracy in result["needle_accuracy"].items():
             by_length = ", ".join(
-                f"{c['context_tokens']}: {c['accuracy']:.0%}" for c in result["needle_by_length"][label]
+                f"{c['context_tokens']}: {c['accuracy']:.0%} of {c['count']}"
+                for c in result["needle_by_length"][label]
             )
             print(f"  {label}: {accuracy:.1%}  ({by_length})")
     if result["effective_length"] is not None:

@@ -1,7 +1,7 @@
 """How a model's generation is scored against a synthetic task, the same way for every model.
 
 The generation is the text a model produced after the prompt (greedy decoding, cut at the end
-token or when the score is settled). Two rules, chosen by the task kind:
+token or when the score is settled). Three rules, chosen by the task kind:
 
 * **Exact answer** (``single_needle``, ``multi_key``, ``multi_value``, ``variable_tracking``):
   1 when the generation, without leading white space, starts with the expected answer, else 0
@@ -18,6 +18,13 @@ token or when the score is settled). Two rules, chosen by the task kind:
   ``k`` items are all wrong (or that names none of the choices) scores 0, and ``j`` right items
   among the first ``k`` score ``j / k``. For ``document_qa`` ``k`` is 1: the first value the
   generation names must be the asked one.
+* **Whole value** (``kinds.VALUE_KINDS``: ``json_kv``, ``icl_labels``, ``nolima_needle``): 1 when
+  the generation, without leading white space and without one opening quote (``"`` or ``'``),
+  starts with the expected answer and the answer ends there: the generation ends with it or goes on
+  with a character that cannot continue a value (anything but a letter, a digit, ``_`` or ``-``),
+  else 0 (:func:`score_value`). So ``"v"``, `` v.`` and ``v\nInput: ...`` score 1 for ``v``, and
+  ``vx``, a prefix of ``v`` or ``The value is v`` score 0: these answers (random values, invented
+  labels and names) may begin longer words, which the exact rule would accept. Case counts.
 """
 
 from __future__ import annotations
@@ -27,13 +34,15 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from longctx.pipeline.synthetic.kinds import RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS, VALUE_KINDS
 
 if TYPE_CHECKING:
     from longctx.pipeline.synthetic.example import Example
 
 _WORD = re.compile(r"\w+")
 _TRAILING_WORD = re.compile(r"\w+\Z")
+_VALUE_GOES_ON = re.compile(r"[\w-]")  # a character that would make a value longer
+_QUOTES = ('"', "'")
 
 
 def score_answer(generated: str, answer: str) -> bool:
@@ -46,6 +55,25 @@ def answer_settled(generated: str, answer: str) -> bool:
     generation has left it."""
     text, expected = generated.lstrip(), answer.strip()
     return text.startswith(expected) or (bool(text) and not expected.startswith(text))
+
+
+def _value_text(generated: str) -> str:
+    """The generation without leading white space and one opening quote: where a value starts."""
+    text = generated.lstrip()
+    return text[1:] if text.startswith(_QUOTES) else text
+
+
+def score_value(generated: str, answer: str) -> bool:
+    """Correct when the generation, without leading white space and one opening quote, is the
+    expected answer, whole (see the module docstring)."""
+    text, expected = _value_text(generated), answer.strip()
+    return text.startswith(expected) and not _VALUE_GOES_ON.match(text, len(expected))
+
+
+def value_settled(generated: str, answer: str) -> bool:
+    """True once more tokens cannot change :func:`score_value`: the generation has gone past the
+    answer's length or away from it (a complete answer still waits for the character after it)."""
+    return not answer.strip().startswith(_value_text(generated))
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -92,6 +120,8 @@ def score_generation(example: Example, generated: str) -> float:
     """The score of ``generated`` for ``example``, in [0, 1], by the rule of its kind."""
     if example.kind in RECALL_KINDS:
         return recall_score(generated, example.answer_items, example.choices)
+    if example.kind in VALUE_KINDS:
+        return float(score_value(generated, example.answer))
     return float(score_answer(generated, example.answer))
 
 
@@ -102,4 +132,6 @@ def generation_settled(example: Example, generated: str) -> bool:
     if example.kind in RECALL_KINDS:
         complete = _TRAILING_WORD.sub("", generated)
         return len(extract_items(complete, example.choices)) >= len(example.answer_items)
+    if example.kind in VALUE_KINDS:
+        return value_settled(generated, example.answer)
     return answer_settled(generated, example.answer)

@@ -1,10 +1,11 @@
 """What a synthetic task is made of: haystack documents, sizes, needles and the finished
-:class:`Example`, shared by the needle builders (``tasks``) and the word-list builders (``words``)."""
+:class:`Example`, shared by the needle builders (``tasks``) and the builders without haystack text
+(``words``, ``jsonkv``, ``icl``)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from longctx.pipeline.synthetic.kinds import TaskKind
@@ -31,7 +32,8 @@ class TaskSizes:
     ``multi_query``, all asked at once. ``facts``: facts of ``document_qa`` (one asked, the rest
     distractors about other entities). ``common_words``: the words ``common_words`` asks for (the
     most common of its list); ``frequent_words``: the words ``frequent_words`` asks for (the most
-    frequent of its list).
+    frequent of its list); ``classes``: the categories of ``icl_labels``, each with its own label
+    (from 2 to the 8 categories it knows).
     """
 
     keys: int = 4
@@ -42,6 +44,7 @@ class TaskSizes:
     facts: int = 4
     common_words: int = 10
     frequent_words: int = 3
+    classes: int = 6
 
     def __post_init__(self) -> None:
         small = [f.name for f in fields(self) if getattr(self, f.name) < 1]
@@ -112,3 +115,30 @@ def as_haystack(items: Sequence[str | HaystackDoc]) -> list[HaystackDoc]:
         item if isinstance(item, HaystackDoc) else HaystackDoc(str(i), item) for i, item in enumerate(items)
     ]
     return [doc for doc in docs if doc.text]
+
+
+def largest_fitting(size: Callable[[int], int], budget: int, fixed: int) -> int:
+    """The largest ``n >= 1`` whose ``size(n)`` (the tokens of a prompt of ``n`` items) is at most
+    ``budget``, or 0 when one item is already too many; ``fixed`` is the prompt's tokens without
+    items. For the builders whose context is a list of items (``json_kv``, ``icl_labels``).
+
+    ``size`` is assumed to grow with ``n`` (items add tokens, nearly additively). The search steps
+    from one item by the tokens per item measured so far (a few probes, since the estimate is good
+    after the first) and keeps a bracket, bisected when a step would leave it, so it always ends.
+    """
+    fits, too_many = 0, None  # the largest n known to fit, the smallest known not to
+    n = 1
+    while too_many is None or too_many - fits > 1:
+        tokens = size(n)
+        if tokens <= budget:
+            fits = n
+        else:
+            too_many = n
+        if too_many == 1:
+            return 0
+        guess = n + int((budget - tokens) / max(1.0, (tokens - fixed) / n))
+        if too_many is None:
+            n = max(guess, fits + 1)
+        else:
+            n = guess if fits < guess < too_many else (fits + too_many) // 2
+    return fits

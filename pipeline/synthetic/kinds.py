@@ -8,6 +8,12 @@ nothing heavy, so configs can).
   ``multi_query`` (several needles asked at once), ``document_qa`` (a fact planted in one of the
   curated documents), and the aggregation tasks ``common_words`` and ``frequent_words`` (a list of
   invented words, no haystack text and no needle depth).
+- Scored by a whole value (``checkers.score_value``), after HELMET (Yen et al., 2025) and NoLiMa
+  (Modarressi et al., 2025), all scorable on base models: ``json_kv`` (the value of one key of a
+  JSON object of random keys and values, no haystack text), ``icl_labels`` (many-shot in-context
+  learning: inputs labelled by arbitrary words, the last input's label asked; no haystack text and
+  no needle depth) and ``nolima_needle`` (a fact hidden in real text, asked by a question that
+  shares no content word with it).
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ TaskKind = Literal[
     "document_qa",
     "common_words",
     "frequent_words",
+    "json_kv",
+    "icl_labels",
+    "nolima_needle",
 ]
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 # curate.synthetic's default: the retrieval kinds
@@ -31,5 +40,9 @@ DEFAULT_KINDS: tuple[TaskKind, ...] = ("single_needle", "multi_key", "multi_valu
 RECALL_KINDS: frozenset[TaskKind] = frozenset(
     {"multi_query", "document_qa", "common_words", "frequent_words"}
 )
-# kinds without haystack text or needles: their prompt is a word list, and depth plays no part
-LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words"})
+# kinds without haystack text or needles: their prompt is a list (of words, or of labelled inputs),
+# and depth plays no part
+LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words", "icl_labels"})
+# kinds scored by the whole expected value (an opening quote tolerated, a longer word refused): their
+# answers (random values, invented labels and names) may begin other words
+VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv", "icl_labels", "nolima_needle"})

@@ -22,6 +22,18 @@ Task kinds, after RULER (Hsieh et al., 2024):
 * ``common_words`` and ``frequent_words``: aggregation over a list of invented words, without
   haystack text (``longctx.pipeline.synthetic.words``).
 
+After HELMET (Yen et al., 2025) and NoLiMa (Modarressi et al., 2025), three kinds a base model can
+be scored on without instruction tuning:
+
+* ``json_kv``: the value of one key of a JSON object of random UUID keys and values, without
+  haystack text (``longctx.pipeline.synthetic.jsonkv``).
+* ``icl_labels``: many-shot in-context learning, inputs labelled by arbitrary invented words; the
+  last input's label is asked; without haystack text (``longctx.pipeline.synthetic.icl``).
+* ``nolima_needle``: one fact about an invented character (``Vera Tolimak lives next to the Semper
+  Opera House.``) hidden in the text; the question names what the fact implies (``Which character
+  has been to Dresden?``) and shares no content word with it, and the answer is the character
+  (``longctx.pipeline.synthetic.associations``).
+
 How each kind is scored is ``longctx.pipeline.synthetic.checkers``.
 
 The haystack is real text: curated documents concatenated in an order drawn from the seed, the first
@@ -59,6 +71,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer
 
+from longctx.pipeline.synthetic.associations import RELATIONS
 from longctx.pipeline.synthetic.example import (
     ANSWER_CUE,
     DEFAULT_SOURCE,
@@ -69,6 +82,8 @@ from longctx.pipeline.synthetic.example import (
     as_haystack,
     derive_seed,
 )
+from longctx.pipeline.synthetic.icl import build_icl_example
+from longctx.pipeline.synthetic.jsonkv import build_json_kv_example
 from longctx.pipeline.synthetic.kinds import LIST_KINDS, TASK_KINDS, TaskKind
 from longctx.pipeline.synthetic.names import (
     ADJECTIVES,
@@ -272,6 +287,21 @@ def _document_qa(rng: random.Random, depth: float, sizes: TaskSizes, haystack: s
     )
 
 
+def _nolima_needle(rng: random.Random, depth: float, sizes: TaskSizes, haystack: str) -> _Task:
+    """One fact about an invented character at ``depth``, from a relation, templates and an
+    ``(item, place)`` pair drawn from the seed; the question names the place."""
+    relation = rng.choice(RELATIONS)
+    item, place = rng.choice(relation.pairs)
+    name = _draw(rng, person_name, set(), haystack)
+    fact = rng.choice(relation.facts).format(name=name, item=item)
+    return _Task(
+        "A fact about a character is hidden in the following text. "
+        "Memorize it: a question about it follows the text.",
+        rng.choice(relation.questions).format(place=place),
+        (_PlannedNeedle(fact, depth, name),),
+    )
+
+
 _TASKS: dict[str, Callable[[random.Random, float, TaskSizes, str], _Task]] = {
     "single_needle": _single_needle,
     "multi_key": _multi_key,
@@ -279,6 +309,14 @@ _TASKS: dict[str, Callable[[random.Random, float, TaskSizes, str], _Task]] = {
     "variable_tracking": _variable_tracking,
     "multi_query": _multi_query,
     "document_qa": _document_qa,
+    "nolima_needle": _nolima_needle,
+}
+# the kinds built without haystack text, each by its own module
+_TEXTLESS: dict[str, Callable[[Tokenizer, int, float, int, TaskKind, TaskSizes], Example]] = {
+    "common_words": build_list_example,
+    "frequent_words": build_list_example,
+    "icl_labels": build_icl_example,
+    "json_kv": build_json_kv_example,
 }
 
 
@@ -494,20 +532,22 @@ def build_example(
     ``depth`` (0 = start, 1 = end of the context) places the asked needle: the needle itself for
     ``single_needle`` and ``multi_key``, the first-drawn value for ``multi_value``, the asked
     chain's first assignment for ``variable_tracking``, the first-named key's needle for
-    ``multi_query`` and the asked fact for ``document_qa``; other needles get depths drawn from the
-    seed. The haystack is cut with the tokenizer so the prompt comes as close to the budget as
-    sentence boundaries allow (typically within a few percent). The word-list kinds
-    (``common_words``, ``frequent_words``) use neither the haystack nor the depth
-    (:func:`longctx.pipeline.synthetic.words.build_list_example`). Raises ``ValueError`` for a bad
-    kind or depth, a budget too small for the instruction, question and needles, or too little
-    haystack text.
+    ``multi_query``, the asked fact for ``document_qa`` and the one fact of ``nolima_needle``; other
+    needles get depths drawn from the seed. The haystack is cut with the tokenizer so the prompt
+    comes as close to the budget as sentence boundaries allow (typically within a few percent). The
+    word-list kinds (``common_words``, ``frequent_words``) and ``icl_labels`` use neither the
+    haystack nor the depth (:func:`longctx.pipeline.synthetic.words.build_list_example`,
+    :func:`longctx.pipeline.synthetic.icl.build_icl_example`); ``json_kv`` uses the depth for the
+    asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`).
+    Raises ``ValueError`` for a bad kind or depth, a budget too small for the instruction, question
+    and needles, or too little haystack text.
     """
-    if kind not in _TASKS and kind not in LIST_KINDS:
+    if kind not in _TASKS and kind not in _TEXTLESS:
         raise ValueError(f"unknown task kind {kind!r}; expected one of {', '.join(TASK_KINDS)}")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
-    if kind in LIST_KINDS:
-        return build_list_example(tokenizer, context_tokens, depth, seed, kind, sizes)
+    if kind in _TEXTLESS:
+        return _TEXTLESS[kind](tokenizer, context_tokens, depth, seed, kind, sizes)
     docs = as_haystack(haystack)
     if not docs:
         raise ValueError("no haystack text: every haystack document is empty")
@@ -613,9 +653,10 @@ def make_grid(
     """One example per (length, depth), lengths outer, for evaluation.
 
     The examples of one length share their seed (derived from ``seed``, ``kind`` and the length), so
-    they hold the same haystack, keys and values and differ only in where the needles sit. The
-    word-list kinds have no depth: their seed also takes the depth, so each cell of a length is an
-    independent list rather than the same one repeated.
+    they hold the same haystack, keys and values and differ only in where the needles sit. The kinds
+    without depth (``kinds.LIST_KINDS``: the word lists and ``icl_labels``) take the depth into
+    their seed too, so each cell of a length is an independent list rather than the same one
+    repeated.
     """
     return [
         build_example(

@@ -194,7 +194,6 @@ def run_config(root: Path, base: Path, scaled: bool = True) -> dict[str, Any]:
             "rows": 1,
             "allow_training_windows": True,
             "needle": {"lengths": [STAGED_LENGTHS[0]], "depths": [0.5], "samples": 1, "max_new_tokens": 2},
-            "effective": {"baseline_length": STAGED_LENGTHS[0]},
             "short_context": {"source": "papers", "windows": 2},
         },
     }

@@ -8,11 +8,14 @@ README's, run as written except for the config.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shlex
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
@@ -63,11 +66,9 @@ def trained_run(tmp_path_factory) -> tuple[Path, Path, Path]:
             "coverage": {"required_position": 200},
             "checkpoint": {"every": 3, "keep": 1},
         },
-        # the README's eval section, on this run's short windows and few steps; the effective length's
-        # bar at 256 tokens (context.original, 128, leaves no room for a needle)
+        # the README's eval section, on this run's short windows and few steps
         "eval": {
             **readme_eval,
-            "effective": {"baseline_length": 256},
             "rows": 4,
             "needle": {
                 **readme_eval["needle"],
@@ -126,9 +127,27 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
 
     assert mean(by_model["trained"]) < mean(by_model["base"])
 
-    # several samples per cell, the same needles for every model
+    # eval.needle.samples (6) items per (kind, length), the same needles for every model
     results = needles["models"]["trained"]["results"]
-    assert len(results) == 2 * 2 * 3 == needles["models"]["trained"]["examples"]
+    assert len(results) == 2 * 6 == needles["models"]["trained"]["examples"]
+    for n in (256, 384):  # spread evenly over the depths, item i at depths[i % 2]
+        items = [r for r in results if r["context_tokens"] == n]
+        assert [r["item"] for r in items] == list(range(6))
+        assert [r["depth"] for r in items] == [0.0, 1.0] * 3
+    # every item says what was asked; its prompt is in needle_prompts.jsonl.gz, once for every model
+    with gzip.open(folder / "needle_prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+        prompts = [json.loads(line) for line in f]
+    assert [p["id"] for p in prompts] == list(range(12))
+    for r in results:
+        prompt = prompts[r["prompt"]]
+        assert (prompt["context_tokens"], prompt["depth"], prompt["seed"]) == (
+            r["context_tokens"],
+            r["depth"],
+            r["seed"],
+        )
+        assert r["question"] and r["question"] in prompt["prompt"]
+        assert r["needles"] and all(needle in prompt["prompt"] for needle in r["needles"])
+        assert r["answer"] in " ".join(r["needles"])
     assert [r["answer"] for r in results] == [r["answer"] for r in needles["models"]["base"]["results"]]
     for label in ("base", "trained"):
         scored = needles["models"][label]["results"]
@@ -137,6 +156,7 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
             {
                 "context_tokens": n,
                 "accuracy": sum(r["correct"] for r in scored if r["context_tokens"] == n) / 6,
+                "count": 6,
             }
             for n in (256, 384)
         ]
@@ -150,13 +170,13 @@ def test_models_are_compared_on_the_same_windows_and_needles(trained_run, capsys
     assert main(["eval", "--config", str(config), "--model", "trained"]) == 0
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     second = json.loads((root / "eval" / "002" / "summary.json").read_text())
-    # base, the effective length's bar (eval.baseline), is evaluated although --model left it out
-    assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [
-        ("trained", False),
-        ("base", True),
-    ]
+    # the same needles give the same prompts file, byte for byte (no time stamp in it)
+    prompts = "needle_prompts.jsonl.gz"
+    assert (root / "eval" / "002" / prompts).read_bytes() == (folder / prompts).read_bytes()
+    # each model is held to its own short score: without the short-context guard no baseline is added
+    assert [(m["label"], m["added_as_baseline"]) for m in second["models"]] == [("trained", False)]
     assert second["needle_accuracy"] == [
-        {"label": label, "accuracy": needles["models"][label]["accuracy"]} for label in ("trained", "base")
+        {"label": "trained", "accuracy": needles["models"]["trained"]["accuracy"]}
     ]
 
 
@@ -346,8 +366,8 @@ def test_a_needle_length_too_short_for_its_task_names_eval_needle_lengths(
     trained_run, tmp_path: Path, capsys
 ) -> None:
     """A length of the grid that cannot hold the task's instruction, question and needle is named
-    as an entry of ``eval.needle.lengths`` (not the pipeline's ``context_tokens``), and the effective
-    length's bar is blamed only when the bar's own length is the one too short."""
+    as an entry of ``eval.needle.lengths`` (not the pipeline's ``context_tokens``); the removed
+    ``eval.effective.baseline_length`` is refused naming the key and where the reference is now."""
     root, config, _ = trained_run
     before = evaluations(root)
     short = changed_config(
@@ -360,14 +380,15 @@ def test_a_needle_length_too_short_for_its_task_names_eval_needle_lengths(
     ), err
     assert "context_tokens" not in err and "eval.effective" not in err and "\n" not in err
     bar = changed_config(
-        config, tmp_path / "bar.yaml", lambda s: s["eval"]["effective"].update(baseline_length=16)
+        config, tmp_path / "bar.yaml", lambda s: s["eval"].update(effective={"baseline_length": 16})
     )
     assert main(["eval", "--config", str(bar), "--model", "trained"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(
-        "longctx eval: eval.effective.baseline_length: a length of 16 tokens leaves no room"
+    assert err.splitlines()[1] == (
+        "  eval.effective: baseline_length was removed: each model's threshold comes from its own score "
+        "at the shortest length of eval.needle.lengths (drop the key; list that length there)"
     ), err
-    assert "context_tokens" not in err and "\n" not in err
+    assert "Traceback" not in err
     assert evaluations(root) == before
 
 
@@ -390,3 +411,48 @@ def test_a_model_whose_vocabulary_the_shards_overflow_is_refused_before_any_work
     assert err.startswith(f"longctx eval: {small}: ") and len(err.strip().splitlines()) == 1, err
     assert "100" in err and "320" in err and "Traceback" not in err
     assert evaluations(root) == before
+
+
+def test_eval_documents_points_the_needles_elsewhere_local_or_s3(trained_run, s3, tmp_path: Path) -> None:
+    """``eval.documents`` hides the needles in another documents folder: a copy of the run's gives the
+    run's own prompts, one with other texts other prompts, and the copy published to ``s3://`` the
+    local copy's prompts (from a copy in the run's cache); a missing folder is one error naming the
+    key."""
+    import shutil
+
+    from longctx.core.remote import cache_folder, publish_folder
+
+    root, config, _ = trained_run
+    settings = yaml.safe_load(config.read_text())
+    needle = {"lengths": [SEQ_LEN], "depths": [0.5], "samples": 2, "max_new_tokens": 2}
+    settings["eval"] = {"models": ["trained"], "rows": 1, "allow_training_windows": True, "needle": needle}
+
+    def prompts(eval_section: dict) -> list[str]:
+        result = jobs.evaluate(parse_config(settings | {"eval": {**settings["eval"], **eval_section}}))
+        with gzip.open(Path(result["folder"]) / "needle_prompts.jsonl.gz", "rt", encoding="utf-8") as f:
+            return [json.loads(line)["prompt"] for line in f]
+
+    own = prompts({})
+    copy = tmp_path / "documents"
+    shutil.copytree(root / "documents", copy)
+    assert prompts({"documents": str(copy)}) == own
+    other = tmp_path / "other"
+    shutil.copytree(root / "documents", other)
+    for f in sorted(other.rglob("*.parquet")):  # the same files, every text in reverse word order
+        table = pq.read_table(f)
+        texts = [" ".join(reversed(t.split())) for t in table.column("text").to_pylist()]
+        pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)), f)
+    moved = prompts({"documents": str(other)})
+    assert len(moved) == len(own) and all(a != b for a, b in zip(moved, own))
+
+    url = f"s3://{s3.bucket()}/curated/documents"
+    publish_folder(copy, url, storage_options=s3.storage_options)
+    assert prompts({"documents": url, "storage_options": s3.storage_options}) == own
+    fetched = cache_folder(url, root / "cache")
+    assert sorted(p.relative_to(fetched) for p in fetched.rglob("*.parquet")) == sorted(
+        p.relative_to(copy) for p in copy.rglob("*.parquet")
+    )
+    with pytest.raises(ConfigError, match=r"eval\.documents: path does not exist"):
+        prompts({"documents": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match=r"^eval\.documents: no file under s3://"):
+        prompts({"documents": f"s3://{s3.bucket()}/nothing", "storage_options": s3.storage_options})

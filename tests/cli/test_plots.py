@@ -5,6 +5,7 @@ and :func:`~longctx.core.figures.write_figure` with a plain ``savefig``."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -179,21 +180,49 @@ def test_the_needle_heatmap_has_a_panel_per_model_and_task_kind_with_true_counts
         assert [t.get_text() for t in ax.texts] == want, title
 
 
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """Wilson's closed form at 95%: (k + z^2/2 -+ z sqrt(k (n - k) / n + z^2 / 4)) / (n + z^2)."""
+    z = 1.959963984540054
+    root = z * math.sqrt(k * (n - k) / n + z * z / 4)
+    return (k + z * z / 2 - root) / (n + z * z), (k + z * z / 2 + root) / (n + z * z)
+
+
 def test_every_models_line_stays_visible_when_their_scores_coincide(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Two models with the same score at every length (a base and a trained model that both score
-    0.5): around each point of the PNG, each model's own colour is drawn, and the legend names both."""
+    5 of 10): around each point of the PNG, each model's own colour is drawn, the points sit apart,
+    each with its interval as error bars; each model's threshold is a line and the legend names
+    both models and their effective lengths."""
     from matplotlib.colors import to_rgb
 
     from longctx.trainer.evaluation import measures as evaluate
 
-    scores = [{"context_tokens": n, "score": 0.5} for n in (256, 512, 1024)]
-    effective = {
-        "models": {label: {"scores": scores, "effective_length": None} for label in ("base", "trained")},
+    low, high = wilson(5, 10)
+    scores = [
+        {
+            "context_tokens": n,
+            "score": 0.5,
+            "count": 10,
+            "low": low,
+            "high": high,
+            "passes": True,
+            "enough": False,
+        }
+        for n in (256, 512, 1024)
+    ]
+    verdict = {
+        "scores": scores,
+        "effective_length": 1024,
+        "status": "determined",
+        "reason": None,
         "threshold": 0.25,
-        "baseline": None,
+        "threshold_source": "absolute",
+        "fraction": None,
+        "reference": {"context_tokens": 256, **scores[0]},
+        "first_failure": None,
     }
+    effective = {"models": {"base": verdict, "trained": verdict}}
     drawn = []
     write = evaluate.write_figure
 
@@ -206,12 +235,23 @@ def test_every_models_line_stays_visible_when_their_scores_coincide(
     (figure,) = drawn
     ax = figure.axes[0]
     image = np.asarray(Image.open(tmp_path / "score.png").convert("RGB")).astype(int)
-    lines = {line.get_label(): line for line in ax.get_lines()}
-    assert {t.get_text() for t in ax.get_legend().get_texts()} >= {"base", "trained"}
-    for label in ("base", "trained"):
-        colour = np.array(to_rgb(lines[label].get_color())) * 255
-        for n in (256, 512, 1024):
-            x, y = ax.transData.transform((n, 0.5))
-            row, col = image.shape[0] - round(y), round(x)
+    bars = {c.get_label(): c for c in ax.containers}
+    legend = {t.get_text() for t in ax.get_legend().get_texts()}
+    # the legend says how many items each score has, and that 10 are too few for +/-0.1
+    names = {f"{label} (effective 1024; n=10, too few items for +/-0.1)" for label in ("base", "trained")}
+    assert names <= legend
+    assert sum("threshold 0.25 (absolute" in t for t in legend) == 2
+    xs = {}
+    for label in sorted(names):
+        data_line, _, (segments,) = bars[label].lines
+        colour = np.array(to_rgb(data_line.get_color())) * 255
+        xs[label] = [x for x, _ in data_line.get_xydata()]
+        for (x, y), segment in zip(data_line.get_xydata(), segments.get_segments()):
+            assert y == 0.5 and [p[1] for p in segment] == pytest.approx([low, high])  # the interval
+            px, py = ax.transData.transform((x, y))
+            row, col = image.shape[0] - round(py), round(px)
             around = image[row - 12 : row + 13, col - 12 : col + 13]
-            assert (np.abs(around - colour).sum(axis=2) < 60).sum() >= 20, (label, n)
+            assert (np.abs(around - colour).sum(axis=2) < 60).sum() >= 20, (label, x)
+    first, second = xs.values()
+    for a, b, n in zip(first, second, (256, 512, 1024)):
+        assert a < n < b  # shifted apart around the true length

@@ -74,3 +74,31 @@ def test_wrong_credentials_are_access_denied_not_a_missing_bucket(s3_auth: AuthS
     missing = "s3://no-such-bucket-here/run"
     with pytest.raises(RemoteError, match=r"no such bucket 'no-such-bucket-here'; create it first"):
         remote.check_destination(missing, s3_auth.storage_options())
+
+
+def test_fetch_folder_copies_every_file_and_refetches_only_changed_ones(s3: S3, tmp_path: Path) -> None:
+    """A folder without a manifest (a curated documents folder): every file under the URL comes down
+    with its relative path; fetched again, an intact cached copy is kept (its modification time
+    unchanged) and a remote file replaced by other bytes of the same size is downloaded again."""
+    source = tmp_path / "documents"
+    (source / "books").mkdir(parents=True)
+    (source / "code").mkdir()
+    (source / "books" / "a.parquet").write_bytes(b"book bytes")
+    (source / "code" / "b.parquet").write_bytes(b"code bytes")
+    url = f"s3://{s3.bucket()}/curation/documents"
+    publish_folder(source, url, storage_options=s3.storage_options)
+    dest = tmp_path / "cache"
+    assert remote.fetch_folder(url, dest, storage_options=s3.storage_options) == dest
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert copied == ["books/a.parquet", "code/b.parquet"]
+    kept = (dest / "books" / "a.parquet").stat().st_mtime_ns
+    s3.fs().pipe_file(f"{url.removeprefix('s3://')}/code/b.parquet", b"CODE BYTES")  # same size
+    remote.fetch_folder(url, dest, storage_options=s3.storage_options)
+    assert (dest / "books" / "a.parquet").stat().st_mtime_ns == kept
+    assert (dest / "code" / "b.parquet").read_bytes() == b"CODE BYTES"
+    assert (
+        remote.fetch_folder(
+            f"s3://{s3.bucket()}/nothing", tmp_path / "none", storage_options=s3.storage_options
+        )
+        is None
+    )

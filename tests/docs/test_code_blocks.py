@@ -199,7 +199,7 @@ def scaled_demo_config() -> dict[str, Any]:
         stage["steps"] = 1
     cfg["eval"] |= {
         "rows": 2,
-        "needle": {"lengths": [256, 1024], "depths": [0.0, 1.0], "samples": 1, "max_new_tokens": 4},
+        "needle": {"lengths": [256, 1024], "depths": [0.0, 1.0], "samples": 2, "max_new_tokens": 4},
     }
     return cfg
 

@@ -95,8 +95,6 @@ def test_packing_the_published_curation_elsewhere_equals_packing_the_run(
             "models": ["base"],
             "rows": 1,
             "needle": {"lengths": [240], "depths": [0.5], "samples": 1, "max_new_tokens": 1},
-            # context.original (64) holds no needle: the effective length's bar is measured at 240
-            "effective": {"baseline_length": 240},
         },
     }
     result = jobs.evaluate(parse_config(settings))

@@ -60,7 +60,7 @@ def parse_facts(example: Example) -> tuple[dict[str, str], str]:
 
 def test_kind_registry() -> None:
     assert set(NEW_KINDS) <= set(TASK_KINDS) and set(NEW_KINDS) == RECALL_KINDS
-    assert {"common_words", "frequent_words"} == LIST_KINDS
+    assert {"common_words", "frequent_words", "icl_labels"} == LIST_KINDS  # icl_labels: HELMET's ICL
 
 
 # --- multi_query -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The eval grid with the RULER-style kinds: built by ``needle_examples`` from the same task code as
-curation, decoded by a tiny transformers Llama, scored by each kind's checker, with room for list
-answers."""
+"""The eval grid with the RULER-, HELMET- and NoLiMa-style kinds: built by ``needle_examples`` from
+the same task code as curation, decoded by a tiny transformers Llama, scored by each kind's
+checker, with room for list answers and long values."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from longctx.pipeline.bpe import train_bpe
+from longctx.pipeline.config import SyntheticConfig
 from longctx.pipeline.synthetic.checkers import score_generation
-from longctx.pipeline.synthetic.kinds import LIST_KINDS, RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS, TASK_KINDS, VALUE_KINDS
 from longctx.pipeline.synthetic.tasks import build_example, derive_seed
+from longctx.trainer.config import NeedleEvalConfig
 from longctx.trainer.evaluation.effective import score_by_length
 from longctx.trainer.evaluation.measures import (
     generation_budget,
@@ -26,7 +28,16 @@ from tests.pipeline.test_synthetic import prose
 from tests.trainer.test_evaluate import VOCAB, save_tiny_llama
 
 pytest.importorskip("transformers")
-KINDS = ["single_needle", "multi_query", "document_qa", "common_words", "frequent_words"]
+KINDS = [
+    "single_needle",
+    "multi_query",
+    "document_qa",
+    "common_words",
+    "frequent_words",
+    "json_kv",
+    "icl_labels",
+    "nolima_needle",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +51,24 @@ def setup(tmp_path_factory):
 
 def test_grid_examples_are_the_task_builders(setup) -> None:
     haystack, tokenizer, _ = setup
-    examples = needle_examples(haystack, tokenizer, [900], [0.0, 1.0], KINDS, seed=5, samples=2)
-    assert len(examples) == len(KINDS) * 2 * 2
-    for item in examples:  # the same example curation would build from that seed
-        d, sample_seed = item.example.depth, derive_seed(5, "sample", item.sample)
-        parts = (sample_seed, item.task, 900) + ((d,) if item.task in LIST_KINDS else ())
-        assert item.example == build_example(haystack, tokenizer, 900, d, derive_seed(*parts), item.task)
+    examples = needle_examples(haystack, tokenizer, [900], [0.0, 1.0], KINDS, seed=5, samples=3)
+    assert len(examples) == len(KINDS) * 3  # 3 items per (kind, length), over the 2 depths
+    assert [e.id for e in examples] == list(range(len(examples)))
+    for kind in KINDS:
+        items = [e for e in examples if e.task == kind]
+        assert [e.item for e in items] == [0, 1, 2]
+        assert [e.example.depth for e in items] == [0.0, 1.0, 0.0]  # item i at depths[i % 2]
+    for item in examples:  # the same example curation would build from the item's own seed
+        d, seed = item.example.depth, derive_seed(5, item.task, 900, "item", item.item)
+        assert item.example == build_example(haystack, tokenizer, 900, d, seed, item.task)
+    # every item draws its own haystack, keys and values
+    assert len({e.example.prompt for e in examples}) == len(examples)
+
+
+def test_settings_take_every_kind() -> None:
+    assert set(KINDS) == set(TASK_KINDS) - {"multi_key", "multi_value", "variable_tracking"}
+    assert NeedleEvalConfig(kinds=list(TASK_KINDS)).kinds == list(TASK_KINDS)
+    assert SyntheticConfig(kinds=list(TASK_KINDS)).kinds == list(TASK_KINDS)
 
 
 def test_generation_budget_fits_list_answers(setup) -> None:
@@ -54,7 +77,7 @@ def test_generation_budget_fits_list_answers(setup) -> None:
         example = build_example(haystack, tokenizer, 900, 0.5, 1, kind)
         answer = len(tokenizer.encode(" " + example.answer, add_special_tokens=False).ids)
         budget = generation_budget(example, tokenizer, 4)
-        if kind in RECALL_KINDS:
+        if kind in RECALL_KINDS | VALUE_KINDS:  # lists, and values scored with the character after them
             assert budget == answer + 8 and budget > 4  # the configured 4 could never hold the list
         else:
             assert budget == 4  # the exact-answer kinds keep max_new_tokens as configured
@@ -64,7 +87,8 @@ def test_generation_budget_fits_list_answers(setup) -> None:
 @pytest.mark.slow
 def test_scores_come_from_each_kinds_checker(setup) -> None:
     haystack, tokenizer, model = setup
-    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words"]  # short answers: fast
+    # short answers: fast (json_kv's value is a UUID of dozens of tokens)
+    kinds = ["single_needle", "multi_query", "document_qa", "frequent_words", "icl_labels", "nolima_needle"]
     examples = needle_examples(haystack, tokenizer, [500, 600], [0.5], kinds, seed=2, samples=1)
     results = score_needles(model, tokenizer, examples, torch.device("cpu"), max_new_tokens=4)
     assert [(r.task, r.context_tokens) for r in results] == [
@@ -75,7 +99,15 @@ def test_scores_come_from_each_kinds_checker(setup) -> None:
         assert 0.0 <= r.score <= 1.0 and r.correct == (r.score == 1.0)
         assert r.answer == item.example.answer
     json.dumps([r.__dict__ for r in results])
+    assert all(
+        r.question == item.example.question and r.seed == item.example.seed
+        for item, r in zip(examples, results)
+    )
     # the accuracy keeps its meaning (fully correct answers); the length score averages the partial ones
     assert needle_accuracy(results)["accuracy"] == sum(r.correct for r in results) / len(results)
     by_length = score_by_length(results)
-    assert set(by_length) == {500, 600} and all(0.0 <= s <= 1.0 for s in by_length.values())
+    assert set(by_length) == {500, 600}
+    for n, score in by_length.items():  # the partial scores summed, over every kind's one item
+        assert score.count == len(kinds) and score.total == sum(
+            r.score for r in results if r.context_tokens == n
+        )

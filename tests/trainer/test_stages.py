@@ -38,7 +38,9 @@ from longctx import jobs
 from longctx.cli import main
 from longctx.config import parse_config
 from longctx.core.errors import ConfigError
+from longctx.trainer.config import EffectiveLengthConfig
 from longctx.trainer.evaluation.effective import effective_lengths, task_scores
+from longctx.trainer.evaluation.interval import Score
 from longctx.trainer.evaluation.measures import NeedleResult
 from longctx.trainer.evaluation.short_context import NoHeldOutDocuments
 from tests.packer.test_pack_helpers import STAGED_LENGTHS
@@ -75,7 +77,6 @@ def staged(root: Path, stages: list[dict[str, Any]], **train: Any) -> dict[str, 
             "rows": 2,
             "allow_training_windows": True,  # the stages train on every window; these tests score others
             "needle": {"lengths": [256, 512], "depths": [0.5], "samples": 1, "max_new_tokens": 4},
-            "effective": {"baseline_length": 256},
             "short_context": {"source": "papers", "windows": 4},
         },
     }
@@ -295,8 +296,11 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     assert "Traceback" not in stderr
     assert err.startswith(
         f"longctx train: stage 1 (256 tokens) failed its gate: short_loss_ratio = {check['value']:.4g}, "
-        "above the limit 0.001 (loss on 4 held-out 128-token windows of source 'papers' over base's)"
+        "above the limit 0.001 (loss on 4 held-out 128-token windows of source 'papers' over the base "
+        "model's as released (its own RoPE; gate.short_loss_reference: released))"
     )
+    short = gate["measured"]["short_context"]
+    assert short["reference"] == "released" and check["value"] == short["loss"] / short["reference_loss"]
     assert "train.stages[0].steps" in err and "train.stages[0].gate.max_short_loss_ratio" in err
     assert "(or set train.on_gate_fail: continue)" in err
     assert not (root / "train" / "stages" / "2-512").exists()  # the next stage never started
@@ -317,11 +321,30 @@ def test_a_failed_gate_stops_the_run_in_one_line_and_a_rerun_changes_nothing(
     assert capsys.readouterr().err.strip() == err  # the recorded result, not measured again
     assert snapshot(root / "train" / "stages") == before
 
+    # against eval.baseline (the base with the run's YaRN) instead: measured again (the gate changed),
+    # over the loss `longctx eval` gives base on the same windows, and the detail says so
+    gate_on_baseline = {"max_short_loss_ratio": 0.001, "short_loss_reference": "baseline"}
+    config.write_text(yaml.safe_dump(staged(root, two_stages(steps=2, gate=gate_on_baseline))))
+    assert main(["train", "--config", str(config)]) == 2
+    assert "gate.short_loss_reference: baseline" in capsys.readouterr().err
+    again = json.loads((stage1 / "gate.json").read_text())
+    measured = again["measured"]["short_context"]
+    assert measured["reference"] == "baseline" and measured["loss"] == short["loss"]
+    evaluated = jobs.evaluate(
+        parse_config(
+            yaml.safe_load(config.read_text())
+            | {"eval": {**yaml.safe_load(config.read_text())["eval"], "models": ["base"], "needle": None}}
+        )
+    )
+    (base,) = evaluated["short_context"]["models"]
+    assert measured["reference_loss"] == pytest.approx(base["mean_loss"], rel=1e-9, abs=0)
+    assert measured["reference_loss"] != short["reference_loss"]  # not the released base's
+
 
 def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> None:
-    """A failed ``require_effective_length``: with the bar measured (no threshold) the line offers to
-    set ``eval.effective.threshold``; with one set, to lower it from its value; ``on_gate_fail``
-    is offered only while it is ``stop``."""
+    """A failed ``require_effective_length``: with the threshold a fraction of the short score the
+    line offers to lower the fraction or the minimum short score; with an absolute one, to lower it
+    from its value; ``on_gate_fail`` is offered only while it is ``stop``."""
     from longctx.core.layout import RunLayout
     from longctx.trainer.config import EffectiveLengthConfig
     from longctx.trainer.evaluation.gates import Check, GateResult, failure_line
@@ -330,7 +353,7 @@ def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> N
     cfg = parse_config(staged(tmp_path, two_stages(gate={"require_effective_length": True})))
     assert cfg.train is not None
     stage = resolve_stages(cfg.train, RunLayout(tmp_path))[0]
-    check = Check("effective_length", 128, 256, False, "bar 0.5: base's score at 256 tokens")
+    check = Check("effective_length", 128, 256, False, "threshold 0.5 (absolute, eval.effective.threshold)")
     result = GateResult(1, 256, 3, {}, {}, [check])
 
     def line(on_gate_fail: str, threshold: float | None) -> str:
@@ -340,12 +363,44 @@ def test_the_effective_length_advice_follows_eval_effective(tmp_path: Path) -> N
         )
 
     measured = line("stop", None)
-    assert "set eval.effective.threshold to a bar the stage can reach" in measured
+    assert "lower eval.effective.fraction (0.85) or eval.effective.min_short_score (0.5)" in measured
     assert "drop train.stages[0].gate.require_effective_length" in measured
     assert "(or set train.on_gate_fail: continue)" in measured
     fixed = line("continue", 0.8)
-    assert "lower eval.effective.threshold (0.8) to a bar the stage can reach" in fixed
+    assert "lower eval.effective.threshold (0.8)" in fixed
     assert "on_gate_fail" not in fixed
+
+
+def test_the_effective_length_gate_scores_the_grid_up_to_the_stage_and_follows_the_definition() -> None:
+    """``require_effective_length`` scores ``eval.needle.lengths`` below the stage's length and the
+    stage's own; a dip below the stage's length fails it, and a weak short score is undetermined."""
+    from longctx.trainer.evaluation.gates import effective_check, gate_lengths, needle_check
+
+    assert gate_lengths([256, 512, 1024, 4096], 2048, True) == [256, 512, 1024, 2048]
+    assert gate_lengths([256, 512], 512, True) == [256, 512]
+    assert gate_lengths([256, 512], 2048, False) == [2048]  # min_needle_score alone: the stage's length
+    config = EffectiveLengthConfig()
+    # 100 of 100 at 256 (threshold 0.85; lower ends 0.963 and 0.885 for 100 and 95 of 100), a dip at 512
+    measured: dict[str, Any] = {}
+    dip = effective_check(
+        1024, config, {256: Score(100, 100), 512: Score(50, 100), 1024: Score(95, 100)}, measured
+    )
+    assert (dip.value, dip.passed) == (256, False) and "first failing length 512" in dip.detail
+    assert measured["effective_length"]["first_failure"] == 512
+    held = effective_check(
+        1024, config, {256: Score(100, 100), 512: Score(95, 100), 1024: Score(95, 100)}, {}
+    )
+    assert (held.value, held.passed) == (1024, True)
+    weak = effective_check(1024, config, {256: Score(1, 100), 1024: Score(100, 100)}, {})
+    assert weak.value is None and not weak.passed and weak.detail.startswith("undetermined: the score at")
+    # min_needle_score stays a point estimate; its detail gives the count and the interval
+    # (4 of 6: Wilson's (4 + z^2/2 -+ z sqrt(4 * 2 / 6 + z^2 / 4)) / (6 + z^2) = 0.30, 0.90)
+    check = needle_check(1024, ["single_needle"], Score(4, 6), 0.6)
+    assert check.passed and check.value == pytest.approx(4 / 6)
+    assert check.detail == (
+        "mean score of single_needle at 1024 tokens: 0.67 [0.30, 0.90] n=6, too few items for +/-0.1 "
+        "(95% Wilson interval)"
+    )
 
 
 def test_on_gate_fail_continue_logs_the_failure_and_goes_on(
@@ -438,7 +493,11 @@ def test_eval_reports_effective_length_and_short_ratio_from_its_own_results(
     root = run_folder(staged_packed, tmp_path)
     config = tmp_path / "run.yaml"
     settings = staged(root, two_stages(steps=2))
-    settings["eval"]["needle"] |= {"kinds": ["single_needle", "document_qa"], "depths": [0.0, 1.0]}
+    settings["eval"]["needle"] |= {
+        "kinds": ["single_needle", "document_qa"],
+        "depths": [0.0, 1.0],
+        "samples": 2,
+    }
     config.write_text(yaml.safe_dump(settings))
     jobs.train(parse_config(settings), progress=False)
     capsys.readouterr()
@@ -454,32 +513,50 @@ def test_eval_reports_effective_length_and_short_ratio_from_its_own_results(
         ("base", True),
     ]
     assert "base was evaluated too" in out
-    # the grid has the bar's length; the effective lengths and task scores are effective.py's on the
-    # results written to needle.json
+    # the effective lengths and task scores are effective.py's on the results written to needle.json
     assert needles["lengths"] == [256, 512]
     results = {
         m["label"]: [NeedleResult(**{**r, "score": r["score"]}) for r in m["results"]]
         for m in needles["models"]
     }
-    expected = effective_lengths(results, threshold=None, baseline="base", baseline_length=256)
+    expected = effective_lengths(results, EffectiveLengthConfig())
     assert summary["effective_length"] == json.loads(json.dumps(expected))
     for label, found in expected["models"].items():
-        scores = ", ".join(f"{s['context_tokens']}: {s['score']:.2f}" for s in found["scores"])
-        assert f"    score by length  {scores}" in out
-        length = found["effective_length"]
-        assert f"  {label}: {length} tokens" in out if length else f"  {label}: none" in out
+        for row in found["scores"]:  # each with its count and interval, and n=2 is too few items
+            low, high = row["low"], row["high"]
+            assert row["count"] == 4 and not row["enough"]  # 2 kinds x 2 items
+            text = f"{row['score']:.2f} [{low:.2f}, {high:.2f}] n=4, too few items for +/-0.1"
+            assert f"      {row['context_tokens']:>7}: {text}" in out
+        if found["status"] == "undetermined":
+            assert f"  {label}: undetermined: {found['reason']}" in out
         for task, by_length in task_scores(results[label]).items():
             assert summary["task_scores"][label][task] == [
-                {"context_tokens": n, "score": s} for n, s in by_length.items()
+                {"context_tokens": n, **json.loads(json.dumps(s.as_json()))} for n, s in by_length.items()
             ]
-            assert f"    {task:<16} " + ", ".join(f"{n}: {s:.2f}" for n, s in by_length.items()) in out
+            assert [c["count"] for c in summary["task_scores"][label][task]] == [2, 2]
     # the short-context guard: each model's loss on the held-out windows, and the ratio of the two
     short = summary["short_context"]
     losses = {m["label"]: m["mean_loss"] for m in short["models"]}
     ratios = {m["label"]: m["ratio"] for m in short["models"]}
     assert short["source"] == "papers" and short["held_out"] and short["excluded_as_trained"] == 0
     assert ratios == {"trained": losses["trained"] / losses["base"], "base": 1.0}
-    assert f"  trained: loss {losses['trained']:.4f}, ratio {ratios['trained']:.3f}" in out
+    # and against the base as released: the base of the same run without its RoPE scaling (YaRN),
+    # evaluated as a run of its own, is the denominator
+    plain = [{"seq_len": stage["seq_len"], "steps": stage["steps"]} for stage in settings["train"]["stages"]]
+    released = dict(settings, train={**settings["train"], "model": {"tiny": TINY}, "stages": plain})
+    alone = jobs.evaluate(
+        parse_config(released | {"eval": {**settings["eval"], "models": ["base"], "needle": None}})
+    )
+    (own,) = alone["short_context"]["models"]
+    assert short["released_base"] == pytest.approx(own["mean_loss"], rel=1e-9, abs=0)
+    # the rescaled base is another model: YaRN moves its short-window loss a little (by about 3e-6 here)
+    assert abs(short["released_base"] - losses["base"]) > 1e-7
+    to_released = {m["label"]: m["ratio_to_released"] for m in short["models"]}
+    assert to_released == pytest.approx({label: loss / own["mean_loss"] for label, loss in losses.items()})
+    assert (
+        f"  trained: loss {losses['trained']:.4f}, ratio {ratios['trained']:.3f}, ratio to the released "
+        f"base {to_released['trained']:.3f}"
+    ) in out
     assert (folder / "score_by_length.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -4,14 +4,16 @@ After a stage's last step, its gate (``train.stages[k].gate``) measures the stag
 (``train/stages/<k>-<N>/final``) with the run's ``eval`` settings, at the stage's length:
 
 - ``needle_score``: the needle grid's score at the stage's length (``eval.needle``'s kinds, depths
-  and samples; the mean over kinds of each kind's checker score, ``longctx.trainer.evaluation.effective``),
-  at least ``min_needle_score``;
+  and items; the mean item score, ``longctx.trainer.evaluation.effective``), a point estimate at
+  least ``min_needle_score`` (its detail gives its count and 95% interval);
 - ``short_loss_ratio``: the loss on held-out short windows (``eval.short_context``, documents no
-  training row of the run holds, ``longctx.trainer.evaluation.short_context``) over the ``eval.baseline``
-  model's, at most ``max_short_loss_ratio``;
-- ``effective_length``: with ``require_effective_length``, the effective context length (the bar of
-  ``eval.effective``, by default the baseline's score at ``context.original``) reaches the stage's
-  length.
+  training row of the run holds, ``longctx.trainer.evaluation.short_context``) over the reference
+  model's, at most ``max_short_loss_ratio``: by default (``short_loss_reference: released``) the
+  base model as released, with its own RoPE, since what extension must not cost is what the model
+  could do before; or the ``eval.baseline`` model (the base with the run's RoPE);
+- ``effective_length``: with ``require_effective_length``, the effective context length
+  (``eval.effective``'s definition, over the lengths of ``eval.needle.lengths`` up to the stage's and
+  the stage's own) reaches the stage's length; an undetermined one fails, with its reason.
 
 The result (values, limits, verdicts, and the settings it was measured with) is written to the
 stage's ``gate.json``. A rerun reuses a recorded result made for the same stage step and settings
@@ -69,7 +71,8 @@ class GateSettings:
     def recorded(self) -> dict[str, Any]:
         """The settings a recorded result must have been measured with to be reused."""
         return self.section.model_dump(
-            mode="json", include={"needle", "short_context", "baseline", "effective", "precision"}
+            mode="json",
+            include={"needle", "short_context", "baseline", "effective", "precision", "documents"},
         )
 
 
@@ -163,9 +166,10 @@ def failure_line(
         for c in failed
     )
     bar = (
-        f"lower eval.effective.threshold ({effective.threshold:g}) to a bar the stage can reach"
+        f"lower eval.effective.threshold ({effective.threshold:g})"
         if effective.threshold is not None
-        else "set eval.effective.threshold to a bar the stage can reach"
+        else f"lower eval.effective.fraction ({effective.fraction:g}) or eval.effective.min_short_score "
+        f"({effective.min_short_score:g})"
     )
     advice = "; or ".join(dict.fromkeys(_ADVICE[c.metric].format(key=stage.key, bar=bar) for c in failed))
     going_on = " (or set train.on_gate_fail: continue)" if on_gate_fail == "stop" else ""
@@ -199,12 +203,12 @@ def recorded_gate(stage: Stage, settings: GateSettings) -> GateResult | None:
 @dataclass
 class GateMemo:
     """What every gate of one run measures alike, kept between its stages' gates in one process so
-    it is measured once: the guard's windows (the documents no training row holds, tokenized), the
-    baseline model's loss on them, and the effective length's bar."""
+    it is measured once: the guard's windows (the documents no training row holds, tokenized) and
+    the reference models' losses on them (the baseline's, the released base's)."""
 
     guard: Any = None
     baseline_loss: float | None = None
-    bar: float | None = None
+    released_loss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -239,17 +243,18 @@ def evaluate_gate(
     gate, section, started = stage.gate, settings.section, time.monotonic()
     memo = memo if memo is not None else GateMemo()
     where = _Where(train, context, layout, layout.tokenizer_file(tokenizer))
-    documents = settings.documents or layout.documents
+    from longctx.trainer.evaluation.job import eval_documents
+
+    documents = eval_documents(section, layout, train) or settings.documents or layout.documents
     bf16 = use_bf16(section.precision, device)
     header = load_manifest(
         layout.training_shards(stage.config.shards, stage.seq_len), train.storage_options
     ).header
     print(f"{stage.describe()}: measuring its gate ({', '.join(gate.checks) or 'nothing'})", flush=True)
     model = load_folder(stage.layout.final_model, implementation=train.model.implementation, device=device)
-    needles = bar = None
+    needles = None
     if gate.min_needle_score is not None or gate.require_effective_length:
-        bar = _bar_length(section, context) if gate.require_effective_length else None
-        needles = _needles(section, stage, bar, where, documents)
+        needles = _needles(section, stage, gate.require_effective_length, where, documents)
         stage_needles = _score(model, needles, device)
     guard = None
     if gate.max_short_loss_ratio is not None:
@@ -259,34 +264,35 @@ def evaluate_gate(
         stage_loss = _window_loss(model, guard, device, bf16)
     del model
     baseline = None
-    measured_bar = bar is not None and section.effective.threshold is None
-    if (guard is not None and memo.baseline_loss is None) or (measured_bar and memo.bar is None):
+    reference = gate.short_loss_reference
+    if guard is not None and reference == "baseline" and memo.baseline_loss is None:
         baseline = _baseline_model(section, where, header.tokenizer.vocab_size, device)
     checks, measured = [], {}
     if needles is not None:
         from longctx.trainer.evaluation.effective import score_by_length
 
         by_length = score_by_length(stage_needles)
-        measured["score_by_length"] = [{"context_tokens": n, "score": s} for n, s in by_length.items()]
+        measured["score_by_length"] = [{"context_tokens": n, **s.as_json()} for n, s in by_length.items()]
         if gate.min_needle_score is not None:
-            score = by_length.get(stage.seq_len)
-            checks.append(
-                Check(
-                    "needle_score",
-                    score,
-                    gate.min_needle_score,
-                    score is not None and score >= gate.min_needle_score,
-                    f"mean score of {', '.join(needles.config.kinds)} at {stage.seq_len} tokens",
-                )
-            )
+            kinds = needles.config.kinds
+            checks.append(needle_check(stage.seq_len, kinds, by_length[stage.seq_len], gate.min_needle_score))
         if gate.require_effective_length:
-            checks.append(
-                _effective_check(stage, section, by_length, bar, baseline, needles, device, measured, memo)
-            )
+            checks.append(effective_check(stage.seq_len, section.effective, by_length, measured))
     if guard is not None:
-        if memo.baseline_loss is None:
-            memo.baseline_loss = _window_loss(baseline, guard, device, bf16)
-        base_loss = memo.baseline_loss
+        if reference == "released":
+            if memo.released_loss is None:
+                from longctx.trainer.evaluation.job import released_loss
+
+                vocab = header.tokenizer.vocab_size
+                found = released_loss(train, context, vocab, device, guard.windows, bf16)
+                memo.released_loss = found["mean_loss"]
+            base_loss = memo.released_loss
+            against = "the base model's as released (its own RoPE; gate.short_loss_reference: released)"
+        else:
+            if memo.baseline_loss is None:
+                memo.baseline_loss = _window_loss(baseline, guard, device, bf16)
+            base_loss = memo.baseline_loss
+            against = f"{section.baseline}'s (eval.baseline; gate.short_loss_reference: baseline)"
         ratio = (
             stage_loss / base_loss
             if stage_loss is not None and base_loss is not None and base_loss > 0
@@ -295,7 +301,8 @@ def evaluate_gate(
         measured["short_context"] = {
             **guard.as_json(),
             "loss": stage_loss,
-            "baseline_loss": base_loss,
+            "reference_loss": base_loss,
+            "reference": reference,
             "baseline": section.baseline,
         }
         checks.append(
@@ -305,7 +312,7 @@ def evaluate_gate(
                 gate.max_short_loss_ratio,
                 ratio is not None and ratio <= gate.max_short_loss_ratio,
                 f"loss on {len(guard.windows)} held-out {guard.length}-token windows of source "
-                f"{guard.source!r} over {section.baseline}'s",
+                f"{guard.source!r} over {against}",
             )
         )
     return GateResult(
@@ -320,22 +327,21 @@ def evaluate_gate(
     )
 
 
-def _bar_length(section: EvalConfig, context: ContextConfig) -> int | None:
-    from longctx.trainer.evaluation.effective import bar_length
+def gate_lengths(lengths: list[int], seq_len: int, effective: bool) -> list[int]:
+    """The needle lengths a gate scores, ascending: the stage's ``seq_len``, and with ``effective``
+    (``require_effective_length``) every length of ``lengths`` (``eval.needle.lengths``) below it,
+    which the effective length must clear on the way up."""
+    below = [n for n in lengths if n < seq_len] if effective else []
+    return sorted({*below, seq_len})
 
-    return bar_length(section.effective, context.original)
 
-
-def _needles(section: EvalConfig, stage: Stage, bar: int | None, where: _Where, documents: Path) -> Any:
-    """The needle grid at the stage's length (and at the bar's, when it is measured)."""
-    from longctx.trainer.evaluation.effective import bar_source, grid_lengths
+def _needles(section: EvalConfig, stage: Stage, effective: bool, where: _Where, documents: Path) -> Any:
+    """The needle grid of :func:`gate_lengths`."""
     from longctx.trainer.evaluation.job import build_needles
 
-    grid = (section.needle or NeedleEvalConfig()).model_copy(
-        update={"lengths": grid_lengths([stage.seq_len], bar)}
-    )
-    sources = {bar: bar_source(section.effective)} if bar is not None else {}
-    return build_needles(grid, where.tokenizer, documents, {**sources, stage.seq_len: f"{stage.key}.seq_len"})
+    needle = section.needle or NeedleEvalConfig()
+    grid = needle.model_copy(update={"lengths": gate_lengths(needle.lengths, stage.seq_len, effective)})
+    return build_needles(grid, where.tokenizer, documents, {stage.seq_len: f"{stage.key}.seq_len"})
 
 
 def _score(model: Any, needles: Any, device: torch.device, length: int | None = None) -> list[Any]:
@@ -381,35 +387,36 @@ def _baseline_model(section: EvalConfig, where: _Where, vocab_size: int, device:
     return load_model_spec(spec, where.train, where.context, vocab_size, device)
 
 
-def _effective_check(
-    stage: Stage,
-    section: EvalConfig,
-    by_length: dict[int, float],
-    bar: int | None,
-    baseline: Any,
-    needles: Any,
-    device: torch.device,
-    measured: dict[str, Any],
-    memo: GateMemo,
-) -> Check:
-    """Whether the stage's effective length (over the stage's length and the bar's) reaches its length."""
-    from longctx.trainer.evaluation.effective import baseline_threshold, score_by_length, verdict
+def needle_check(seq_len: int, kinds: list[str], score: Any, limit: float) -> Check:
+    """Whether the needle ``score`` (an :class:`~longctx.trainer.evaluation.interval.Score`) at the
+    stage's length reaches ``limit``: a point estimate, its count and 95% interval in the detail."""
+    from longctx.trainer.evaluation.interval import describe
 
-    if section.effective.threshold is not None or bar is None:  # a fixed bar: nothing measured
-        threshold = float(section.effective.threshold or 0.0)
-        how = f"fixed bar {threshold:g} (eval.effective.threshold)"
-    else:
-        if memo.bar is None:
-            base_scores = score_by_length(_score(baseline, needles, device, bar))
-            memo.bar = baseline_threshold({"baseline": base_scores}, "baseline", bar)
-        threshold = memo.bar
-        how = f"bar {threshold:.3g}: {section.baseline}'s score at {bar} tokens"
-    found = verdict(by_length, threshold)
-    measured["effective_length"] = found.as_json()
     return Check(
-        "effective_length",
-        found.length,
-        stage.seq_len,
-        found.length is not None and found.length >= stage.seq_len,
-        how,
+        "needle_score",
+        score.mean,
+        limit,
+        score.mean >= limit,
+        f"mean score of {', '.join(kinds)} at {seq_len} tokens: {describe(score.as_json())} "
+        "(95% Wilson interval)",
     )
+
+
+def effective_check(
+    seq_len: int, effective: EffectiveLengthConfig, by_length: dict[int, Any], measured: dict[str, Any]
+) -> Check:
+    """Whether the effective length (``effective``'s definition over ``by_length``, the gate's
+    scores per length) reaches ``seq_len``; an undetermined one does not, and the detail says why.
+    The verdict is recorded in ``measured``."""
+    from longctx.trainer.evaluation.effective import verdict
+    from longctx.trainer.evaluation.measures import threshold_text
+
+    found = verdict(by_length, effective).as_json()
+    measured["effective_length"] = found
+    if found["status"] == "undetermined":
+        how = f"undetermined: {found['reason']}"
+    else:
+        failure = f", first failing length {found['first_failure']}" if found["first_failure"] else ""
+        how = f"threshold {threshold_text(found)}, held to the lower end of each 95% interval{failure}"
+    length = found["effective_length"]
+    return Check("effective_length", length, seq_len, length is not None and length >= seq_len, how)

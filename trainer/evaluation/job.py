@@ -4,11 +4,13 @@ per metric (a line or a panel per model) into a new folder ``<output>/eval/<NNN>
 never replaces an earlier one.
 
 From the needle results it reports each model's effective context length
-(``longctx.trainer.evaluation.effective``: the needle grid gains the length where the bar is measured) and its
-score per task and length; from the short windows, the short-context guard
-(``longctx.trainer.evaluation.short_context``: loss on windows of documents no training row holds, as a ratio
-to the baseline model's). The ``eval.baseline`` model is evaluated whenever one of them needs it,
-even when ``eval.models`` (or ``--model``) leaves it out.
+(``longctx.trainer.evaluation.effective``: each model held to a threshold from its own score at the
+shortest length, or an absolute one) and its score per task and length, each with its count and
+95% interval; every item's question, answer and generation go to ``needle.json`` and the prompts,
+once for every model, to ``needle_prompts.jsonl.gz``. From the short windows, the short-context
+guard (``longctx.trainer.evaluation.short_context``: loss on windows of documents no training row
+holds, as a ratio to the baseline model's). The ``eval.baseline`` model is evaluated whenever the
+guard needs it, even when ``eval.models`` (or ``--model``) leaves it out.
 """
 
 from __future__ import annotations
@@ -38,13 +40,7 @@ from longctx.trainer.config import (
     check_base_model,
     missing_local_shards,
 )
-from longctx.trainer.evaluation.effective import (
-    bar_length,
-    bar_source,
-    effective_lengths,
-    grid_lengths,
-    task_scores,
-)
+from longctx.trainer.evaluation.effective import effective_lengths, task_scores
 from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.stage_plan import final_model, training_shards
 
@@ -70,6 +66,25 @@ def _haystack(documents: Path, limit_chars: int) -> list[str]:
             if total >= limit_chars:
                 return texts
     return texts
+
+
+def eval_documents(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> Path | None:
+    """The folder ``eval.documents`` names (None when it is not set): a local folder as it is, a URL
+    copied into the cache (``train.cache``, default ``<output>/cache``) with
+    :func:`longctx.core.remote.fetch_folder`. ``ConfigError`` naming the key when a URL holds no
+    file."""
+    from longctx.core.remote import cache_folder, fetch_folder
+
+    if eval.documents is None:
+        return None
+    if not is_remote(eval.documents):
+        return Path(eval.documents.removeprefix("file://"))
+    cache = (train.cache if train and train.cache else None) or layout.cache
+    storage = eval.storage_options or (train.storage_options if train else None)
+    folder = fetch_folder(eval.documents, cache_folder(eval.documents, cache), storage_options=storage)
+    if folder is None:
+        raise ConfigError(f"eval.documents: no file under {eval.documents}")
+    return folder
 
 
 def _location(shards: str | Path) -> str | Path:
@@ -138,6 +153,39 @@ def with_baseline(
     if match is not None:  # the same model under another label
         return specs, match.label
     return [*specs, added], added.label
+
+
+def released_base(train: TrainConfig) -> TrainConfig:
+    """``train`` with its model as released: without the run's ``train.model.rope_scaling`` and
+    ``rope_theta`` overrides (the checkpoint's own RoPE; the tiny model's defaults). The short-context
+    guard compares with it, since the rescaled base is already a changed model."""
+    model = train.model.model_copy(update={"rope_scaling": None, "rope_theta": None})
+    return train.model_copy(update={"model": model})
+
+
+def released_loss(
+    train: TrainConfig,
+    context: ContextConfig,
+    vocab_size: int,
+    device: torch.device,
+    windows: Any,
+    bf16: bool,
+    known: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The released base's (:func:`released_base`) loss on the guard's ``windows``, as
+    ``short_context.window_loss`` gives it. ``known`` is the rescaled base's, reused when the run
+    overrides no RoPE setting (the two are then the same model)."""
+    from longctx.trainer.build import base_model
+    from longctx.trainer.evaluation.short_context import window_loss
+
+    same = train.model.rope_scaling is None and train.model.rope_theta is None
+    if same and known is not None:
+        return known
+    model = base_model(released_base(train), context, vocab_size, device)
+    try:
+        return window_loss(model, windows, device, bf16)
+    finally:
+        del model
 
 
 def load_model_spec(
@@ -209,6 +257,8 @@ class Scores:
     short: dict[str, dict[str, Any]]
     baseline: str = "base"
     added: list[str] = field(default_factory=list)
+    released: dict[str, Any] | None = None
+    """The released base's loss on the guard's windows (:func:`released_base`), when measured."""
 
 
 def run_eval(
@@ -233,22 +283,17 @@ def run_eval(
     layout = RunLayout(output)
     check_output_folders(eval, layout, train)
     specs = resolve_models(eval.models, layout, train)
-    bar = bar_length(eval.effective, context.original) if eval.needle is not None else None
     listed = [s.label for s in specs]
     baseline = eval.baseline
-    if bar is not None or eval.short_context is not None:  # the bar or the ratio needs the baseline
+    if eval.short_context is not None:  # the ratio needs the baseline
         specs, baseline = with_baseline(specs, eval.baseline, layout, train)
     tokenizer_path = layout.tokenizer_file(tokenizer)
-    documents = layout.documents if documents is None else documents
+    documents = eval_documents(eval, layout, train) or documents or layout.documents
     windows = choose_windows(eval, layout, context.target, train, tokenizer_path)
     check_vocabularies(specs, train, windows)
     needles = None  # the same needles for every model, built before any model is loaded
     if eval.needle is not None:
-        grid = eval.needle.model_copy(update={"lengths": grid_lengths(eval.needle.lengths, bar)})
-        sources = (
-            {bar: bar_source(eval.effective)} if bar is not None and bar not in eval.needle.lengths else {}
-        )
-        needles = build_needles(grid, tokenizer_path, documents, sources)
+        needles = build_needles(eval.needle, tokenizer_path, documents)
     info = windows.dataset.shards.manifest.header.tokenizer
     guard = choose_short_windows(eval, context, layout, train, documents, tokenizer_path, info)
     started = time.monotonic()
@@ -260,11 +305,12 @@ def run_eval(
 
 
 def check_output_folders(eval: EvalConfig, layout: RunLayout, train: TrainConfig | None) -> None:
-    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or shard cache, when the windows
-    come from a URL) is a file, read-only or cannot be created: one line naming the path."""
+    """Refuse, before any work, an evaluation whose ``<output>/eval`` (or cache, when the windows or
+    ``eval.documents`` come from a URL) is a file, read-only or cannot be created: one line naming
+    the path."""
     check_output_folder(layout.eval, key="output")
     shards = eval.shards or (train.shards if train else None)
-    if shards is not None and is_remote(shards):
+    if any(url is not None and is_remote(url) for url in (shards, eval.documents)):
         cache = train.cache if train and train.cache else None
         check_output_folder(cache or layout.cache, key="train.cache" if cache else "output")
 
@@ -420,6 +466,14 @@ def choose_short_windows(
     return Guard(found)
 
 
+def items_per_kind(needle: NeedleEvalConfig) -> int:
+    """Items per (task kind, length): ``eval.needle.samples``, or by default enough for every length
+    to pool :data:`~longctx.trainer.evaluation.interval.ENOUGH_ITEMS` (93) over the kinds."""
+    from longctx.trainer.evaluation.interval import ENOUGH_ITEMS
+
+    return needle.samples or -(-ENOUGH_ITEMS // len(needle.kinds))
+
+
 def build_needles(
     needle: NeedleEvalConfig,
     tokenizer: Path | None,
@@ -438,7 +492,7 @@ def build_needles(
         raise ConfigError(f"no curated documents under {documents} to build needle haystacks from")
     try:
         examples = needle_examples(
-            haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, needle.samples
+            haystack, tok, needle.lengths, needle.depths, needle.kinds, needle.seed, items_per_kind(needle)
         )
     except NeedleLengthError as err:
         raise ConfigError(f"{(sources or {}).get(err.length, 'eval.needle.lengths')}: {err}") from None
@@ -499,26 +553,46 @@ def score_models(
                     needles.eos,
                 )
             del model
+        released = None
+        if guard_windows is not None and train is not None:
+            progress.write("evaluating the base model as released (its own RoPE) on the short windows")
+            base = short.get("base") if any(s.label == "base" and s.path is None for s in specs) else None
+            released = released_loss(train, context, vocab_size, device, guard_windows, bf16, base)
     finally:
         progress.close()
     labels = {s.label: s.source for s in specs}
-    return Scores(labels, losses, answers, short)
+    return Scores(labels, losses, answers, short, released=released)
 
 
 def short_context_report(guard: Guard | None, scores: Scores) -> dict[str, Any] | None:
-    """The guard's part of the summary: where the windows come from and each model's loss and ratio
-    to the baseline's; ``{"skipped": why}`` when no window was held out; None when not measured."""
+    """The guard's part of the summary: where the windows come from and each model's loss, its
+    ``ratio`` to the baseline's and its ``ratio_to_released`` to the base model as released
+    (``released_base``: its loss, or None without a train section); ``{"skipped": why}`` when no
+    window was held out; None when not measured."""
     from longctx.trainer.evaluation.short_context import loss_ratios
 
     if guard is None:
         return None
     if guard.windows is None:
         return {"skipped": guard.skipped}
-    ratios = loss_ratios({label: r["mean_loss"] for label, r in scores.short.items()}, scores.baseline)
+    losses = {label: r["mean_loss"] for label, r in scores.short.items()}
+    ratios = loss_ratios(losses, scores.baseline)
+    released = scores.released["mean_loss"] if scores.released is not None else None
     return {
         **guard.windows.as_json(),
         "baseline": scores.baseline,
-        "models": [{"label": label, **r, "ratio": ratios[label]} for label, r in scores.short.items()],
+        "released_base": released,
+        "models": [
+            {
+                "label": label,
+                **r,
+                "ratio": ratios[label],
+                "ratio_to_released": r["mean_loss"] / released
+                if released and r["mean_loss"] is not None
+                else None,
+            }
+            for label, r in scores.short.items()
+        ],
     }
 
 
@@ -555,6 +629,37 @@ class EvalProgress:
         self.bar.close()
 
 
+PROMPTS = "needle_prompts.jsonl.gz"
+"""The needle prompts of an evaluation, one JSON line per item, shared by every model's results."""
+
+
+def write_prompts(path: Path, examples: list[Any]) -> None:
+    """Every needle item's prompt as a gzip JSON-lines file (``{"id", "kind", "context_tokens",
+    "depth", "seed", "prompt"}``; ``needle.json``'s results name theirs by ``prompt``), written
+    atomically. The prompts go here rather than into ``needle.json`` because they are as long as
+    the context and the same for every model."""
+    import gzip
+    import io
+
+    from longctx.core.atomic import atomic_path
+
+    with atomic_path(path) as tmp, gzip.GzipFile(tmp, "wb", mtime=0) as raw:  # mtime 0: same bytes again
+        f = io.TextIOWrapper(raw, encoding="utf-8")
+        for item in examples:
+            e = item.example
+            row = {
+                "id": item.id,
+                "kind": item.task,
+                "item": item.item,
+                "context_tokens": e.context_tokens,
+                "depth": e.depth,
+                "seed": e.seed,
+                "prompt": e.prompt,
+            }
+            f.write(json.dumps(row) + "\n")
+        f.flush()
+
+
 def write_evaluation(
     layout: RunLayout,
     eval: EvalConfig,
@@ -581,15 +686,10 @@ def write_evaluation(
     accuracy = {label: needle_accuracy(results) for label, results in scores.needles.items()}
     effective = tasks = None
     if needles is not None:
-        effective = effective_lengths(
-            scores.needles,
-            threshold=eval.effective.threshold,
-            baseline=scores.baseline,
-            baseline_length=bar_length(eval.effective, original) or original,
-        )
+        effective = effective_lengths(scores.needles, eval.effective)
         tasks = {
             label: {
-                task: [{"context_tokens": n, "score": v} for n, v in by_length.items()]
+                task: [{"context_tokens": n, **v.as_json()} for n, v in by_length.items()]
                 for task, by_length in task_scores(results).items()
             }
             for label, results in scores.needles.items()
@@ -630,6 +730,7 @@ def write_evaluation(
                     ],
                 },
             )
+            write_prompts(tmp / PROMPTS, needles.examples)
             plot_needle_heatmap(scores.needles, tmp / "needle.png")
             assert effective is not None
             plot_score_by_length(effective, tmp / "score_by_length.png")

@@ -6,7 +6,7 @@
 - Needle retrieval: for a grid of context lengths x needle depths, greedy decoding (with a key/value
   cache, ``longctx.trainer.evaluation.generate``) answers each synthetic task, scored by its kind's checker
   (``longctx.pipeline.synthetic.checkers``: the exact value, or the fraction of a list retrieved);
-  several samples per cell.
+  items per (task kind, length) spread over the depths.
 
 Both work on the tiny model and on any Hugging Face checkpoint (``longctx.trainer.models.interface``).
 The plots and the table take one result per model, so that models are compared on the same windows
@@ -27,7 +27,7 @@ from longctx.core.text import plural
 from longctx.pipeline.synthetic.checkers import answer_settled as answer_settled  # the exact-answer rule
 from longctx.pipeline.synthetic.checkers import generation_settled, score_generation
 from longctx.pipeline.synthetic.checkers import score_answer as score_answer
-from longctx.pipeline.synthetic.kinds import RECALL_KINDS
+from longctx.pipeline.synthetic.kinds import RECALL_KINDS, VALUE_KINDS
 from longctx.trainer.coverage import position_edges
 from longctx.trainer.evaluation.generate import greedy_generate
 from longctx.trainer.metrics import token_losses
@@ -83,18 +83,25 @@ def loss_by_position(
 
 @dataclass(frozen=True)
 class NeedleResult:
-    """One scored example. ``score`` in [0, 1] is the task's checker's
+    """One scored item. ``score`` in [0, 1] is the task's checker's
     (:func:`longctx.pipeline.synthetic.checkers.score_generation`: partial for the recall kinds);
-    ``correct`` is ``score == 1``. A result made without a score gets ``float(correct)``."""
+    ``correct`` is ``score == 1``. A result made without a score gets ``float(correct)``. ``item`` is
+    the item's number within its (task kind, length); ``question``, ``needles`` (the inserted texts,
+    in order of appearance) and ``seed`` say what was asked, and ``prompt`` is the id of its prompt
+    in the evaluation's ``needle_prompts.jsonl.gz`` (:class:`NeedleExample`'s ``id``)."""
 
     context_tokens: int
     depth: float
     task: str
-    sample: int
+    item: int
     answer: str
     generated: str
     correct: bool
     score: float | None = None
+    question: str = ""
+    needles: tuple[str, ...] = ()
+    seed: int | None = None
+    prompt: int | None = None
 
     def __post_init__(self) -> None:
         if self.score is None:
@@ -103,10 +110,12 @@ class NeedleResult:
 
 @dataclass(frozen=True)
 class NeedleExample:
-    """One needle prompt of the grid: its task kind, its sample number and the example itself."""
+    """One needle prompt of the grid: its ``id`` (its place in the grid), its task kind, its item
+    number within its (kind, length) and the example itself."""
 
+    id: int
     task: str
-    sample: int
+    item: int
     example: Any  # longctx.pipeline.synthetic.tasks.Example
 
 
@@ -119,6 +128,14 @@ class NeedleLengthError(ValueError):
         super().__init__(reason.replace(f"context_tokens={length}", f"a length of {length} tokens"))
 
 
+def item_seed(seed: int, kind: str, length: int, item: int) -> int:
+    """The seed of item ``item`` of (``kind``, ``length``): every item draws its own haystack, keys
+    and values."""
+    from longctx.pipeline.synthetic.tasks import derive_seed
+
+    return derive_seed(seed, kind, length, "item", item)
+
+
 def needle_examples(
     haystack_texts: list[str],
     tokenizer,
@@ -128,35 +145,35 @@ def needle_examples(
     seed: int,
     samples: int = 1,
 ) -> list[NeedleExample]:
-    """``samples`` examples per (length, depth, kind), built with
-    :func:`longctx.pipeline.synthetic.tasks.make_grid`. Sample ``s`` draws its haystack, keys and
-    values from its own seed (derived from ``seed`` and ``s``), so the same ``seed`` gives the same
-    needles: build them once and score every model on them. Raises :class:`NeedleLengthError` for a
-    length too short to hold a task."""
-    from longctx.pipeline.synthetic.tasks import derive_seed, make_grid
+    """``samples`` items per (kind, length), spread evenly over ``depths``: item ``i`` sits at depth
+    ``depths[i % len(depths)]`` and is built by
+    :func:`longctx.pipeline.synthetic.tasks.build_example` from :func:`item_seed`, so the same
+    ``seed`` gives the same needles: build them once and score every model on them. Raises
+    :class:`NeedleLengthError` for a length too short to hold a task."""
+    from longctx.pipeline.synthetic.tasks import build_example
 
-    def grid(kind: str, sample: int, length: int) -> list[Any]:
-        try:  # one length at a time (make_grid seeds each length alone): the error names it
-            return make_grid(
-                haystack_texts, tokenizer, [length], list(depths), derive_seed(seed, "sample", sample), kind
+    def build(kind: str, length: int, item: int) -> Any:
+        depth = depths[item % len(depths)]
+        try:
+            return build_example(
+                haystack_texts, tokenizer, length, depth, item_seed(seed, kind, length, item), kind
             )
         except ValueError as err:
             raise NeedleLengthError(length, str(err)) from None
 
+    cells = [(kind, length, item) for kind in kinds for length in lengths for item in range(samples)]
     return [
-        NeedleExample(kind, sample, example)
-        for kind in kinds
-        for sample in range(samples)
-        for length in lengths
-        for example in grid(kind, sample, length)
+        NeedleExample(k, kind, item, build(kind, length, item))
+        for k, (kind, length, item) in enumerate(cells)
     ]
 
 
 def generation_budget(example: Any, tokenizer, max_new_tokens: int) -> int:
     """Tokens a model may generate for ``example``: ``max_new_tokens``, raised for the recall kinds
-    (whose answers are lists) to the expected answer's tokens plus ``_ANSWER_SLACK``, so that a
-    correct list always fits."""
-    if example.kind not in RECALL_KINDS:
+    (whose answers are lists) and the whole-value kinds (whose answers, a UUID for ``json_kv``, may
+    be long, and are scored with the character after them) to the expected answer's tokens plus
+    ``_ANSWER_SLACK``, so that a correct answer always fits."""
+    if example.kind not in RECALL_KINDS | VALUE_KINDS:
         return max_new_tokens
     answer = len(tokenizer.encode(" " + example.answer, add_special_tokens=False).ids)
     return max(max_new_tokens, answer + _ANSWER_SLACK)
@@ -190,11 +207,15 @@ def score_needles(
             example.context_tokens,
             example.depth,
             item.task,
-            item.sample,
+            item.item,
             example.answer,
             generated,
             score == 1.0,
             score,
+            example.question,
+            tuple(n.text for n in example.needles),
+            example.seed,
+            item.id,
         )
         results.append(result)
     return results
@@ -219,13 +240,15 @@ def needle_grid(
 
 
 def needle_accuracy(results: Sequence[NeedleResult]) -> dict[str, Any]:
-    """Overall accuracy and accuracy per context length (over depths, kinds and samples)."""
+    """Overall accuracy and accuracy per context length (over depths, kinds and items), each length
+    with its item ``count``."""
     lengths = sorted({r.context_tokens for r in results})
     by_length = {n: [r.correct for r in results if r.context_tokens == n] for n in lengths}
     return {
         "accuracy": sum(r.correct for r in results) / len(results) if results else None,
         "by_length": [
-            {"context_tokens": n, "accuracy": sum(cell) / len(cell)} for n, cell in by_length.items()
+            {"context_tokens": n, "accuracy": sum(cell) / len(cell), "count": len(cell)}
+            for n, cell in by_length.items()
         ],
         "examples": len(results),
     }
@@ -330,54 +353,88 @@ def format_loss_table(tables: Mapping[str, list[dict[str, Any]]], original: int)
 _LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"), ("D", "-."), ("v", (0, (5, 1, 1, 1))))
 """Marker and line style of each model's line in turn, so that lines that coincide stay told apart."""
 
+_OFFSET = 0.06
+"""Horizontal offset between models' points, in octaves (log2 units): equal scores hide no model."""
+
+
+def threshold_text(verdict: Mapping[str, Any]) -> str:
+    """How a model's threshold was set: ``0.765 = 0.85 x 0.90 at 256 tokens`` or ``0.8 (absolute)``."""
+    if verdict["threshold_source"] == "absolute":
+        return f"{verdict['threshold']:.3g} (absolute, eval.effective.threshold)"
+    ref = verdict["reference"]
+    at = f"{ref['score']:.2f} at {ref['context_tokens']} tokens"
+    return f"{verdict['threshold']:.3f} = {verdict['fraction']:g} x {at}"
+
+
+def counts_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The item counts of a model's scores by length, for its legend entry: ``; n=93``,
+    ``; n=6-12, too few items for +/-0.1`` (when a score lacks enough items), '' without scores."""
+    from longctx.trainer.evaluation.interval import HALF_WIDTH
+
+    if not rows:
+        return ""
+    low, high = min(r["count"] for r in rows), max(r["count"] for r in rows)
+    few = "" if all(r["enough"] for r in rows) else f", too few items for +/-{HALF_WIDTH:g}"
+    return f"; n={low}{'' if low == high else f'-{high}'}{few}"
+
 
 def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
     """Each model's needle score against context length (log2 x axis, one line per model, each with
-    its own marker and line style and drawn smaller than the ones before it, so that equal scores
-    hide none), the bar as a dashed line and each model's effective length marked (``effective``:
-    what ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
-    fig = new_figure(figsize=(7, 4))
+    its own marker and line style and shifted a little sideways so that equal scores hide none), its
+    95% interval as error bars, its threshold as a dashed line of its colour and its effective
+    length as a star (``effective``: what
+    ``longctx.trainer.evaluation.effective.effective_lengths`` returns)."""
+    fig = new_figure(figsize=(12, 4.5))
     ax = fig.subplots()
     models = list(effective["models"].items())
     for index, (label, verdict) in enumerate(models):
-        points = [(s["context_tokens"], s["score"]) for s in verdict["scores"]]
+        shift = 2 ** ((index - (len(models) - 1) / 2) * _OFFSET)
+        rows = verdict["scores"]
+        xs = [r["context_tokens"] * shift for r in rows]
+        ys = [r["score"] for r in rows]
+        errors = [[r["score"] - r["low"] for r in rows], [r["high"] - r["score"] for r in rows]]
         marker, linestyle = _LINE_STYLES[index % len(_LINE_STYLES)]
-        later = len(models) - 1 - index  # lines drawn later are smaller: equal scores leave every one seen
-        (line,) = ax.plot(
-            [n for n, _ in points],
-            [v for _, v in points],
+        length = verdict["effective_length"]
+        found = "undetermined" if verdict["status"] == "undetermined" else f"effective {length or 'none'}"
+        found += counts_text(rows)
+        line = ax.errorbar(
+            xs,
+            ys,
+            yerr=errors,
             marker=marker,
-            markersize=6 + 4 * later,
             fillstyle="none",
-            markeredgewidth=1.5,
             linestyle=linestyle,
-            linewidth=1.5 + 1.5 * later,
-            label=label,
+            capsize=3,
+            label=f"{label} ({found})",
             zorder=3 + index,
         )
-        length = verdict["effective_length"]
+        color = line.lines[0].get_color()
+        if verdict["threshold"] is not None:
+            ax.axhline(
+                verdict["threshold"],
+                color=color,
+                linestyle="--",
+                linewidth=1,
+                zorder=2,
+                label=f"{label} threshold {threshold_text(verdict)}",
+            )
         if length is not None:
-            score = dict(points)[length]
-            ax.plot([length], [score], marker="*", markersize=16, color=line.get_color(), linestyle="none")
-            ax.annotate(f"{label}: {length}", (length, score), textcoords="offset points", xytext=(6, 6))
-    bar = effective["baseline"]
-    where = f"{bar['model']} at {bar['length']}" if bar else "fixed"
-    ax.axhline(
-        effective["threshold"],
-        color="tab:red",
-        linestyle="--",
-        linewidth=1,
-        label=f"bar {effective['threshold']:.3f} ({where})",
-        zorder=2,
-    )
+            score = next(r["score"] for r in rows if r["context_tokens"] == length)
+            ax.plot([length * shift], [score], marker="*", markersize=16, color=color, linestyle="none")
+            ax.annotate(  # below the point, a line per model: the labels never overlap
+                f"{label}: {length}",
+                (length * shift, score),
+                textcoords="offset points",
+                xytext=(6, -14 - 12 * index),
+            )
     ax.set_xscale("log", base=2)
     lengths = sorted({s["context_tokens"] for v in effective["models"].values() for s in v["scores"]})
     ax.set_xticks(lengths, [str(n) for n in lengths])
     ax.set_ylim(-0.05, 1.05)  # lines at 0 and 1 drawn whole
     ax.set_xlabel("context tokens")
-    ax.set_ylabel("score (mean over task kinds)")
-    ax.set_title("effective context length: the largest length at or above the bar (star)")
-    ax.legend()
+    ax.set_ylabel("score (95% Wilson interval)")
+    ax.set_title("effective context length: every length up to it clears the threshold (lower end)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: hides no point
     fig.tight_layout()
     write_figure(path, fig)
 
@@ -385,43 +442,50 @@ def plot_score_by_length(effective: Mapping[str, Any], path: Path) -> None:
 def format_effective(
     effective: Mapping[str, Any], tasks: Mapping[str, Mapping[str, list[dict[str, Any]]]]
 ) -> str:
-    """The effective length of every model, its score per length and per task kind, as text."""
-    bar = effective["baseline"]
-    where = f"{bar['model']}'s score at {bar['length']} tokens" if bar else "eval.effective.threshold"
+    """The effective length of every model, how its threshold was set, its score per length and
+    per task kind with their counts and 95% intervals, as text."""
+    from longctx.trainer.evaluation.interval import describe
+
     lines = [
-        f"effective context length (bar {effective['threshold']:.3f}: {where}; a length passes at a score "
-        ">= the bar and > 0)"
+        "effective context length (the largest length up to which every evaluated length clears the "
+        "threshold with the lower end of its 95% Wilson interval)"
     ]
     for label, verdict in effective["models"].items():
-        length = verdict["effective_length"]
-        failure = verdict["first_failure"]
-        found = f"{length} tokens" if length is not None else "none (no evaluated length passes)"
-        extra = (
-            f", first failing length {failure}"
-            if failure is not None and length is not None and failure < length
-            else ""
-        )
-        lines.append(f"  {label}: {found}{extra}")
-        scores = ", ".join(f"{s['context_tokens']}: {s['score']:.2f}" for s in verdict["scores"])
-        lines.append(f"    score by length  {scores}")
+        length, failure = verdict["effective_length"], verdict["first_failure"]
+        if verdict["status"] == "undetermined":
+            lines.append(f"  {label}: undetermined: {verdict['reason']}")
+        else:
+            found = f"{length} tokens" if length is not None else "none (its shortest length fails)"
+            after = f", first failing length {failure}" if failure is not None else ""
+            lines.append(f"  {label}: {found} (threshold {threshold_text(verdict)}){after}")
+        lines.append("    score by length:")
+        for row in verdict["scores"]:
+            verdict_text = {True: "  passes", False: "  fails", None: ""}[row["passes"]]
+            lines.append(f"      {row['context_tokens']:>7}: {describe(row)}{verdict_text}")
         for task, by_length in tasks.get(label, {}).items():
-            cells = ", ".join(f"{c['context_tokens']}: {c['score']:.2f}" for c in by_length)
-            lines.append(f"    {task:<16} {cells}")
+            lines.append(f"    {task}:")
+            lines.extend(f"      {c['context_tokens']:>7}: {describe(c)}" for c in by_length)
     return "\n".join(lines)
 
 
 def format_short_context(short: Mapping[str, Any]) -> str:
     """The short-context guard as a line per model under the loss table: its loss on the held-out
-    short windows and the ratio to the baseline's (or why it was skipped)."""
+    short windows, the ratio to the baseline's and, when measured, to the base model as released
+    (its own RoPE); or why it was skipped."""
     if "skipped" in short:
         return f"short-context guard skipped: {short['skipped']}"
     held = "held-out " if short["held_out"] else ""
+    released = short.get("released_base")
+    against = f"; the base as released (its own RoPE): loss {released:.4f}" if released is not None else ""
     lines = [
         f"short windows ({short['windows']} {held}windows of {short['length']} tokens from source "
-        f"{short['source']!r}; ratio to {short['baseline']}):"
+        f"{short['source']!r}; ratio to {short['baseline']}{against}):"
     ]
     for m in short["models"]:
         loss = f"{m['mean_loss']:.4f}" if m["mean_loss"] is not None else "-"
         ratio = f"{m['ratio']:.3f}" if m["ratio"] is not None else "-"
-        lines.append(f"  {m['label']}: loss {loss}, ratio {ratio}")
+        line = f"  {m['label']}: loss {loss}, ratio {ratio}"
+        if m.get("ratio_to_released") is not None:
+            line += f", ratio to the released base {m['ratio_to_released']:.3f}"
+        lines.append(line)
     return "\n".join(lines)
