@@ -18,7 +18,7 @@ token or when the score is settled). Three rules, chosen by the task kind:
   ``k`` items are all wrong (or that names none of the choices) scores 0, and ``j`` right items
   among the first ``k`` score ``j / k``. For ``document_qa`` ``k`` is 1: the first value the
   generation names must be the asked one.
-* **Whole value** (``kinds.VALUE_KINDS``: ``json_kv``, ``icl_labels``, ``nolima_needle``): 1 when
+* **Whole value** (``kinds.VALUE_KINDS``: ``json_kv``, ``icl_labels``, ``nolima_needle``, ``passkey``): 1 when
   the generation, without leading white space and without one opening quote (``"`` or ``'``),
   starts with the expected answer and the answer ends there: the generation ends with it or goes on
   with a character that cannot continue a value (anything but a letter, a digit, ``_`` or ``-``),

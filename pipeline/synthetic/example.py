@@ -14,6 +14,12 @@ DEFAULT_SOURCE = "synthetic"
 ANSWER_CUE = "Answer:"
 
 
+class ContextSizeError(ValueError):
+    """A requested ``context_tokens`` cannot hold the task: too short for its fixed text, or longer
+    than the haystack documents can fill. Callers name the setting the length came from (the
+    ``curate.synthetic`` stage, the ``eval.needle`` grid)."""
+
+
 @dataclass(frozen=True)
 class HaystackDoc:
     """A curated document whose text can hide needles; ``id`` is recorded in ``Example.haystack_ids``."""

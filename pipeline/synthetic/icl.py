@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from longctx.pipeline.synthetic.example import (
     ANSWER_CUE,
+    ContextSizeError,
     Example,
     TaskSizes,
     derive_seed,
@@ -123,7 +124,7 @@ def build_icl_example(
     fixed = len(tokenizer.encode(icl_prompt([], ""), add_special_tokens=False).ids)
     n = largest_fitting(size, context_tokens, fixed)
     if n == 0:
-        raise ValueError(
+        raise ContextSizeError(
             f"context_tokens={context_tokens} is too small for icl_labels: the instruction, one "
             f"demonstration and the asked input take {size(1)} tokens"
         )

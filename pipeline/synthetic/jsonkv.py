@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from longctx.pipeline.synthetic.example import (
     ANSWER_CUE,
+    ContextSizeError,
     Example,
     Needle,
     TaskSizes,
@@ -90,7 +91,7 @@ def build_json_kv_example(
     fixed = len(tokenizer.encode(json_kv_prompt([], ""), add_special_tokens=False).ids)
     n = largest_fitting(size, context_tokens, fixed)
     if n == 0:
-        raise ValueError(
+        raise ContextSizeError(
             f"context_tokens={context_tokens} is too small for json_kv: the instruction, the question and "
             f"one key-value pair take {size(1)} tokens"
         )

@@ -13,7 +13,8 @@ nothing heavy, so configs can).
   JSON object of random keys and values, no haystack text), ``icl_labels`` (many-shot in-context
   learning: inputs labelled by arbitrary words, the last input's label asked; no haystack text and
   no needle depth) and ``nolima_needle`` (a fact hidden in real text, asked by a question that
-  shares no content word with it).
+  shares no content word with it); and ``passkey`` (Mohtashami and Jaggi, 2023: a number in
+  filler sentences that repeat, no haystack text; the test Position Interpolation and YaRN report).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ TaskKind = Literal[
     "json_kv",
     "icl_labels",
     "nolima_needle",
+    "passkey",
 ]
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 # curate.synthetic's default: the retrieval kinds
@@ -45,4 +47,4 @@ RECALL_KINDS: frozenset[TaskKind] = frozenset(
 LIST_KINDS: frozenset[TaskKind] = frozenset({"common_words", "frequent_words", "icl_labels"})
 # kinds scored by the whole expected value (an opening quote tolerated, a longer word refused): their
 # answers (random values, invented labels and names) may begin other words
-VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv", "icl_labels", "nolima_needle"})
+VALUE_KINDS: frozenset[TaskKind] = frozenset({"json_kv", "icl_labels", "nolima_needle", "passkey"})

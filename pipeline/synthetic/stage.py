@@ -18,6 +18,7 @@ from datatrove.data import Document, DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from tokenizers import Tokenizer
 
+from longctx.core.errors import ConfigError
 from longctx.core.layout import RunLayout
 from longctx.core.tokenizer import load_tokenizer
 from longctx.pipeline.config import SyntheticConfig
@@ -26,6 +27,7 @@ from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS
 from longctx.pipeline.synthetic.tasks import (
     DEFAULT_SOURCE,
     TASK_KINDS,
+    ContextSizeError,
     Example,
     HaystackDoc,
     TaskKind,
@@ -132,15 +134,18 @@ class SyntheticTasks(PipelineStep):
             for index in indices:
                 with self.track_time():
                     context_tokens, depth = self.shape(kind, index)
-                    example = build_example(
-                        haystack,
-                        tokenizer,
-                        context_tokens,
-                        depth,
-                        derive_seed(self.seed, kind, index),
-                        kind,
-                        self.sizes,
-                    )
+                    try:
+                        example = build_example(
+                            haystack,
+                            tokenizer,
+                            context_tokens,
+                            depth,
+                            derive_seed(self.seed, kind, index),
+                            kind,
+                            self.sizes,
+                        )
+                    except ContextSizeError as err:  # a user's length: one line naming its key
+                        raise ConfigError(f"curate.synthetic.context_tokens: {err}") from None
                     doc = example_document(
                         example, tokenizer, f"{self.source}/{kind}/{self.seed}/{index}", self.source
                     )

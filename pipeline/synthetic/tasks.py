@@ -34,6 +34,11 @@ be scored on without instruction tuning:
   has been to Dresden?``) and shares no content word with it, and the answer is the character
   (``longctx.pipeline.synthetic.associations``).
 
+After Mohtashami and Jaggi (2023), the test with which Position Interpolation and YaRN show extension:
+
+* ``passkey``: a 5-digit number in filler sentences that repeat, without haystack text
+  (``longctx.pipeline.synthetic.passkey``); the question asks for it.
+
 How each kind is scored is ``longctx.pipeline.synthetic.checkers``.
 
 The haystack is real text: curated documents concatenated in an order drawn from the seed, the first
@@ -75,6 +80,7 @@ from longctx.pipeline.synthetic.associations import RELATIONS
 from longctx.pipeline.synthetic.example import (
     ANSWER_CUE,
     DEFAULT_SOURCE,
+    ContextSizeError,
     Example,
     HaystackDoc,
     Needle,
@@ -93,12 +99,14 @@ from longctx.pipeline.synthetic.names import (
     place_name,
     society_name,
 )
+from longctx.pipeline.synthetic.passkey import build_passkey_example
 from longctx.pipeline.synthetic.words import build_list_example
 
 __all__ = [
     "ANSWER_CUE",
     "DEFAULT_SOURCE",
     "TASK_KINDS",
+    "ContextSizeError",
     "Example",
     "HaystackDoc",
     "Needle",
@@ -317,6 +325,7 @@ _TEXTLESS: dict[str, Callable[[Tokenizer, int, float, int, TaskKind, TaskSizes],
     "frequent_words": build_list_example,
     "icl_labels": build_icl_example,
     "json_kv": build_json_kv_example,
+    "passkey": build_passkey_example,
 }
 
 
@@ -538,7 +547,9 @@ def build_example(
     word-list kinds (``common_words``, ``frequent_words``) and ``icl_labels`` use neither the
     haystack nor the depth (:func:`longctx.pipeline.synthetic.words.build_list_example`,
     :func:`longctx.pipeline.synthetic.icl.build_icl_example`); ``json_kv`` uses the depth for the
-    asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`).
+    asked pair but no haystack (:func:`longctx.pipeline.synthetic.jsonkv.build_json_kv_example`), and
+    ``passkey`` for the pass key among its filler sentences
+    (:func:`longctx.pipeline.synthetic.passkey.build_passkey_example`).
     Raises ``ValueError`` for a bad kind or depth, a budget too small for the instruction, question
     and needles, or too little haystack text.
     """
@@ -569,12 +580,12 @@ def build_example(
     )
     target = context_tokens - fixed
     if target < 1:
-        raise ValueError(
+        raise ContextSizeError(
             f"context_tokens={context_tokens} leaves no room for haystack text: the instruction, "
             f"question and {plural(len(task.needles), 'needle')} of {kind} take about {fixed} tokens"
         )
     if len(gathered.ends) < target:
-        raise ValueError(
+        raise ContextSizeError(
             f"the haystack documents hold {len(gathered.ends)} tokens, fewer than the {target} needed "
             f"for context_tokens={context_tokens}"
         )
@@ -597,7 +608,7 @@ def build_example(
             step = -1
         target += step
         if target < 1:
-            raise ValueError(f"context_tokens={context_tokens} is too small to fit any haystack text")
+            raise ContextSizeError(f"context_tokens={context_tokens} is too small to fit any haystack text")
 
 
 def _finish(

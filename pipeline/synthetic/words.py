@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from tokenizers import Tokenizer
 
-from longctx.pipeline.synthetic.example import ANSWER_CUE, Example, TaskSizes, derive_seed
+from longctx.pipeline.synthetic.example import ANSWER_CUE, ContextSizeError, Example, TaskSizes, derive_seed
 from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.pipeline.synthetic.names import pseudo_word
 
@@ -171,7 +171,7 @@ def build_list_example(
         step = int((context_tokens - n) / max(1e-9, (n - fixed) / len(items)))
         entries = max(smallest, entries + (step if step else (1 if n < context_tokens else -1)))
     if best is None:
-        raise ValueError(
+        raise ContextSizeError(
             f"context_tokens={context_tokens} is too small for {kind}: its shortest list "
             f"({smallest} words, {asked} asked) does not fit"
         )

@@ -182,3 +182,26 @@ def test_output_inside_the_input_is_refused_before_any_work(
         "choose another output outside the input"
     )
     assert tree(input_dir) == before
+
+
+def test_synthetic_context_too_short_for_its_task_is_one_line_naming_the_key(
+    tmp_path: Path, tokenizer: Path
+) -> None:
+    """A ``curate.synthetic.context_tokens`` entry shorter than the task's own text fails in the
+    synthetic stage's worker processes: the error still reaches the console as one line naming the
+    key (not a worker's traceback)."""
+    cfg = config(books(tmp_path, 2, 3000), tokenizer, tmp_path / "out")
+    cfg["context"] = {"original": 256, "target": 512}
+    cfg["curate"] |= {
+        "executor": {"tasks": 2, "workers": 2},
+        "min_fraction_of_target": 0.1,
+        "synthetic": {"n_examples": 4, "kinds": ["single_needle"], "context_tokens": [20]},
+    }
+    done = cli(cfg, tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(
+        "longctx curate: curate.synthetic.context_tokens: context_tokens=20 leaves no room"
+    )
+    assert "Traceback" not in done.stdout + done.stderr
