@@ -72,3 +72,13 @@ def test_score_says_when_it_has_too_few_items() -> None:
     assert describe(few) == f"0.67 [{low:.2f}, {high:.2f}] n=6, too few items for +/-0.1"
     many = Score(80, 93).as_json()
     assert many["enough"] and describe(many).endswith("n=93")
+
+
+def test_the_interval_always_holds_the_score() -> None:
+    """At 0 or n successes the interval's end is the score itself, which rounding used to push past
+    it (low = 1e-17 above a score of 0: negative error bars, which matplotlib refuses to draw)."""
+    for n in range(1, 300):
+        for k in range(n + 1):
+            low, high = wilson_interval(k, n)
+            assert 0.0 <= low <= k / n <= high <= 1.0, (k, n, low, high)
+        assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0

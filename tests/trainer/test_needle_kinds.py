@@ -37,6 +37,7 @@ KINDS = [
     "json_kv",
     "icl_labels",
     "nolima_needle",
+    "passkey",
 ]
 
 

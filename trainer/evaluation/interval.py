@@ -35,7 +35,9 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval always holds p (at 0 or n items its end is p itself); the bounds keep rounding,
+    # which can put the end a hair past p, from saying otherwise
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def items_for_half_width(half_width: float = HALF_WIDTH, z: float = Z95) -> int:
