@@ -36,15 +36,3 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     manifests = jobs.pack(make_config(root, seq_lens=[WINDOW]))
     assert manifests and manifests[WINDOW].max_position >= 200
     return root
-
-
-CLUSTER_TESTS = REPO_ROOT / "tests" / "cluster"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n auto --dist loadgroup``), the cluster tests share
-    one worker: they share one local Ray cluster and one Slurm controller per session, which two
-    workers would each start (or queue jobs on at once)."""
-    for item in items:
-        if item.path.is_relative_to(CLUSTER_TESTS):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
