@@ -49,6 +49,8 @@ from typing import Any
 import yaml
 from benchtools import REPO, become_subreaper, cpu_seconds
 
+from longctx.core.layout import RunLayout
+
 SCRIPT = "bench_extension.py"
 LONGCTX = [sys.executable, "-m", "longctx.cli"]
 
@@ -57,26 +59,26 @@ def derived_configs(base: dict[str, Any], work: Path, scale: float) -> tuple[dic
     """The staged YaRN run's config and the linear run's, from ``configs/extension.yaml``: paths
     under ``work``, steps scaled by ``scale``; the linear run starts from stage 1's model and trains
     the extension stages (``rope_type: linear``) on the YaRN run's shards."""
-    run = work / "run"
+    run = RunLayout(work / "run")
     yarn = json.loads(json.dumps(base))
-    yarn["output"] = str(run)
+    yarn["output"] = str(run.root)
     stages = yarn["train"]["stages"]
     for stage in stages:
         stage["steps"] = max(1, round(stage["steps"] * scale))
     first = stages[0]
-    original = run / "train" / "stages" / f"1-{first['seq_len']}" / "final"
+    original = run.stage(1, first["seq_len"]).final_model
     yarn["eval"]["baseline"] = str(original)
     linear = json.loads(json.dumps(yarn))
     linear["output"] = str(work / "linear")
-    linear["tokenizer"] = {"path": str(run / "tokenizer.json")}
+    linear["tokenizer"] = {"path": str(run.tokenizer)}
     linear["train"]["model"]["hf_path"] = str(original)
     linear["train"]["model"].pop("tiny", None)
-    linear["eval"]["documents"] = str(run / "documents")
+    linear["eval"]["documents"] = str(run.documents)
     linear_stages = []
     for stage in stages[1:]:
         copy = dict(stage)
         copy["rope_scaling"] = {"rope_type": "linear", "factor": stage["rope_scaling"]["factor"]}
-        copy["shards"] = str(run / "shards" / f"seq{stage['seq_len']}")
+        copy["shards"] = str(run.shard_folder(stage["seq_len"]))
         linear_stages.append(copy)
     linear["train"]["stages"] = linear_stages
     return yarn, linear
@@ -85,7 +87,7 @@ def derived_configs(base: dict[str, Any], work: Path, scale: float) -> tuple[dic
 def last_stage(config: dict[str, Any]) -> Path:
     """The final model of a staged run's last stage."""
     stages = config["train"]["stages"]
-    return Path(config["output"]) / "train" / "stages" / f"{len(stages)}-{stages[-1]['seq_len']}" / "final"
+    return RunLayout(Path(config["output"])).stage(len(stages), stages[-1]["seq_len"]).final_model
 
 
 def run(
@@ -111,19 +113,17 @@ def run(
     return record
 
 
-def stage_records(output: Path) -> list[dict[str, Any]]:
-    """Each stage's steps, wall time, final loss and gate, from its folder."""
+def stage_records(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each stage's steps, final loss and gate, from the folders of ``config``'s stages."""
     records = []
-    for folder in sorted(
-        (output / "train" / "stages").glob("[0-9]*-[0-9]*"), key=lambda p: int(p.name.split("-")[0])
-    ):
-        if ".superseded-" in folder.name:
-            continue
-        metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
-        gate = json.loads((folder / "gate.json").read_text()) if (folder / "gate.json").exists() else None
+    layout = RunLayout(Path(config["output"]))
+    for number, spec in enumerate(config["train"]["stages"], start=1):
+        stage = layout.stage(number, spec["seq_len"])
+        metrics = [json.loads(line) for line in stage.metrics.read_text().splitlines() if line]
+        gate = json.loads(stage.gate.read_text()) if stage.gate.exists() else None
         records.append(
             {
-                "stage": folder.name,
+                "stage": stage.folder.name,
                 "steps": metrics[-1]["step"] if metrics else 0,
                 "final_loss": metrics[-1]["loss"] if metrics else None,
                 "gate": None
@@ -217,11 +217,12 @@ def build_report(
 ) -> dict[str, Any]:
     """The report: the three models' scores and effective lengths from the eval's ``summary.json``,
     the stages' steps and gates, the commands' times, and whether each goal of the issue was met."""
-    folder = sorted((work / "run" / "eval").iterdir())[-1]
+    folder = sorted(RunLayout(work / "run").eval.iterdir())[-1]
     summary = json.loads((folder / "summary.json").read_text())
     needle = json.loads((folder / "needle.json").read_text())
     original = base["context"]["original"]
-    stages, linear_stages = stage_records(work / "run"), stage_records(work / "linear")
+    yarn, linear = derived_configs(base, work, 1.0)
+    stages, linear_stages = stage_records(yarn), stage_records(linear)
     steps_one = stages[0]["steps"]
     extension_steps = sum(s["steps"] for s in stages[1:])
     report = {
@@ -306,6 +307,8 @@ def main() -> None:
     base = yaml.safe_load(args.config.read_text())
     done = args.work / "commands.json"
     if args.report_only:
+        if not done.is_file():
+            sys.exit(f"{SCRIPT}: {done} not found: --report-only needs a finished run in --work {args.work}")
         commands = json.loads(done.read_text())
     else:
         become_subreaper(SCRIPT)
