@@ -52,10 +52,10 @@ from longctx.trainer.models import interface
 from longctx.trainer.models.files import CONFIG_NAME
 from longctx.trainer.models.interface import AnyModelConfig, TrainedModel
 from longctx.trainer.models.weights import stored_dtype
+from longctx.trainer.parallel.layout import context_split
 from longctx.trainer.parallel.mesh import MeshShape
 from longctx.trainer.parallel.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.parallel.state import ParallelState, all_gather_stats, init_parallel, settle, shutdown
-from longctx.trainer.parallel.zigzag import zigzag_split
 from longctx.trainer.planning.flops import training_flops
 from longctx.trainer.planning.memory import checkpointing_that_fits
 from longctx.trainer.resume import check_settings, prepare_metrics
@@ -640,7 +640,7 @@ def _optimizer_step(run: _Run, state: ParallelState, step: int, grad_clip: float
     to ``grad_clip``, AdamW and the schedule; loss by position binned when ``logged``."""
     start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
     micro = run.rows.next_step()
-    shards = [zigzag_split(m, state.cp_size, state.cp_rank) for m in micro]
+    shards = [context_split(m, cp=state.cp_size, cp_rank=state.cp_rank) for m in micro]
     stats = _forward_backward(run, shards, state, run.bf16, position_losses=logged)
     if not math.isfinite(stats.loss):
         raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")

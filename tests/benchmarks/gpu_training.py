@@ -9,7 +9,7 @@ auto``; ``longctx.trainer.build.build_model`` on the meta device then ``fill_ran
 (FSDP2 needs more than one rank), so neither does the suite. Windows are synthetic packed rows in the
 packer's format (random token ids; documents of the many-document layout of ``layouts.py``, or of random
 lengths up to a maximum for the longest-context search; a padding tail), turned into training tensors by
-the dataloader's ``row_to_sample`` and split by the trainer's ``zigzag_split``; one step is what the
+the dataloader's ``row_to_sample`` and split by the trainer's ``context_split``; one step is what the
 trainer's ``_forward_backward`` and step do with one row: the model's forward with ``labels`` (the loss
 inside forward), backward of the summed token losses, gradients divided by the row's loss-masked tokens,
 gradient clipping and AdamW.
@@ -53,9 +53,10 @@ from longctx.trainer.metrics import peak_flops
 from longctx.trainer.models.decoder import Transformer
 from longctx.trainer.models.kernels import KernelChoice, apply_kernels
 from longctx.trainer.models.shape import ModelShape
+from longctx.trainer.parallel.layout import context_split
 from longctx.trainer.parallel.sharding import scale_gradients
 from longctx.trainer.parallel.state import ParallelState, init_parallel
-from longctx.trainer.parallel.zigzag import ContextParallelShard, zigzag_split
+from longctx.trainer.parallel.zigzag import ContextParallelShard
 from longctx.trainer.planning.flops import causal_pair_count, param_count, training_flops
 from longctx.trainer.planning.memory import rank_memory
 from longctx.trainer.train import check_memory, make_optimizer
@@ -123,7 +124,7 @@ def many_document_row(seq_len: int, vocab: int, mean_document: int, seed: int) -
 
 def training_shard(row: PackedRow) -> ContextParallelShard:
     """The row as the trainer feeds it at world size 1: dataloader sample, then the (P = 1) zigzag split."""
-    return zigzag_split(row_to_sample(row), 1, 0)
+    return context_split(row_to_sample(row), cp=1, cp_rank=0)
 
 
 # The trainer under test ------------------------------------------------------------------------------------

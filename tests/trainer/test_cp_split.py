@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from longctx.packer import IGNORE_INDEX, PackedDataset, collate_packed
-from longctx.trainer.parallel.zigzag import ContextParallelShard, zigzag_indices, zigzag_split
+from longctx.trainer.parallel.layout import context_split
+from longctx.trainer.parallel.zigzag import ContextParallelShard, zigzag_indices
 from tests.packer.test_pack_helpers import PackedRun
 
 pytest_plugins = ["tests.packer.test_pack_helpers"]  # the shared packed_run fixture
@@ -46,7 +47,9 @@ def test_packed_rows_match_the_reference(packed_run: PackedRun, cp_size: int) ->
     for row in (0, len(ds.shards) // 2, len(ds.shards) - 1):
         sample = ds[row]
         for rank in range(cp_size):
-            assert as_lists(zigzag_split(sample, cp_size, rank)) == reference_split(sample, cp_size, rank)
+            assert as_lists(context_split(sample, cp=cp_size, cp_rank=rank)) == reference_split(
+                sample, cp_size, rank
+            )
 
 
 @st.composite
@@ -77,7 +80,7 @@ def test_random_layouts_match_the_reference_and_preserve_masks(
 ) -> None:
     sample, cp_size = layout
     length = len(sample["input_ids"])
-    shards = [zigzag_split(sample, cp_size, rank) for rank in range(cp_size)]
+    shards = [context_split(sample, cp=cp_size, cp_rank=rank) for rank in range(cp_size)]
     for rank, shard in enumerate(shards):
         assert as_lists(shard) == reference_split(sample, cp_size, rank)
         assert len(shard.indices) == length // cp_size
@@ -98,10 +101,10 @@ def test_random_layouts_match_the_reference_and_preserve_masks(
 def test_batches_are_split_along_the_sequence(packed_run: PackedRun) -> None:
     ds = PackedDataset(packed_run.folder(256), tokenizer=packed_run.tokenizer_path)
     batch = collate_packed([ds[0], ds[1], ds[2]])
-    shard = zigzag_split(batch, 4, 1)
+    shard = context_split(batch, cp=4, cp_rank=1)
     assert shard.input_ids.shape == (3, 64)
     for b in range(3):
-        single = zigzag_split(ds[b], 4, 1)
+        single = context_split(ds[b], cp=4, cp_rank=1)
         assert torch.equal(shard.input_ids[b], single.input_ids)
         assert torch.equal(shard.position_ids[b], single.position_ids)
 

@@ -33,7 +33,7 @@ from longctx.packer import PackedDataset
 from longctx.trainer.coverage import CoverageError, CoverageTracker
 from longctx.trainer.models.decoder import ModelConfig, RingAttention, Transformer
 from longctx.trainer.models.rope import RopeConfig
-from longctx.trainer.parallel.zigzag import zigzag_split
+from longctx.trainer.parallel.layout import context_split
 from tests.conftest import WINDOW
 from tests.packer.test_pack_helpers import make_config as make_pack_config
 from tests.packer.test_pack_helpers import synthetic_texts, write_curated
@@ -84,7 +84,7 @@ def packed_loss_and_grads(
     model: Transformer, sample: dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     model.zero_grad()
-    shard = zigzag_split(sample, 1, 0)
+    shard = context_split(sample, cp=1, cp_rank=0)
     labels = torch.where(shard.loss_mask, shard.labels, -100)
     hidden = model(shard.input_ids, shard.position_ids, shard.indices, shard.segment_ids)
     loss = model.cross_entropy_sum(hidden, labels) / shard.loss_mask.sum()
@@ -130,7 +130,7 @@ def _cp_worker(rank: int, world: int, store: str, root: str, out: str) -> None:
         model = tiny_model(
             int(sample["input_ids"].max()) + 1, rope, attention=RingAttention(dist.group.WORLD)
         )
-        shard = zigzag_split(sample, world, rank)
+        shard = context_split(sample, cp=world, cp_rank=rank)
         count = float(sample["loss_mask"].sum())
         labels = torch.where(shard.loss_mask, shard.labels, -100)
         hidden = model(

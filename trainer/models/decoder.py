@@ -28,12 +28,11 @@ from functools import partial
 from typing import Protocol, runtime_checkable
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from longctx.trainer.attention import RingStats, build_ring_plan, ring_attention
+from longctx.trainer.attention.modes import RingAttention, RowAttention
 from longctx.trainer.models.checkpointing import run_block
 from longctx.trainer.models.decoder_config import ModelConfig
 from longctx.trainer.models.fused import EAGER, EagerOps
@@ -41,9 +40,6 @@ from longctx.trainer.models.rope import inverse_frequencies, rotary_cos_sin
 from longctx.trainer.models.shape import ACTIVATION_CHECKPOINTING, logits_chunk_tokens
 
 # Attention interface ---------------------------------------------------------------------------------------
-
-RowAttention = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""Attention over the tokens of one packed row: ``(q, k, v) -> out``, shapes as in :data:`Attention`."""
 
 Attention = Callable[..., Tensor]
 """``attention(q, k, v, *, q_index, q_segment) -> out`` for one packed row.
@@ -66,30 +62,6 @@ class BindableAttention(Protocol):
         ...
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor: ...
-
-
-class RingAttention:
-    """``longctx.trainer.attention.ring_attention`` over a context-parallel process group.
-
-    ``group=None`` is a plain local call (this process holds the whole window). :meth:`bind` builds
-    the ring plan (a collective over ``group``) once per row; every layer then reuses it.
-    """
-
-    def __init__(self, group: dist.ProcessGroup | None = None, *, backend: str = "auto") -> None:
-        self.group = group
-        self.backend = backend
-        self.last_stats: RingStats | None = None
-
-    def bind(self, q_index: Tensor, q_segment: Tensor) -> RowAttention:
-        """Plan ring attention for one row; the returned callable attends ``(q, k, v)``.
-        ``last_stats`` keeps the plan's statistics (share of block pairs computed) for metrics."""
-        plan = build_ring_plan(q_index, q_segment, group=self.group)
-        self.last_stats = plan.stats
-        return partial(ring_attention, plan=plan, backend=self.backend)
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:
-        """Plan and attend in one call (prefer :meth:`bind` when several layers share a row)."""
-        return self.bind(q_index, q_segment)(q, k, v)
 
 
 def bind_row(attention: Attention, q_index: Tensor, q_segment: Tensor) -> RowAttention:

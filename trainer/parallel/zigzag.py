@@ -10,7 +10,6 @@ key iff they share a segment id and the key's global index is not larger).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -47,20 +46,3 @@ def zigzag_indices(length: int, cp_size: int, cp_rank: int) -> torch.Tensor:
 def segment_ids(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """Segment index of each of ``total`` tokens, from boundaries ``cu_seqlens`` (0 ... total)."""
     return torch.searchsorted(cu_seqlens[1:].to(torch.int64), torch.arange(total), right=True)
-
-
-def zigzag_split(sample: Mapping[str, torch.Tensor], cp_size: int, cp_rank: int) -> ContextParallelShard:
-    """``cp_rank``'s share of ``sample`` (a :class:`~longctx.packer.dataset.PackedDataset` item or a batch
-    from :func:`~longctx.packer.dataset.collate_packed`), taken along the last dimension."""
-    input_ids = sample["input_ids"]
-    length = input_ids.shape[-1]
-    index = zigzag_indices(length, cp_size, cp_rank)
-    segments = segment_ids(sample["cu_seqlens"], input_ids.numel()).reshape(input_ids.shape)
-    return ContextParallelShard(
-        indices=index,
-        input_ids=input_ids[..., index],
-        labels=sample["labels"][..., index],
-        position_ids=sample["position_ids"][..., index],
-        loss_mask=sample["loss_mask"][..., index],
-        segment_ids=segments[..., index],
-    )
