@@ -69,14 +69,15 @@ def preload_modules(pipelines: Iterable[Iterable[object]]) -> list[str]:
 
 
 def temporary_folder(work: Path) -> Path:
-    """``<work>/tmp``, or where its socket paths would be too long for Unix sockets, a folder of the
-    system's temporary folder named after ``work`` (so that the next run of the same job finds and
-    empties it)."""
+    """``<work>/tmp``, or where its socket paths would be too long for Unix sockets, a folder named after
+    ``work`` (so that the next run of the same job finds and empties it) in the system's temporary
+    folder, or in ``/tmp`` when that one's path is too long as well (a long ``TMPDIR``)."""
     folder = Path(os.path.abspath(work)) / "tmp"
-    if len(os.fsencode(folder)) <= _SOCKET_PATH_MAX:
-        return folder
-    digest = hashlib.sha256(os.fsencode(folder)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"longctx-{digest}"
+    name = f"longctx-{hashlib.sha256(os.fsencode(folder)).hexdigest()[:16]}"
+    for candidate in (folder, Path(tempfile.gettempdir()) / name, Path("/tmp") / name):
+        if len(os.fsencode(candidate)) <= _SOCKET_PATH_MAX:
+            return candidate
+    raise OSError(f"no folder for the job's sockets has a path short enough for Unix sockets: {folder}")
 
 
 SEMAPHORE_FOLDER = Path("/dev/shm")

@@ -16,6 +16,7 @@ import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import yaml
 
 from longctx import jobs
 from longctx.config import load_config
-from longctx.core.workers import SEMAPHORE_FOLDER, semaphore_prefix
+from longctx.core.workers import SEMAPHORE_FOLDER, semaphore_prefix, temporary_folder
 from longctx.pipeline.bpe import train_bpe
 from tests.core.processes import (
     HAS_PROC,
@@ -80,7 +81,9 @@ def _semaphores(work: Path) -> list[str]:
 @pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
 @pytest.mark.skipif(not SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux")
 @pytest.mark.parametrize("stage", ["read", "write"])
-def test_killed_curate_leaves_no_process_nor_file_and_resumes(tmp_path: Path, stage: str) -> None:
+def test_killed_curate_leaves_no_process_nor_file_and_resumes(
+    tmp_path: Path, stage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Killed with SIGKILL while the pool of its ``read`` (or ``write``) stage is up: no process is
     left, nothing in the system's temporary folder, none of the pool's named semaphores in /dev/shm
     (they used to stay there until the job ran again, and for good if it never did), and the run
@@ -102,7 +105,8 @@ def test_killed_curate_leaves_no_process_nor_file_and_resumes(tmp_path: Path, st
     )
     # the stage has started and its pool is up (it creates the semaphores: between stages there are none)
     wait_for(lambda: stage_logs.is_dir() and _semaphores(work), process, 180, f"the {stage} stage's pool")
-    run_tmp = work / "tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))  # as the command sees it
+    run_tmp = temporary_folder(work)  # work/tmp, or a short folder where that path is too long for sockets
     sockets = sorted(p.name for p in run_tmp.glob("listener-*"))  # the forkserver's and the manager's
     os.kill(process.pid, signal.SIGKILL)
     process.wait()

@@ -75,6 +75,16 @@ def test_a_work_folder_too_deep_for_unix_sockets_gets_a_named_system_temporary_f
     assert temporary_folder(tmp_path / "w") == tmp_path / "w" / "tmp"
 
 
+def test_with_a_system_temporary_folder_too_deep_as_well_the_job_takes_one_in_slash_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long TMPDIR (pytest-xdist's workers have one) used to end curate in 'AF_UNIX path too long'."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / ("t" * 100)))
+    folder = temporary_folder(tmp_path / ("d" * 120) / "work")
+    assert folder.parent == Path("/tmp") and folder.name.startswith("longctx-")
+    assert len(os.fsencode(folder / "listener-12345678")) <= 107
+
+
 @pytest.mark.skipif(
     not workers.SEMAPHORE_FOLDER.is_dir(), reason="named semaphores are files in /dev/shm on Linux"
 )
