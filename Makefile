@@ -25,9 +25,13 @@ $(VENV)/.installed: $(VENV)/.installed-base
 demo: $(VENV)/.installed-base
 	$(BIN)/longctx demo
 
-# Lint first: a style finding stops `make test` (CI's command) before the suite runs.
+# Lint first: a style finding stops `make test` (CI's command) before the suite runs. The suite runs on
+# TEST_WORKERS pytest-xdist workers (a 2-core CI machine: 2), one thread each, a file per worker at a
+# time (--dist loadfile: the session's Ray cluster serves test_ray.py on one worker). TEST_WORKERS=0 runs
+# it in this process.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The project's style, configured in pyproject.toml ([tool.ruff], 110 columns): lint and formatting.
 lint: setup

@@ -21,15 +21,19 @@ import torch
 
 from longctx.core.config import ContextConfig
 from longctx.core.errors import ConfigError
+from longctx.trainer.attention.modes import cp_attention
 from longctx.trainer.config import KernelsConfig, TrainConfig
 from longctx.trainer.models import interface
-from longctx.trainer.models.decoder import RingAttention, initial_value
+from longctx.trainer.models.decoder import initial_value
 from longctx.trainer.models.files import config_json
 from longctx.trainer.models.interface import AnyModelConfig, TrainedModel
 from longctx.trainer.models.kernels import KernelChoice, apply_kernels
 from longctx.trainer.models.weights import load_weights, local_region, materialize
+from longctx.trainer.parallel.mesh import CpChoice, MeshShape
 from longctx.trainer.parallel.sharding import shard_model
-from longctx.trainer.parallel.state import ParallelState
+from longctx.trainer.parallel.state import ParallelState, cp_subgroups
+from longctx.trainer.planning.cp_modes import recommend_mode
+from longctx.trainer.planning.plan import RunSettings
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ def build_model(
     bf16: bool,
     kernels: KernelsConfig | None = None,
     compile_cache: Path | None = None,
+    cp: CpChoice | None = None,
 ) -> BuiltModel:
     """The model of ``config`` on ``state.device``, sharded over the mesh when there is one, with
     uninitialized weights: fill them with ``weights.load_weights``, :func:`fill_random` or a checkpoint.
@@ -69,8 +74,17 @@ def build_model(
 
     ``kernels`` (``train.kernels``) picks the attention kernel, fused ops and compiled blocks
     (``kernels.apply_kernels``, compile caches in ``compile_cache``; a transformers model takes the
-    attention kernel only); rank 0 prints a line for each choice that falls back."""
-    attention = RingAttention(group=state.cp_group)
+    attention kernel only); rank 0 prints a line for each choice that falls back. ``cp`` is how the
+    context-parallel group attends (:func:`cp_choice`; the ring by default)."""
+    cp = cp or CpChoice()
+    ring_group, ulysses_group = cp_subgroups(state, cp.ulysses)
+    attention = cp_attention(
+        cp.mode,
+        cp_group=state.cp_group,
+        ring_group=ring_group,
+        ulysses_group=ulysses_group,
+        kv_copies=MeshShape.kv_head_copies(config.shape.num_kv_heads, cp.ulysses),
+    )
     model = interface.build(config, attention=attention, activation_checkpointing=activation_checkpointing)
     multiplier = shard_model(model, state, bf16=bf16) if state.sharded else 1.0
     materialize(model, state.device)
@@ -106,16 +120,37 @@ def model_config(tcfg: TrainConfig, context: ContextConfig, vocab_size: int) -> 
     )
 
 
+def cp_choice(tcfg: TrainConfig, config: AnyModelConfig, seq_len: int) -> CpChoice:
+    """``train.cp_mode`` for this model and window, ``auto`` resolved to ``longctx plan``'s
+    recommendation (``longctx.trainer.planning.cp_modes.recommend_mode``, under the plan's default
+    links); :class:`ConfigError` naming the setting when the model's heads do not split over the mode's
+    all-to-all group. One rank (``train.cp`` 1) is always the ring's local call."""
+    if tcfg.cp == 1:
+        return CpChoice("ring", 1, tcfg.cp_layout)
+    mode, ulysses = tcfg.cp_mode, tcfg.ulysses
+    shape = config.shape
+    if mode == "auto":
+        best = recommend_mode(shape, seq_len, tcfg.cp, RunSettings(cp=tcfg.cp))
+        mode, ulysses = best.mode, best.ulysses
+    degree = MeshShape.ulysses_degree(mode, tcfg.cp, ulysses)
+    key = "train.ulysses" if mode == "hybrid" else f"train.cp (the all-to-all degree of train.cp_mode {mode})"
+    MeshShape.check_heads(shape.num_heads, shape.num_kv_heads, degree, degree_key=key)
+    return CpChoice(mode, degree, tcfg.cp_layout)
+
+
 def check_training_model(tcfg: TrainConfig, context: ContextConfig, seq_len: int, vocab_size: int) -> None:
     """Refuse (:class:`ConfigError`, one line naming ``train.model``) a model this run cannot train at
     ``seq_len``-token windows: a checkpoint the chosen implementation cannot read, the own decoder's
-    config checks, or the transformers model's (``interface.check``)."""
+    config checks, the transformers model's (``interface.check``), or heads that ``train.cp_mode``'s
+    all-to-all cannot split (:func:`cp_choice`)."""
     section = tcfg.model
     where = f"train.model ({section.hf_path or 'the tiny model'}, implementation {section.implementation})"
     try:
-        interface.check(model_config(tcfg, context, vocab_size), seq_len)
+        config = model_config(tcfg, context, vocab_size)
+        interface.check(config, seq_len)
     except ValueError as err:  # ConfigError too
         raise ConfigError(f"{where}: {err}") from None
+    cp_choice(tcfg, config, seq_len)
 
 
 def fill_base_weights(model: TrainedModel, tcfg: TrainConfig) -> None:

@@ -15,6 +15,7 @@ from longctx.core.remote import is_remote
 from longctx.pipeline.synthetic.kinds import TaskKind
 from longctx.trainer.models.files import CONFIG_NAME, is_model_folder
 from longctx.trainer.models.rope_keys import check_rope_scaling, takes_factor
+from longctx.trainer.parallel.mesh import MeshShape
 
 
 class TinyModelConfig(StrictModel):
@@ -379,6 +380,26 @@ class TrainConfig(StrictModel):
         "them first",
     )
     cp: int = Field(default=1, gt=0, description="context-parallel group size; must divide the world size")
+    cp_mode: Literal["auto", "ring", "ulysses", "allgather", "hybrid"] = Field(
+        default="auto",
+        description="how the cp ranks attend over a window split among them (docs/training.md, "
+        "Context-parallel modes). ring: key/value blocks pass around the ranks, overlapped with compute; "
+        "allgather: every rank gathers all keys and values; ulysses: all-to-alls trade tokens for heads "
+        "(the heads must split over cp); hybrid: ulysses within groups of train.ulysses ranks, a ring across "
+        "them; auto: longctx plan's recommendation for the model, window and cp",
+    )
+    ulysses: int | None = Field(
+        default=None,
+        gt=1,
+        description="ranks of one all-to-all group with cp_mode hybrid (a divisor of cp, best the GPUs of "
+        "one node); the ring spans cp / ulysses groups",
+    )
+    cp_layout: Literal["balanced", "zigzag"] = Field(
+        default="balanced",
+        description="which tokens of a packed row each cp rank holds. balanced: the same number of tokens "
+        "and of causal attention work per rank, whatever the documents' lengths, and short documents kept "
+        "whole on one rank; zigzag: chunks r and 2cp-1-r (balanced for rows of one document)",
+    )
     dp_replicate: int = Field(
         default=1,
         gt=0,
@@ -413,6 +434,17 @@ class TrainConfig(StrictModel):
         description="stop: a failed gate ends the run (exit 2, the finished stages kept); continue: log it "
         "and go on",
     )
+
+    @model_validator(mode="after")
+    def _cp_mode_fits_cp(self) -> TrainConfig:
+        if self.cp_mode == "auto":
+            if self.ulysses is not None:
+                raise ValueError("train.ulysses is the all-to-all degree of train.cp_mode hybrid; set both")
+            return self
+        MeshShape.check_mode(
+            self.cp_mode, self.cp, self.ulysses, mode_key="train.cp_mode", ulysses_key="train.ulysses"
+        )
+        return self
 
     @model_validator(mode="after")
     def _stages_replace_steps_and_shards(self) -> TrainConfig:

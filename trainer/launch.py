@@ -339,6 +339,15 @@ def rank_errors(command: str) -> Iterator[None]:
         raise
 
 
+def leave_rank(status: int) -> int:
+    """In a rank started by :func:`launch`, end it with ``status`` as :func:`_leave` does (a finished
+    rank's interpreter shutdown can abort it as a failed one's can, and the launcher would report the
+    run as failed); elsewhere return ``status``."""
+    if os.environ.get(ERROR_FILE_ENV) is None or PARENT_ENV not in os.environ:
+        return status
+    _leave(status)
+
+
 def _leave(status: int) -> NoReturn:
     """End this rank with ``status`` after a failure, its own or elsewhere in the job: the exit
     handlers run (the trackers close), the interpreter's shutdown does not.

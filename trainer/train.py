@@ -32,7 +32,7 @@ from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
-from longctx.trainer.build import build_model, fill_base_weights, model_config, use_bf16
+from longctx.trainer.build import build_model, cp_choice, fill_base_weights, model_config, use_bf16
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -53,7 +53,7 @@ from longctx.trainer.models.files import CONFIG_NAME
 from longctx.trainer.models.interface import AnyModelConfig, TrainedModel
 from longctx.trainer.models.weights import stored_dtype
 from longctx.trainer.parallel.layout import context_split
-from longctx.trainer.parallel.mesh import MeshShape
+from longctx.trainer.parallel.mesh import CpChoice, MeshShape
 from longctx.trainer.parallel.sharding import local_bytes, optimizer_tensors, scale_gradients
 from longctx.trainer.parallel.state import ParallelState, all_gather_stats, init_parallel, settle, shutdown
 from longctx.trainer.planning.flops import training_flops
@@ -254,6 +254,7 @@ class _Run:
     meta: dict[str, Any]
     seq_len: int
     bf16: bool
+    cp: CpChoice
     start_step: int = 0
 
     @property
@@ -292,10 +293,14 @@ def _setup(job: TrainJob, state: ParallelState) -> _Run:
     _check_rows(job, rows, state)
     bf16 = use_bf16(job.train.precision, state.device)
     config, checkpointing = _checked_model_config(job, rows, state, bf16)
+    cp = cp_choice(job.train, config, rows.seq_len)
+    if state.is_main and state.cp_size > 1:
+        how = " (auto: longctx plan's recommendation)" if job.train.cp_mode == "auto" else ""
+        print(f"context parallelism: cp {state.cp_size}, {cp.describe()}{how}", flush=True)
     meta = _settings(job, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
     run = _build_run(
-        job, state, rows, config, meta, bf16, checkpointing=checkpointing, start=resume_from is None
+        job, state, rows, config, meta, bf16, checkpointing=checkpointing, cp=cp, start=resume_from is None
     )
     if resume_from is not None:
         _restore(run, resume_from, state)
@@ -375,6 +380,7 @@ def _build_run(
     bf16: bool,
     *,
     checkpointing: str,
+    cp: CpChoice,
     start: bool,
 ) -> _Run:
     """The sharded model, its optimizer, schedule and coverage tracker, at step 0; with ``start``,
@@ -387,6 +393,7 @@ def _build_run(
         bf16=bf16,
         kernels=tcfg.kernels,
         compile_cache=job.layout.compile_cache,
+        cp=cp,
     )
     optimizer = make_optimizer(built.model, tcfg)
     if start:
@@ -402,6 +409,7 @@ def _build_run(
         meta=meta,
         seq_len=rows.seq_len,
         bf16=bf16,
+        cp=cp,
     )
 
 
@@ -640,7 +648,12 @@ def _optimizer_step(run: _Run, state: ParallelState, step: int, grad_clip: float
     to ``grad_clip``, AdamW and the schedule; loss by position binned when ``logged``."""
     start, ring_wait_before = time.perf_counter(), WAIT_CLOCK.seconds
     micro = run.rows.next_step()
-    shards = [context_split(m, cp=state.cp_size, cp_rank=state.cp_rank) for m in micro]
+    shards = [
+        context_split(
+            m, cp=state.cp_size, cp_rank=state.cp_rank, layout=run.cp.layout, ulysses=run.cp.ulysses
+        )
+        for m in micro
+    ]
     stats = _forward_backward(run, shards, state, run.bf16, position_losses=logged)
     if not math.isfinite(stats.loss):
         raise FloatingPointError(f"step {step + 1}: loss is {stats.loss}")

@@ -83,44 +83,52 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.trainer.launch import follow_launcher, leave_rank, rank_errors
+
+    follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
+    with rank_errors("train"):
+        status = _train(args)
+    return leave_rank(status)
+
+
+def _train(args: argparse.Namespace) -> int:
+    """The command: checks, then training or an export in this process, or the job's ranks started."""
     from longctx.commands import local_path
     from longctx.config import load_config
     from longctx.core.errors import ConfigError
     from longctx.core.layout import RunLayout
     from longctx.jobs import finished_training
-    from longctx.trainer.launch import follow_launcher, quiet_agent_cpp_logs, rank_errors
+    from longctx.trainer.launch import quiet_agent_cpp_logs
 
-    follow_launcher()  # a rank of `--nproc`: stop when the launcher is gone
-    with rank_errors("train"):
-        check_flags(args)
-        output = local_path(
-            args.output,
-            "--output",
-            "the run folder is local; train.export.output uploads the trained model to a URL, and "
-            "--shards URL reads shards from one",
-        )
-        cfg = load_config(
-            args.config,
-            {
-                "output": str(output) if output else None,
-                "train.steps": args.steps,
-                "train.shards": args.shards,
-            },
-            {"output": "--output", "train.steps": "--steps", "train.shards": "--shards"},
-        )
-        if cfg.train is None:
-            raise ConfigError(f"{args.config} has no 'train' section")
-        launcher = bool(args.nproc) and "RANK" not in os.environ
-        rendezvous = job_rendezvous(args, cfg.output) if launcher else None
-        rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None  # before torch is imported
-        layout = RunLayout(cfg.output)
-        with compiler_cache(layout.compile_cache):
-            finished = finished_training(cfg) if args.export is None else None
-            if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
-                if int(os.environ.get("RANK", "0")) == 0:
-                    print(finished)
-                return 0
-            return _run(args, cfg, launcher, rendezvous, rank_env)
+    check_flags(args)
+    output = local_path(
+        args.output,
+        "--output",
+        "the run folder is local; train.export.output uploads the trained model to a URL, and "
+        "--shards URL reads shards from one",
+    )
+    cfg = load_config(
+        args.config,
+        {
+            "output": str(output) if output else None,
+            "train.steps": args.steps,
+            "train.shards": args.shards,
+        },
+        {"output": "--output", "train.steps": "--steps", "train.shards": "--shards"},
+    )
+    if cfg.train is None:
+        raise ConfigError(f"{args.config} has no 'train' section")
+    launcher = bool(args.nproc) and "RANK" not in os.environ
+    rendezvous = job_rendezvous(args, cfg.output) if launcher else None
+    rank_env = quiet_agent_cpp_logs() if rendezvous is not None else None  # before torch is imported
+    layout = RunLayout(cfg.output)
+    with compiler_cache(layout.compile_cache):
+        finished = finished_training(cfg) if args.export is None else None
+        if finished is not None:  # a rerun of a finished run: say where its results are, start nothing
+            if int(os.environ.get("RANK", "0")) == 0:
+                print(finished)
+            return 0
+        return _run(args, cfg, launcher, rendezvous, rank_env)
 
 
 def check_flags(args: argparse.Namespace) -> None:

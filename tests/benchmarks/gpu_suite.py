@@ -14,16 +14,19 @@ stopped by a timeout still leaves what it measured):
    tokens, forward and forward+backward, against SDPA (flash, and cuDNN where it runs) on one causal
    document (goal: at or above SDPA), and on many documents (goal: >= 0.9 of the one-document rate); the
    varlen kernels pinned one by one at 8K and 32K.
-3. ``training``: Llama-shaped 1.1B and 3B models with random weights on packed windows of the
+3. ``cp_modes``: every context-parallel mode (``train.cp_mode``) and row layout (zigzag, balanced) over a
+   virtual group of 8 ranks at 32K and 128K, each rank's attention in turn on the one GPU: the slowest
+   rank over the mean and the group's attention rate against the zigzag ring (``gpu_cp.py``).
+4. ``training``: Llama-shaped 1.1B and 3B models with random weights on packed windows of the
    many-document layout, bf16, the trainer's own model, kernels and optimizer at world size 1: the
    defaults (``activation_checkpointing: auto``, ``train.kernels`` auto) at 32K with a profiled step's
    breakdown (attention, matmuls, norms, loss, optimizer, communication; ``gpu_profile.py``), the
    2026-11-30 report's configuration (full checkpointing, PyTorch's ops) at 32K, the defaults at 8K and
    128K and for the 3B shape at 64K, and compiled blocks at 32K: tokens/s, MFU (model FLOPs with causal
    and document masks, recompute not counted; goal 40%), peak memory against ``longctx plan`` (within 15%).
-4. ``longest``: one training step (full checkpointing) at 64K, 128K and 256K tokens until one runs out of
+5. ``longest``: one training step (full checkpointing) at 64K, 128K and 256K tokens until one runs out of
    memory.
-5. ``memory``: the memory model under selective and no checkpointing: a step's peak against
+6. ``memory``: the memory model under selective and no checkpointing: a step's peak against
    ``longctx plan`` (goal: within 15%).
 
 Section 1 also runs each kernel's start-up probe on several head shapes: the ring silently drops a kernel
@@ -50,7 +53,7 @@ the device tool sends, after the last code change), the whole call is ``run`` wi
         python3 tests/benchmarks/gpu_suite.py --out $OUT/gpu_suite.json 2>&1 | tee $OUT/gpu_suite.log
 
 The suite takes under 8 minutes (``--budget-s``, default 450 s, plus start-up: its sections' caps add up
-to 470 s, and sections end early once the budget is spent); then copy
+to 510 s, and sections end early once the budget is spent); then copy
 ``gpu_suite.json`` to ``tests/benchmarks/results/<date>-<gpu>.json``. If the float64 CPU reference is
 too slow there for every layout, rerun only that section with a smaller window:
 ``--sections exactness --exact-tokens 1024``. The device lends 15 minutes in all, starts included, so a
@@ -83,7 +86,7 @@ from gpu_measure import Deadline, free_memory
 from longctx.core.atomic import write_json
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("exactness", "speed", "training", "longest", "memory")
+SECTIONS = ("exactness", "speed", "cp_modes", "training", "longest", "memory")
 SOURCE_FOLDERS = {"longctx.trainer": "trainer", "longctx.packer": "packer", "longctx.core": "core"}
 
 
@@ -129,6 +132,10 @@ class Settings:
     speed_goal: float = 1.0
     many_documents_goal: float = 0.9
     reps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    cp_tokens: tuple[int, ...] = ()
+    """Window lengths of the ``cp_modes`` section (``gpu_cp.py``)."""
+    cp_world: int = 8
+    """Virtual context-parallel ranks of the ``cp_modes`` section."""
 
     @property
     def train_dims(self) -> dict:
@@ -212,13 +219,22 @@ def gpu_settings(device: torch.device, budget_s: float, exact_tokens: int | None
         longest_tokens=(65536, 131072, 262144),
         longest_max_document=32768,
         memory_cases=(("selective", 32768), ("selective", 65536), ("none", 16384)),
-        caps={"exactness": 90.0, "speed": 75.0, "training": 210.0, "longest": 45.0, "memory": 50.0},
+        caps={
+            "exactness": 90.0,
+            "speed": 75.0,
+            "cp_modes": 40.0,
+            "training": 210.0,
+            "longest": 45.0,
+            "memory": 50.0,
+        },
         budget_s=budget_s,
         speed_backends=("flash_attn4_varlen", "flash_attn_varlen", "torch_flash_varlen", "torch_cudnn"),
         speed_backend_tokens=(8192, 32768),
         experimental_backends=("torch_cudnn",),
         mfu_goal_cases=("1.1B auto", "1.1B auto compiled"),
         reps={8192: (3, 10), 32768: (2, 6)},
+        cp_tokens=(32768, 131072),
+        cp_world=8,
     )
 
 
@@ -270,6 +286,8 @@ def smoke_settings(budget_s: float) -> Settings:
         build_s_per_billion=0.0,
         mfu_goal_cases=("1.1B auto", "1.1B auto compiled"),
         reps={1 << 30: (1, 2)},
+        cp_tokens=(512,),
+        cp_world=4,
     )
 
 
@@ -393,11 +411,13 @@ class Report:
 def run_sections(settings: Settings, names: list[str], report: Report) -> bool:
     """Run the chosen sections in order under the suite's budget; whether every check passed."""
     from gpu_attention import run_exactness, run_speed
+    from gpu_cp import run_cp_modes
     from gpu_training import run_longest_context, run_memory_model, run_training
 
     runners = {
         "exactness": lambda d, e, s: run_exactness(settings, d, e),
         "speed": lambda d, e, s: run_speed(settings, d, e),
+        "cp_modes": lambda d, e, s: run_cp_modes(settings, d, e),
         "training": lambda d, e, s: run_training(settings, d, e, s),
         "longest": lambda d, e, s: run_longest_context(settings, d, e, s),
         "memory": lambda d, e, s: run_memory_model(settings, d, e, s),
@@ -552,6 +572,16 @@ def table(data: dict) -> str:
                     )
                 parts.append(label)
             lines.append(f"{head}  " + "; ".join(parts))
+        elif name == "cp_modes" and summary:
+            for tokens, rates in summary["rows"].items():
+                parts = [
+                    f"{mode} {r['tflops']:.1f}"
+                    + (f" ({r['vs_ring_zigzag']:.2f}x)" if r["vs_ring_zigzag"] else "")
+                    for mode, r in rates.items()
+                ]
+                lines.append(
+                    f"{head}  {_tokens(int(tokens))}, cp {summary['world']}: TFLOP/s " + ", ".join(parts)
+                )
         elif name == "memory" and summary:
             parts = [
                 f"{c['mode']} {_tokens(c['tokens'])} "

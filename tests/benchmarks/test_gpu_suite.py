@@ -45,7 +45,7 @@ def test_cpu_smoke_runs_every_section(tmp_path: Path) -> None:
     assert "not GPU figures" in run.stdout
     sections = report["sections"]
     assert {name: s["status"] for name, s in sections.items()} == dict.fromkeys(
-        ("exactness", "speed", "training", "longest", "memory"), "passed"
+        ("exactness", "speed", "cp_modes", "training", "longest", "memory"), "passed"
     )
     exact = sections["exactness"]["summary"]
     # dtypes x kernels (auto, cpu_flash, math) x (layouts x ring modes + one strided layout)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from longctx.trainer.attention.modes import cp_attention
 from longctx.trainer.parallel.layout import rank_indices
+from longctx.trainer.parallel.mesh import MeshShape
 from tests.trainer.test_ring_attention import (
     LAYOUTS,
     SEQ_LEN,
@@ -62,6 +63,14 @@ def _check_modes(rank: int, world: int) -> None:
                 segments = segment_ids(lengths, padding=name == "trailing_padding")
                 rows = rank_indices(cu, SEQ_LEN, cp=world, cp_rank=rank, layout=layout, ulysses=degree)
                 for case, (heads, kv_heads) in enumerate(HEADS):
+                    attention = cp_attention(
+                        mode,
+                        cp_group=dist.group.WORLD,
+                        ring_group=ring_group,
+                        ulysses_group=ulysses_group,
+                        kv_copies=MeshShape.kv_head_copies(kv_heads, degree),
+                        backend="math",
+                    )
                     inputs = window_inputs(case, heads, kv_heads)
                     q, k, v, grad = (x[rows].clone() for x in inputs)
                     q, k, v = (x.requires_grad_() for x in (q, k, v))
@@ -96,5 +105,5 @@ def _check_refusal(rank: int, world: int) -> None:
     attention = cp_attention("ulysses", cp_group=dist.group.WORLD, ulysses_group=dist.group.WORLD)
     rows = rank_indices(torch.tensor([0, SEQ_LEN]), SEQ_LEN, cp=world, cp_rank=rank, layout="zigzag")
     q, k, v = torch.zeros(len(rows), 6, 8), torch.zeros(len(rows), 3, 8), torch.zeros(len(rows), 3, 8)
-    with pytest.raises(ValueError, match="6 query heads do not split over 4 ranks"):
+    with pytest.raises(ValueError, match="6 query heads and 3 key/value heads"):
         attention.bind(rows, torch.zeros_like(rows))(q, k, v)

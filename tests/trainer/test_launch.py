@@ -384,3 +384,26 @@ def test_multi_machine_flags_that_make_no_job_are_refused_before_any_rank_starts
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert message in done.stderr, done.stderr
         assert not (tmp_path / "run").exists()
+
+
+def test_a_finished_rank_leaves_with_its_status_without_the_interpreters_shutdown(tmp_path: Path) -> None:
+    """A rank that finished still ends by ``_leave`` (exit handlers run, the interpreter's shutdown
+    does not, where a process group's worker thread could abort it: pytorch/pytorch#190489); outside a
+    launched rank ``leave_rank`` only returns the status."""
+    script = (
+        "import atexit, os, sys\n"
+        "from longctx.trainer.launch import ERROR_FILE_ENV, PARENT_ENV, leave_rank\n"
+        "class Finalized:\n"
+        "    def __del__(self): print('interpreter shutdown', flush=True)\n"
+        "kept = Finalized()\n"
+        "atexit.register(lambda: print('exit handlers', flush=True))\n"
+        "print('outside:', leave_rank(3), flush=True)\n"
+        "os.environ |= {ERROR_FILE_ENV: sys.argv[1], PARENT_ENV: str(os.getppid())}\n"
+        "leave_rank(5)\n"
+        "print('not reached')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "errors")], env=ENV, capture_output=True, text=True
+    )
+    assert done.returncode == 5, done.stderr
+    assert done.stdout.splitlines() == ["outside: 3", "exit handlers"]

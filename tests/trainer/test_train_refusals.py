@@ -156,3 +156,28 @@ def test_a_shards_folder_that_does_not_exist_is_named_as_missing(
     err = capsys.readouterr().err
     assert f"train.stages.0.shards: path does not exist: {missing}" in err and "pack" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("train", "message"),
+    [
+        ({"cp": 2, "cp_mode": "hybrid"}, "train.cp_mode = hybrid needs train.ulysses between 1 and cp = 2"),
+        ({"cp": 2, "ulysses": 2}, "train.ulysses is the all-to-all degree of train.cp_mode hybrid"),
+        ({"cp": 2, "cp_mode": "ring", "ulysses": 2}, "remove it"),
+        ({"cp": 2, "cp_mode": "ulsyses"}, "train.cp_mode"),
+    ],
+)
+def test_cp_mode_settings_that_cannot_work_are_refused(
+    packed: Path, tmp_path: Path, capsys, train: dict, message: str
+) -> None:
+    assert message in refused(packed, tmp_path, capsys, **train)
+
+
+def test_heads_that_ulysses_cannot_split_are_refused_before_any_rank_starts(
+    packed: Path, tmp_path: Path, capsys
+) -> None:
+    """3 query heads do not split over the 2 ranks of an all-to-all: named before any rank starts."""
+    tiny = {**TINY, "hidden_size": 48, "num_attention_heads": 3, "num_key_value_heads": 1}
+    err = refused(packed, tmp_path, capsys, model={"tiny": tiny}, cp=2, cp_mode="ulysses")
+    assert "3 query heads do not split over 2 ranks" in err and "train.cp" in err
+    assert len(err.strip().splitlines()) == 1

@@ -33,10 +33,9 @@ from torch import Tensor
 from longctx.trainer.attention.masks import pair_extents
 from longctx.trainer.attention.plan import RingStats, build_ring_plan
 from longctx.trainer.attention.ring import ring_attention
-from longctx.trainer.parallel.mesh import MeshShape
 
-RowAttention = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""What ``bind`` returns: attention ``(q, k, v) -> out`` over one row's tokens."""
+RowAttention = Callable[..., Tensor]
+"""What ``bind`` returns: attention ``(q, k, v, softmax_scale=None) -> out`` over one row's tokens."""
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -79,12 +78,14 @@ class RingAttention:
         return self.bind(q_index, q_segment)(q, k, v)
 
 
-def _allgather_call(q: Tensor, k: Tensor, v: Tensor, *, plan, group, backend: str) -> Tensor:
+def _allgather_call(
+    q: Tensor, k: Tensor, v: Tensor, *, plan, group, backend: str, softmax_scale: float | None = None
+) -> Tensor:
     """Gather keys and values in one collective (two would reach the backward's reduce-scatters in an
     order autograd may choose differently on each rank), attend locally."""
     gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd  # 2.13
     kv = gather(torch.stack([k, v], dim=1), 0, group)  # [every member's tokens, 2, kv heads, d]
-    return ring_attention(q, kv[:, 0], kv[:, 1], plan, backend=backend)
+    return ring_attention(q, kv[:, 0], kv[:, 1], plan, backend=backend, softmax_scale=softmax_scale)
 
 
 class AllGatherAttention:
@@ -134,31 +135,48 @@ def _tokens_to_heads(x: Tensor, group: dist.ProcessGroup) -> Tensor:
     return out.transpose(0, 1).reshape(total // u, u * share, d)
 
 
-def _ulysses_call(q: Tensor, k: Tensor, v: Tensor, *, plan, group, backend: str) -> Tensor:
+def _ulysses_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    plan,
+    group,
+    kv_copies: int,
+    backend: str,
+    softmax_scale: float | None = None,
+) -> Tensor:
     u = _size(group)
-    problem = MeshShape.heads_problem(q.shape[1], k.shape[1], u)
-    if problem is not None:
-        raise ValueError(f"ulysses attention over {u} ranks: {problem}")
-    copies = MeshShape.kv_head_copies(k.shape[1], u)
-    if copies > 1:
-        k, v = k.repeat_interleave(copies, dim=1), v.repeat_interleave(copies, dim=1)
+    if q.shape[1] % u or (k.shape[1] * kv_copies) % u:
+        raise ValueError(
+            f"ulysses attention over {u} ranks: {q.shape[1]} query heads and {k.shape[1]} key/value heads "
+            f"(copied {kv_copies} times) do not split over them"
+        )
+    if kv_copies > 1:
+        k, v = k.repeat_interleave(kv_copies, dim=1), v.repeat_interleave(kv_copies, dim=1)
     q, k, v = _heads_to_tokens([q, k, v], group)
-    return _tokens_to_heads(ring_attention(q, k, v, plan, backend=backend), group)
+    out = ring_attention(q, k, v, plan, backend=backend, softmax_scale=softmax_scale)
+    return _tokens_to_heads(out, group)
 
 
 class UlyssesAttention:
     """``ulysses`` (``ring_group=None``) and ``hybrid``: all-to-alls over ``ulysses_group`` give each
-    rank its group's tokens for a share of the heads; a ring over ``ring_group`` covers the groups."""
+    rank its group's tokens for a share of the heads; a ring over ``ring_group`` covers the groups.
+    ``kv_copies``: how many times each key/value head is copied first, so that the group's ranks get
+    whole heads when the model has fewer key/value heads than ranks
+    (``longctx.trainer.parallel.mesh.MeshShape.kv_head_copies``, whose rules the run checked)."""
 
     def __init__(
         self,
         ulysses_group: dist.ProcessGroup,
         ring_group: dist.ProcessGroup | None = None,
         *,
+        kv_copies: int = 1,
         backend: str = "auto",
     ) -> None:
         self.ulysses_group = ulysses_group
         self.ring_group = ring_group
+        self.kv_copies = kv_copies
         self.backend = backend
         self.last_stats: RingStats | None = None
 
@@ -167,7 +185,9 @@ class UlyssesAttention:
         index, segment = _gather_metadata(q_index, q_segment, self.ulysses_group)
         plan = build_ring_plan(index.flatten(), segment.flatten(), group=self.ring_group)
         self.last_stats = plan.stats
-        return partial(_ulysses_call, plan=plan, group=self.ulysses_group, backend=self.backend)
+        return partial(
+            _ulysses_call, plan=plan, group=self.ulysses_group, kv_copies=self.kv_copies, backend=self.backend
+        )
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, q_index: Tensor, q_segment: Tensor) -> Tensor:
         return self.bind(q_index, q_segment)(q, k, v)
@@ -179,16 +199,19 @@ def cp_attention(
     cp_group: dist.ProcessGroup | None,
     ring_group: dist.ProcessGroup | None = None,
     ulysses_group: dist.ProcessGroup | None = None,
+    kv_copies: int = 1,
     backend: str = "auto",
 ) -> RingAttention | AllGatherAttention | UlyssesAttention:
     """The attention of ``mode`` (:data:`~longctx.trainer.parallel.mesh.CP_MODES`) over the given
     groups: ``cp_group`` for ring and allgather, ``ulysses_group`` (and ``ring_group`` for the hybrid)
-    for the others. Without a context-parallel group (one rank holds the window) every mode is the
+    for the others, with ``kv_copies`` for :class:`UlyssesAttention`. Without a context-parallel
+    group (one rank holds the window) every mode is the
     ring's local call."""
     if cp_group is None or mode == "ring":
         return RingAttention(cp_group, backend=backend)
     if mode == "allgather":
         return AllGatherAttention(cp_group, backend=backend)
     if mode in ("ulysses", "hybrid") and ulysses_group is not None:
-        return UlyssesAttention(ulysses_group, ring_group if mode == "hybrid" else None, backend=backend)
+        ring = ring_group if mode == "hybrid" else None
+        return UlyssesAttention(ulysses_group, ring, kv_copies=kv_copies, backend=backend)
     raise ValueError(f"cp_mode {mode!r} needs its process groups (ulysses_group for ulysses and hybrid)")

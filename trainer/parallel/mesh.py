@@ -33,6 +33,21 @@ attends over the whole window for some heads; ``hybrid`` does Ulysses within gro
 
 
 @dataclass(frozen=True)
+class CpChoice:
+    """How a run's context-parallel group attends (``train.cp_mode`` with ``auto`` resolved) and lays
+    rows out over its ranks (``train.cp_layout``)."""
+
+    mode: str = "ring"
+    ulysses: int = 1
+    """Ranks of one all-to-all group (:meth:`MeshShape.ulysses_degree`): 1 for ring and allgather."""
+    layout: str = "balanced"
+
+    def describe(self) -> str:
+        degree = f" (all-to-all over {self.ulysses} ranks)" if self.ulysses > 1 else ""
+        return f"cp_mode {self.mode}{degree}, cp_layout {self.layout}"
+
+
+@dataclass(frozen=True)
 class MeshShape:
     """Sizes of the three mesh dimensions."""
 

@@ -17,7 +17,7 @@ trained unsharded. The shape and the rules it sets (world size, window length) a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +40,10 @@ class ParallelState:
     fsdp_mesh: Any | None  # 1-D (dp_shard x cp) or 2-D (dp_replicate, dp_shard x cp) mesh for fully_shard
     cp_group: dist.ProcessGroup | None  # None: the ring is local (cp = 1)
     world_group: dist.ProcessGroup | None  # None: a single process, no communication
+    timeout_s: int = 600
+    """The process groups' timeout (``train.comm_timeout_s``), for groups created later too."""
+    subgroups: dict[int, Any] = field(default_factory=dict, compare=False)
+    """:func:`cp_subgroups` by all-to-all degree, created on first use."""
 
     @classmethod
     def single(cls, device: torch.device | None = None) -> ParallelState:
@@ -138,7 +142,33 @@ def init_parallel(cp: int, timeout_s: int, dp_replicate: int = 1) -> ParallelSta
         fsdp_mesh=fsdp_mesh,
         cp_group=mesh["cp"].get_group() if shape.cp > 1 else None,
         world_group=dist.group.WORLD,
+        timeout_s=timeout_s,
     )
+
+
+def cp_subgroups(
+    state: ParallelState, ulysses: int
+) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """This rank's ``(ring group, all-to-all group)`` when its context-parallel group of ``cp`` ranks is
+    cut into all-to-all groups of ``ulysses`` consecutive ranks (context-parallel rank ``c`` is member
+    ``c % ulysses`` of group ``c // ulysses``, as ``longctx.trainer.parallel.layout`` lays rows out) and
+    rings across them; None for a group of one. Created once per degree (every rank creates every
+    group, in one order) with the job's timeout, and kept on ``state``."""
+    if ulysses in state.subgroups:
+        return state.subgroups[ulysses]
+    cp = state.cp_size
+    if ulysses <= 1 or state.cp_group is None:
+        groups: tuple[dist.ProcessGroup | None, dist.ProcessGroup | None] = (state.cp_group, None)
+    else:
+        bases = range(0, state.world_size, cp)
+        blocks = [[b + g * ulysses + m for m in range(ulysses)] for b in bases for g in range(cp // ulysses)]
+        rings = [[b + g * ulysses + m for g in range(cp // ulysses)] for b in bases for m in range(ulysses)]
+        timeout = timedelta(seconds=state.timeout_s)
+        all_to_all, _ = dist.new_subgroups_by_enumeration(blocks, timeout=timeout)
+        ring, _ = dist.new_subgroups_by_enumeration(rings, timeout=timeout) if cp > ulysses else (None, None)
+        groups = (ring, all_to_all)
+    state.subgroups[ulysses] = groups
+    return groups
 
 
 def all_gather_stats(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
