@@ -3,10 +3,13 @@ recommends, against closed forms worked out by hand in each test (never by the m
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
 
 import pytest
 
+from longctx.cli import main
 from longctx.trainer.planning import cp_modes, plan
 from longctx.trainer.planning.cp_modes import ModeCost
 
@@ -288,6 +291,86 @@ def test_ties_go_to_the_ring() -> None:
 def test_a_window_that_does_not_split_is_refused() -> None:
     with pytest.raises(plan.ConfigError, match="multiple of 2 x cp"):
         cp_modes.mode_costs(shape(), 1000, 16, plan.RunSettings(cp=16))
+
+
+def test_cli_prints_the_modes_and_the_recommendation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "plan.csv"
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "128K,1M", "--cp", "32", "--csv", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    lines = printed.splitlines()
+    assert "context-parallel modes (train.cp_mode) over cp 32" in printed
+    assert "groups of up to 8 ranks (one node) at 450 GB/s, larger ones at 50 GB/s" in printed
+    header = next(i for i, line in enumerate(lines) if line.startswith("128K (checkpointing none)"))
+    assert lines[header].split()[3:] == [
+        "all-to-all", "ring", "sent", "communication", "exposed", "hidden", "attention", "extra", "memory"
+    ]  # fmt: skip
+    assert [line.split()[0] for line in lines[header + 1 : header + 5]] == [
+        "ring",
+        "ulysses",
+        "allgather",
+        "hybrid",
+    ]
+    ring = lines[header + 1].split()
+    assert ring[1:5] == ["1", "32", "1.9", "GiB"] and ring[9] == "NO"  # 31 x 16 n k = 1,984 MiB
+    assert lines[header + 5].startswith("recommended cp_mode: hybrid (train.ulysses: 2): ")
+    assert "against the ring's" in lines[header + 5]
+    at_1m = next(
+        line for line in lines if line.startswith("recommended cp_mode") and line != lines[header + 5]
+    )
+    hides = "its transfers hide behind attention compute, and it holds no extra memory"
+    assert at_1m == f"recommended cp_mode: ring: {hides}"
+    with out.open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["cp_recommended"] for r in rows] == ["hybrid", "ring"]
+    assert [r["cp_recommended_ulysses"] for r in rows] == ["2", ""]
+    n, k = 4096, 1024
+    assert float(rows[0]["cp_ring_bytes_per_step"]) == 31 * 16 * n * k
+    assert float(rows[0]["cp_allgather_bytes_per_step"]) == 31 * 8 * n * k
+    assert float(rows[0]["cp_allgather_extra_memory_bytes"]) == 32 * 4 * 131_072 * k
+    assert rows[0]["cp_ulysses_ulysses"] == "32" and rows[0]["cp_ulysses_refused"] == ""
+    assert float(rows[1]["cp_ring_exposed_s"]) == 0 and rows[1]["cp_ring_hidden"] == "1"
+
+
+def test_cli_refusals_and_one_rank(capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", "--model", "llama-3-8b", "--lengths", "8K", "--cp", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "hybrid" in printed and "refused: no all-to-all degree between 1 and cp 2 divides it" in printed
+    assert main(["plan", "--model", "llama-3-8b", "--lengths", "8K"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith("cp 1, one rank holds each window: the ring's local call")
+
+
+def test_cli_links_change_the_table_only(capsys: pytest.CaptureFixture) -> None:
+    """``--gpus-per-node 32`` puts the whole ring in one node: it hides at 450 GB/s; the plan's own ring
+    rows keep ``--link-gbytes-per-s``."""
+    argv = ["plan", "--model", "llama-3-8b", "--lengths", "128K", "--cp", "32"]
+    assert main(argv) == 0
+    before = capsys.readouterr().out
+    assert main([*argv, "--gpus-per-node", "32", "--node-link-gbytes-per-s", "450"]) == 0
+    after = capsys.readouterr().out
+    top = before.index("context-parallel modes")
+    assert after[:top] == before[:top]
+    assert "recommended cp_mode: ring: its transfers hide" in after
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--gpus-per-node", "0", "--gpus-per-node 0: must be at least 1"),
+        ("--node-link-gbytes-per-s", "0", "--node-link-gbytes-per-s 0: must be a positive number of GB/s"),
+        ("--node-link-gbytes-per-s", "-5", "--node-link-gbytes-per-s -5: must be a positive number"),
+        ("--node-link-gbytes-per-s", "nan", "--node-link-gbytes-per-s nan: must be a positive number"),
+        ("--node-link-gbytes-per-s", "inf", "--node-link-gbytes-per-s inf: must be a positive number"),
+        ("--link-gbytes-per-s", "0", "--link-gbytes-per-s 0: must be a positive number"),
+    ],
+)
+def test_bad_link_flags_are_one_line(
+    flag: str, value: str, message: str, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["plan", "--model", "llama-3-8b", "--lengths", "8K", "--cp", "8", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_bad_settings_are_refused() -> None:
