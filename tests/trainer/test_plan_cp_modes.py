@@ -12,6 +12,7 @@ import pytest
 from longctx.cli import main
 from longctx.trainer.planning import cp_modes, plan
 from longctx.trainer.planning.cp_modes import ModeCost
+from longctx.trainer.planning.report import human_seconds
 
 # h=64, 4 query heads and 2 KV heads of 16 (q = 64, k = 32), 2 layers
 TOY = {
@@ -330,6 +331,19 @@ def test_cli_prints_the_modes_and_the_recommendation(tmp_path: Path, capsys: pyt
     assert float(rows[0]["cp_allgather_extra_memory_bytes"]) == 32 * 4 * 131_072 * k
     assert rows[0]["cp_ulysses_ulysses"] == "32" and rows[0]["cp_ulysses_refused"] == ""
     assert float(rows[1]["cp_ring_exposed_s"]) == 0 and rows[1]["cp_ring_hidden"] == "1"
+
+
+def test_cli_says_why_when_the_ring_is_exposed_but_least(capsys: pytest.CaptureFixture) -> None:
+    """Llama-3-70B on 2K windows over 8 ranks of a node: n = 256 tokens, under the ring's backward
+    threshold k 6 F / (2.5 q B) = 267 tokens, so the backward shows
+    7 x (12 n k / B - 5 n^2 q / F); the others are whole collectives, larger."""
+    assert main(["plan", "--model", "llama-3-70b", "--lengths", "2K", "--cp", "8"]) == 0
+    n, q, k, B, F = 256, 8192, 1024, 450e9, 400e12
+    exposed = 7 * (12 * n * k / B - 5 * n**2 * q / F)
+    assert 0 < exposed < 8 * 7 * n * k / B
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("recommended")]
+    least = f"the least exposed communication, {human_seconds(exposed)} per layer; next "
+    assert line.startswith(f"recommended cp_mode: ring: {least}")
 
 
 def test_cli_refusals_and_one_rank(capsys: pytest.CaptureFixture) -> None:

@@ -259,14 +259,16 @@ def why(best: ModeCost, costs: Sequence[ModeCost]) -> str:
     runner = f"; next {others[0].mode}, {human_seconds(others[0].exposed_s)}" if others else ""
     if best.mode == "ring":
         return f"the least exposed communication, {human_seconds(best.exposed_s)} per layer{runner}"
-    degree = f" over all-to-alls of {best.ulysses}" if best.ulysses > 1 else ""
+    how = {
+        "allgather": f"one all-gather over {best.ring} ranks",
+        "ulysses": f"all-to-alls over all {best.ulysses} ranks",
+        "hybrid": f"all-to-alls over {best.ulysses} ranks, a ring over {best.ring}",
+    }[best.mode]
     extra = (
-        f", for {human_bytes(best.extra_memory_bytes)} more memory per rank"
-        if best.extra_memory_bytes
-        else ""
+        f"; {human_bytes(best.extra_memory_bytes)} more memory per rank" if best.extra_memory_bytes else ""
     )
     return (
-        f"{human_seconds(best.exposed_s)} exposed per layer{degree} against the ring's "
+        f"{human_seconds(best.exposed_s)} exposed per layer ({how}) against the ring's "
         f"{human_seconds(ring.exposed_s)}{extra}"
     )
 
