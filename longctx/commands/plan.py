@@ -19,9 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "For a model (a preset or a Hugging Face config.json) and a list of context lengths, print "
             "per-layer attention and MLP FLOPs and their crossover length, activation memory with and "
             "without FlashAttention, the KV cache in fp16/fp8/fp4, per-rank memory and per-step "
-            "communication of ring attention over --cp ranks with the smallest block that hides it, and "
-            "optionally the wall-clock for a token budget. Lengths take K=1024 and M=1024^2 suffixes "
-            "(8K = 8192); token budgets take decimal K/M/B/T (20B = 2e10)."
+            "communication of ring attention over --cp ranks with the smallest block that hides it, what "
+            "each context-parallel mode (train.cp_mode: ring, allgather, ulysses, hybrid) sends and exposes "
+            "with the one to use, and optionally the wall-clock for a token budget. Lengths take K=1024 and "
+            "M=1024^2 suffixes (8K = 8192); token budgets take decimal K/M/B/T (20B = 2e10)."
         ),
     )
     parser.add_argument(
@@ -45,6 +46,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="per-rank ring bandwidth, one direction, in GB/s = 1e9 bytes/s (default 50: one 400 Gb/s "
         "NIC per GPU; "
         "NVLink 4 within a node is about 450)",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="GPUs of one node: a ring or all-to-all group this large or smaller uses "
+        "--node-link-gbytes-per-s in the table of context-parallel modes (default 8)",
+    )
+    parser.add_argument(
+        "--node-link-gbytes-per-s",
+        type=float,
+        default=450.0,
+        help="per-rank bandwidth within a node, one direction, in GB/s (default 450: NVLink 4, H100/H200); "
+        "groups larger than a node use --link-gbytes-per-s",
     )
     parser.add_argument(
         "--achieved-tflops",
@@ -92,6 +107,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
+
     from longctx.commands import check_counts, local_path
     from longctx.core.errors import ConfigError
     from longctx.trainer.parallel.mesh import MeshShape
@@ -112,8 +129,15 @@ def run(args: argparse.Namespace) -> int:
             "--dp-replicate": args.dp_replicate,
             "--state-shards": args.state_shards,
             "--gpus": args.gpus,
+            "--gpus-per-node": args.gpus_per_node,
         }
     )
+    for flag, value in (
+        ("--link-gbytes-per-s", args.link_gbytes_per_s),
+        ("--node-link-gbytes-per-s", args.node_link_gbytes_per_s),
+    ):
+        if not 0 < value < math.inf:
+            raise ConfigError(f"{flag} {value:g}: must be a positive number of GB/s")
     csv = local_path(args.csv, "--csv", "write the table to a local file")
     defaults = _config_defaults(args.config) if args.config is not None else {}
     model_spec = args.model or defaults.get("model")
@@ -147,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         mfu=args.mfu,
         gpu_memory_bytes=parse_bytes(args.gpu_memory) if args.gpu_memory is not None else None,
         dp_replicate=replicas,
+        gpus_per_node=args.gpus_per_node,
+        node_link_bytes_per_s=args.node_link_gbytes_per_s * 1e9,
     )
     plans = [plan_length(model, length, settings) for length in lengths]
     print(format_report(model, settings, plans))

@@ -287,6 +287,12 @@ class RunSettings:
     dp_replicate: int = 1
     """Replicas of the sharded state (HSDP): the GPUs a larger cp or more GPUs need come in multiples
     of ``cp x dp_replicate`` (:mod:`longctx.trainer.planning.fit`)."""
+    gpus_per_node: int = 8
+    """GPUs of one node: a group of ranks this large or smaller talks over :attr:`node_link_bytes_per_s`
+    (``longctx.trainer.planning.cp_modes``; the ring rows of :func:`plan_length` keep
+    :attr:`link_bytes_per_s`)."""
+    node_link_bytes_per_s: float = 450e9
+    """Bandwidth within a node, bytes per second per rank in one direction (NVLink 4 on H100/H200)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -296,6 +302,8 @@ class RunSettings:
             "state shards": self.state_shards,
             "peak FLOP/s": self.peak_flops,
             "replicas": self.dp_replicate,
+            "GPUs per node": self.gpus_per_node,
+            "node link bandwidth": self.node_link_bytes_per_s,
         }
         if self.gpu_memory_bytes is not None:
             positive["GPU memory"] = self.gpu_memory_bytes
@@ -361,14 +369,20 @@ def layout_of(settings: RunSettings) -> Layout:
     )
 
 
-def _checkpointing(model: ModelShape, length: int, settings: RunSettings) -> str:
-    """``settings.activation_checkpointing`` at ``length``, ``auto`` resolved as training resolves it."""
+def checkpointing_at(model: ModelShape, length: int, cp: int, settings: RunSettings) -> str:
+    """``settings.activation_checkpointing`` at ``length`` over ``cp`` ranks, ``auto`` resolved as
+    training resolves it (``choose_checkpointing``)."""
     mode = settings.activation_checkpointing
     if mode == "auto":
         mode = choose_checkpointing(
-            model, length, settings.cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
+            model, length, cp, settings.gpu_memory_bytes, state_shards=settings.state_shards
         )
     return mode
+
+
+def _checkpointing(model: ModelShape, length: int, settings: RunSettings) -> str:
+    """``settings.activation_checkpointing`` at ``length`` over ``settings.cp`` ranks."""
+    return checkpointing_at(model, length, settings.cp, settings)
 
 
 def plan_length(model: ModelShape, length: int, settings: RunSettings) -> LengthPlan:

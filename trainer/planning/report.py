@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from longctx.trainer.models.shape import ModelShape
+from longctx.trainer.planning.cp_modes import ModeCost, choose, mode_costs
 from longctx.trainer.planning.fit import MAX_GPUS
 from longctx.trainer.planning.flops import layer_flops, matmul_param_count, param_count
 from longctx.trainer.planning.memory import HEADROOM_FRACTION, RESERVED_BYTES, usable_bytes
@@ -20,6 +21,7 @@ from longctx.trainer.planning.plan import (
     LengthPlan,
     RunSettings,
     StagePlan,
+    checkpointing_at,
     crossover_length,
     kv_cache_bytes_per_token,
     overlap_min_block,
@@ -182,7 +184,93 @@ def format_report(model: ModelShape, settings: RunSettings, plans: Sequence[Leng
         ]
         lines.append("  ".join(cells).rstrip())
     lines += _changes(settings, plans)
+    lines += format_cp_modes(model, settings, [p.length for p in plans])
     return "\n".join(lines)
+
+
+def format_cp_modes(model: ModelShape, settings: RunSettings, lengths: Sequence[int]) -> list[str]:
+    """For each length, a table of the four context-parallel modes (``train.cp_mode``,
+    :func:`~longctx.trainer.planning.cp_modes.mode_costs`): what each rank sends per layer and step,
+    its time, what of it no compute hides, the attention compute it hides behind, the memory beyond the
+    ring's, or why the mode cannot run;
+    then the recommended mode and why. One line when ``cp`` is 1 (nothing to choose)."""
+    cp = settings.cp
+    if cp == 1:
+        return [
+            "",
+            "context-parallel modes (train.cp_mode): cp 1, one rank holds each window: the ring's local call",
+        ]
+    node, network = settings.node_link_bytes_per_s / 1e9, settings.link_bytes_per_s / 1e9
+    lines = [
+        "",
+        f"context-parallel modes (train.cp_mode) over cp {cp}, per rank and layer, forward + backward; "
+        f"groups of up to {settings.gpus_per_node} ranks (one node) at {node:g} GB/s, larger ones at "
+        f"{network:g} GB/s:",
+    ]
+    header = ["all-to-all", "ring", "sent", "communication", "exposed", "hidden", "attention", "extra memory"]
+    for length in lengths:
+        costs = mode_costs(model, length, cp, settings)
+        held = checkpointing_at(model, length, cp, settings)
+        title = f"{human_length(length)} (checkpointing {held})"
+        table = [[title, *header]]
+        refusals = {}
+        for c in costs:
+            if c.refused is not None:
+                refusals[c.mode] = c.refused
+                table.append([c.mode] + [""] * len(header))
+                continue
+            table.append(
+                [
+                    c.mode,
+                    str(c.ulysses),
+                    str(c.ring),
+                    human_bytes(c.bytes_per_step),
+                    human_seconds(c.comm_s),
+                    human_seconds(c.exposed_s),
+                    "yes" if c.hidden else "NO",
+                    human_seconds(c.compute_s),
+                    human_bytes(c.extra_memory_bytes),
+                ]
+            )
+        widths = [max(len(row[col]) for row in table) for col in range(len(header) + 1)]
+        lines.append("")
+        for row in table:
+            if row[0] in refusals:
+                lines.append(f"{row[0].ljust(widths[0])}  refused: {refusals[row[0]]}")
+                continue
+            cells = [row[0].ljust(widths[0])] + [
+                text.rjust(w) for text, w in zip(row[1:], widths[1:], strict=True)
+            ]
+            lines.append("  ".join(cells).rstrip())
+        best = choose(costs)
+        setting = f" (train.ulysses: {best.train_ulysses})" if best.train_ulysses is not None else ""
+        lines.append(f"recommended cp_mode: {best.mode}{setting}: {why(best, costs)}")
+    return lines
+
+
+def why(best: ModeCost, costs: Sequence[ModeCost]) -> str:
+    """Why ``best`` (:func:`~longctx.trainer.planning.cp_modes.choose` of ``costs``) is recommended."""
+    ring = next(c for c in costs if c.mode == "ring")
+    others = sorted(
+        (c for c in costs if c.refused is None and c.mode != best.mode), key=lambda c: c.exposed_s
+    )
+    if best.mode == "ring" and best.hidden:
+        return "its transfers hide behind attention compute, and it holds no extra memory"
+    runner = f"; next {others[0].mode}, {human_seconds(others[0].exposed_s)}" if others else ""
+    if best.mode == "ring":
+        return f"the least exposed communication, {human_seconds(best.exposed_s)} per layer{runner}"
+    how = {
+        "allgather": f"one all-gather over {best.ring} ranks",
+        "ulysses": f"all-to-alls over all {best.ulysses} ranks",
+        "hybrid": f"all-to-alls over {best.ulysses} ranks, a ring over {best.ring}",
+    }[best.mode]
+    extra = (
+        f"; {human_bytes(best.extra_memory_bytes)} more memory per rank" if best.extra_memory_bytes else ""
+    )
+    return (
+        f"{human_seconds(best.exposed_s)} exposed per layer ({how}) against the ring's "
+        f"{human_seconds(ring.exposed_s)}{extra}"
+    )
 
 
 def format_stages(stages: Sequence[StagePlan], settings: RunSettings, gpus: int, gpus_given: bool) -> str:
@@ -280,6 +368,7 @@ def csv_rows(
                 "train_flops_per_token": p.train_flops_per_token,
             }
         )
+        row.update(_cp_columns(model, settings, p.length))
         if p.fits is not None:
             row.update(
                 {
@@ -298,6 +387,30 @@ def csv_rows(
             )
         rows.append(row)
     return rows
+
+
+def _cp_columns(model: ModelShape, settings: RunSettings, length: int) -> dict[str, object]:
+    """The CSV columns of the context-parallel modes at ``length``: per mode its all-to-all degree,
+    the reason it is refused (empty when it runs), bytes sent, communication and exposed seconds and
+    extra memory per rank, layer and step; then the recommended mode and its ``train.ulysses``."""
+    costs = mode_costs(model, length, settings.cp, settings)
+    columns: dict[str, object] = {}
+    for c in costs:
+        columns.update(
+            {
+                f"cp_{c.mode}_ulysses": c.ulysses,
+                f"cp_{c.mode}_refused": c.refused or "",
+                f"cp_{c.mode}_bytes_per_step": c.bytes_per_step,
+                f"cp_{c.mode}_comm_s": c.comm_s,
+                f"cp_{c.mode}_exposed_s": c.exposed_s,
+                f"cp_{c.mode}_hidden": int(c.hidden),
+                f"cp_{c.mode}_extra_memory_bytes": c.extra_memory_bytes,
+            }
+        )
+    best = choose(costs)
+    columns["cp_recommended"] = best.mode
+    columns["cp_recommended_ulysses"] = best.train_ulysses or ""
+    return columns
 
 
 def write_csv(path: Path, model: ModelShape, settings: RunSettings, plans: Sequence[LengthPlan]) -> None:
