@@ -32,8 +32,9 @@ from longctx.trainer.models.weights import load_weights, local_region, materiali
 from longctx.trainer.parallel.mesh import CpChoice, MeshShape
 from longctx.trainer.parallel.sharding import shard_model
 from longctx.trainer.parallel.state import ParallelState, cp_subgroups
-from longctx.trainer.planning.cp_modes import recommend_mode
+from longctx.trainer.planning.cp_modes import mode_costs, recommend_mode
 from longctx.trainer.planning.plan import RunSettings
+from longctx.trainer.planning.report import human_seconds
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,23 @@ def cp_choice(tcfg: TrainConfig, config: AnyModelConfig, seq_len: int) -> CpChoi
     key = "train.ulysses" if mode == "hybrid" else f"train.cp (the all-to-all degree of train.cp_mode {mode})"
     MeshShape.check_heads(shape.num_heads, shape.num_kv_heads, degree, degree_key=key)
     return CpChoice(mode, degree, tcfg.cp_layout)
+
+
+def cp_mode_warning(tcfg: TrainConfig, config: AnyModelConfig, seq_len: int, cp: CpChoice) -> str | None:
+    """One line when ``cp``, chosen by hand, is one that ``longctx plan`` prices slower than the ring
+    (more communication left exposed per layer and step, under the plan's default links); else None."""
+    if tcfg.cp_mode in ("auto", "ring") or tcfg.cp == 1:
+        return None
+    costs = {c.mode: c for c in mode_costs(config.shape, seq_len, tcfg.cp, RunSettings(cp=tcfg.cp))}
+    chosen, ring = costs[cp.mode], costs["ring"]
+    if chosen.refused is not None or chosen.exposed_s <= ring.exposed_s * 1.05 + 1e-7:
+        return None
+    best = recommend_mode(config.shape, seq_len, tcfg.cp, RunSettings(cp=tcfg.cp)).mode
+    return (
+        f"warning (train.cp_mode {cp.mode}): longctx plan estimates {human_seconds(chosen.exposed_s)} of "
+        f"communication per layer and step not hidden by compute, against the ring's "
+        f"{human_seconds(ring.exposed_s)}; cp_mode auto would choose {best}"
+    )
 
 
 def check_training_model(tcfg: TrainConfig, context: ContextConfig, seq_len: int, vocab_size: int) -> None:

@@ -32,7 +32,14 @@ from longctx.core.errors import ConfigError, LongctxError
 from longctx.core.layout import RunLayout, StageLayout
 from longctx.core.runlock import run_lock
 from longctx.trainer.attention.comm import WAIT_CLOCK
-from longctx.trainer.build import build_model, cp_choice, fill_base_weights, model_config, use_bf16
+from longctx.trainer.build import (
+    build_model,
+    cp_choice,
+    cp_mode_warning,
+    fill_base_weights,
+    model_config,
+    use_bf16,
+)
 from longctx.trainer.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -297,6 +304,9 @@ def _setup(job: TrainJob, state: ParallelState) -> _Run:
     if state.is_main and state.cp_size > 1:
         how = " (auto: longctx plan's recommendation)" if job.train.cp_mode == "auto" else ""
         print(f"context parallelism: cp {state.cp_size}, {cp.describe()}{how}", flush=True)
+        warning = cp_mode_warning(job.train, config, rows.seq_len, cp)
+        if warning is not None:
+            print(warning, flush=True)
     meta = _settings(job, config, rows, rows.dataset.shards.manifest.header.config_sha256)
     resume_from = _resume_checkpoint(job, state, meta)
     run = _build_run(

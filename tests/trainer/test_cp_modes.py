@@ -107,3 +107,21 @@ def _check_refusal(rank: int, world: int) -> None:
     q, k, v = torch.zeros(len(rows), 6, 8), torch.zeros(len(rows), 3, 8), torch.zeros(len(rows), 3, 8)
     with pytest.raises(ValueError, match="6 query heads and 3 key/value heads"):
         attention.bind(rows, torch.zeros_like(rows))(q, k, v)
+
+
+def test_a_mode_chosen_by_hand_that_the_plan_prices_slower_than_the_ring_is_said_in_one_line() -> None:
+    """Llama-3-8B at 128K over cp 8: the ring hides behind compute, the all-gather does not."""
+    from longctx.trainer.build import cp_mode_warning
+    from longctx.trainer.config import TrainConfig
+    from longctx.trainer.models.shape import ModelShape
+    from longctx.trainer.parallel.mesh import CpChoice
+
+    class Llama8B:
+        shape = ModelShape("8B", 4096, 14336, 32, 32, 8, 128, 128256, False)
+
+    warning = cp_mode_warning(
+        TrainConfig(cp=8, cp_mode="allgather"), Llama8B(), 131072, CpChoice("allgather")
+    )
+    assert warning is not None and warning.startswith("warning (train.cp_mode allgather): ")
+    assert "cp_mode auto would choose ring" in warning and "\n" not in warning
+    assert cp_mode_warning(TrainConfig(cp=8, cp_mode="ring"), Llama8B(), 131072, CpChoice("ring")) is None

@@ -350,7 +350,9 @@ def cp2_run(packed: Path, tmp_path_factory) -> tuple[Path, Path, Path]:
     """(run folder, config file, $TMPDIR it ran with): `longctx train --nproc 2` with cp=2 (ring
     attention over gloo) on CPU, 8 steps, checkpoints at 4 and 8, in a fresh, empty $TMPDIR."""
     root = tmp_path_factory.mktemp("cp2")
-    cfg = train_config(packed, root / "cp2", cp=2, steps=8, checkpoint={"every": 4, "keep": 2})
+    cfg = train_config(
+        packed, root / "cp2", cp=2, cp_mode="ring", steps=8, checkpoint={"every": 4, "keep": 2}
+    )
     path = root / "cp2.yaml"
     path.write_text(yaml.safe_dump(cfg))
     tmpdir = root / "tmpdir"
