@@ -192,8 +192,8 @@ def synthetic_rows(seq_len: int, rows: int, seed: int) -> list[Row]:
 
 
 def corpus_rows(seq_len: int, rows: int, work: Path) -> list[Row]:
-    """Windows of ``seq_len`` that ``longctx curate`` and ``longctx pack`` made from the shared corpus
-    (run once into ``work``), full windows only (padding would count as a document)."""
+    """``rows`` windows drawn at random among those that ``longctx curate`` and ``longctx pack`` made
+    from the shared corpus (run once into ``work``); a padding tail is a segment, as the trainer sees it."""
     from longctx import jobs
     from longctx.config import parse_config
     from longctx.core.layout import RunLayout
@@ -218,13 +218,8 @@ def corpus_rows(seq_len: int, rows: int, work: Path) -> list[Row]:
             jobs.curate(cfg)
         jobs.pack(cfg)
     shards = ShardSet(folder)
-    out = []
-    for i in range(len(shards)):
-        row = shards.row(i)
-        cu = [int(c) for c in row.cu_seqlens]
-        if row.loss_mask.all() and len(out) < rows:
-            out.append(Row(cu, "corpus"))
-    return out
+    picked = sorted(np.random.default_rng(seq_len).permutation(len(shards))[:rows].tolist())
+    return [Row([int(c) for c in shards.row(i).cu_seqlens], "corpus") for i in picked]
 
 
 # Report ---------------------------------------------------------------------------------------------------
@@ -271,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sources["corpus"] = corpus_rows(length, args.rows, args.work / f"seq{length}")
         for name, rows in sources.items():
             if not rows:
-                print(f"{name:>9} {length:>7}: no full window")
+                print(f"{name:>9} {length:>7}: no window")
                 continue
             for cp in cps:
                 r = measure(rows, cp, args.tile)
