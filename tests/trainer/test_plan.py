@@ -56,6 +56,17 @@ def test_llama3_8b_has_8_03b_parameters() -> None:
     assert flop_model.matmul_param_count(model) == expected - 128256 * 4096 - (2 * 32 + 1) * 4096
 
 
+def test_llama2_7b_has_6_74b_parameters() -> None:
+    """The preset of Fu et al.'s base model (configs/recipes/fu_128k.yaml): multi-head attention (32
+    KV heads), a 32000-token vocabulary, and the 6,738,415,616 parameters of Llama-2-7b-hf."""
+    model = plan.load_model_shape("llama-2-7b")
+    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    expected = 32 * per_layer + 4096 + 2 * 32000 * 4096
+    assert expected == 6_738_415_616
+    assert plan.param_count(model) == expected
+    assert model.num_kv_heads == model.num_heads == 32
+
+
 def test_405b_parameters() -> None:
     assert plan.param_count(plan.load_model_shape("llama-3.1-405b")) == pytest.approx(405.85e9, rel=1e-3)
 
