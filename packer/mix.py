@@ -132,7 +132,7 @@ def _check_sources(catalogs: Mapping[str, SourceCatalog], mix: Mapping[str, floa
     _check_counts(catalogs, [name for name in catalogs if mix[name] > 0], "pack.mix")
 
 
-def own_shares(catalogs: Mapping[str, SourceCatalog], specials_per_doc: int) -> dict[str, float]:
+def curated_shares(catalogs: Mapping[str, SourceCatalog], specials_per_doc: int) -> dict[str, float]:
     """Each source's share of the curated tokens, every document counted once with its EOS/BOS: the
     mix that ``pack.upsample_long`` keeps when no ``pack.mix`` is given. Curated counts must be known."""
     _check_counts(catalogs, catalogs, "pack.upsample_long")

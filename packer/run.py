@@ -49,9 +49,9 @@ from longctx.packer.mix import (
     MixPlan,
     MixSampler,
     check_dropped,
+    curated_shares,
     format_mix_report,
     mix_report,
-    own_shares,
     plan_mix,
 )
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
@@ -154,7 +154,7 @@ def make_plan(
             )
     specials = 1 + (info.bos_id is not None)
     # without pack.mix, upsampling keeps every source's own share of the curated tokens
-    targets = pack.mix if pack.mix or upsample is None else own_shares(catalogs, specials)
+    targets = pack.mix if pack.mix or upsample is None else curated_shares(catalogs, specials)
     mix = None
     if targets is not None:
         mix = plan_mix(catalogs, targets, pack.seed, specials, pack.mix_total_tokens, upsample)
