@@ -347,3 +347,22 @@ def test_documents_without_token_counts_are_refused_naming_the_key(tmp_path: Pat
         "pack.upsample_long needs token counts, but documents of anchor, books, papers have no token_count; "
         "curate them with `longctx curate` or leave pack.upsample_long out"
     )
+
+
+def test_a_manifest_written_before_the_length_buckets_still_reads(curated: Path, tmp_path: Path) -> None:
+    """Readers take the manifests of runs packed before this report had length buckets: without
+    their keys the fields are empty."""
+    import json
+
+    from longctx.packer.manifest import parse_manifest
+
+    root = copy_run(curated, tmp_path / "run")
+    jobs.pack(make_config(root, seq_lens=[1024], mix=MIX, mix_max_dropped=1.0))
+    data = json.loads((root / "shards" / "seq1024" / "manifest.json").read_text())
+    for key in ("own_shares", "upsample_long", "length_edges"):
+        del data["mix"][key]
+    for use in data["mix"]["sources"].values():
+        del use["tokens_by_length"], use["tokens_used_by_length"]
+    old = parse_manifest(json.dumps(data).encode(), "old manifest.json")
+    assert old.mix.length_edges == [] and old.mix.upsample_long is None and not old.mix.own_shares
+    assert all(use.tokens_by_length == [] for use in old.mix.sources.values())
