@@ -19,7 +19,9 @@ def is_source_name(name: str) -> bool:
     return bool(name) and name not in (".", "..") and not any(c in name for c in "/\\\0")
 
 
-DATA_FIELDS = frozenset({"mix", "mix_total_tokens", "seed", "eos_token", "bos_token", "pad_token"})
+DATA_FIELDS = frozenset(
+    {"mix", "mix_total_tokens", "upsample_long", "seed", "eos_token", "bos_token", "pad_token"}
+)
 """Fields of :class:`PackConfig` that decide the tokens of every output of a run."""
 WINDOW_FIELDS = frozenset({"strategy", "shard_tokens", "pool_tokens"})
 """Fields (besides ``executor.tasks``) that decide how one output is packed."""
@@ -40,6 +42,20 @@ documents one tokenizer call takes, whether a run is refused, where the shards a
 the documents are read from (what they are is part of the run record)."""
 
 
+class UpsampleLong(StrictModel):
+    """``pack.upsample_long``: documents of at least ``min_tokens`` tokens are used ``factor`` times as
+    often as the other documents of their source, within the source's share of the mix."""
+
+    min_tokens: int = Field(
+        gt=0, description="a document of at least this many tokens (EOS/BOS excluded) is long"
+    )
+    factor: float = Field(
+        ge=1,
+        allow_inf_nan=False,
+        description="how many times as often a long document is used as a short one",
+    )
+
+
 class PackConfig(StrictModel):
     """Tokenize, mix and pack curated documents into fixed-length windows.
 
@@ -49,6 +65,11 @@ class PackConfig(StrictModel):
     documents or downsampled by dropping them, chosen by ``seed``; a mix that would drop more than
     ``mix_max_dropped`` of a source's tokens is refused. Without ``mix`` every document is used
     exactly once.
+
+    ``upsample_long`` repeats long documents within their source (Fu et al. 2024, "Data Engineering
+    for Scaling Language Models to 128K Context"): each source keeps its share of the mix (without
+    ``mix``: its share of the curated tokens), and within it a document of at least ``min_tokens``
+    tokens is used ``factor`` times as often as a shorter one, so the short documents give way.
 
     ``output`` publishes the finished shards to another place, typically object storage
     (``s3://bucket/run/shards``): each ``<output>/shards/seq<N>/`` folder of the run is packed locally
@@ -74,7 +95,8 @@ class PackConfig(StrictModel):
     mix_total_tokens: int | None = Field(
         default=None,
         gt=0,
-        description="tokens the mix should reach; default: all tokens of the sources it uses",
+        description="tokens the mix (pack.mix, or pack.upsample_long without it) should reach; default: all "
+        "tokens of the sources it uses",
     )
     mix_max_dropped: float = Field(
         default=0.1,
@@ -82,6 +104,12 @@ class PackConfig(StrictModel):
         le=1,
         description="largest share of a source's tokens the mix may leave out (fraction-0 sources excepted); "
         "a mix that drops more is refused",
+    )
+    upsample_long: UpsampleLong | None = Field(
+        default=None,
+        description="{min_tokens, factor}: documents of at least min_tokens tokens are used factor times as "
+        "often as the shorter ones of their source, whose share stays as pack.mix sets it (without pack.mix: "
+        "its share of the curated tokens)",
     )
     seed: int = Field(default=0, description="chooses which documents are repeated or dropped by the mix")
     eos_token: str | None = Field(
@@ -172,10 +200,20 @@ class PackConfig(StrictModel):
         """The window lengths to build, in ascending order."""
         return sorted(self.seq_lens) if self.seq_lens else [target_context]
 
+    def upsampling(self) -> UpsampleLong | None:
+        """``upsample_long`` when it changes anything (a factor of 1 uses every document as without it)."""
+        return (
+            self.upsample_long if self.upsample_long is not None and self.upsample_long.factor != 1 else None
+        )
+
     def data_fields(self) -> dict[str, Any]:
         """The settings that decide which tokens every output holds (shared by all window lengths of
-        a run): the mix, its total and seed, and the special tokens."""
-        return self.model_dump(mode="json", include=DATA_FIELDS)
+        a run): the mix, its total and seed, the upsampling of long documents, and the special tokens.
+        ``upsample_long`` is left out when it changes nothing, so that a run without it (packed before
+        it existed, or with a factor of 1) has the same config hash and resumes as it is."""
+        fields = self.model_dump(mode="json", include=DATA_FIELDS - {"upsample_long"})
+        upsampling = self.upsampling()
+        return fields | ({"upsample_long": upsampling.model_dump(mode="json")} if upsampling else {})
 
     def window_fields(self) -> dict[str, Any]:
         """The settings that decide how one output's windows are packed and split into files: the

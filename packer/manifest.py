@@ -2,7 +2,8 @@
 
 The manifest lists every shard with its row count and checksum, and says what the windows hold:
 tokens and padding, tokens per source against the mix's targets, what the mix did with every
-source (documents and tokens available, used, dropped, epochs), position histograms, the largest
+source (documents and tokens available, used, dropped, epochs, tokens by document length before and
+after the mix), position histograms, the largest
 position, and the fraction of tokens at positions at or above ``context.original``. Those are the
 positions a context extension exists to train, so an output where no token reaches them is refused
 (unless ``pack.allow_short_positions`` is set) and gets no manifest; readers refuse a folder
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from longctx.core import remote
 from longctx.core.atomic import write_json
@@ -62,15 +63,33 @@ class SourceUse(FrozenModel):
     tokens_used: int
     epochs: float
     max_copies: int
+    tokens_by_length: list[int] = Field(default_factory=list)
+    tokens_used_by_length: list[int] = Field(default_factory=list)
+
+
+class UpsampleUse(FrozenModel):
+    """``pack.upsample_long`` as the mix applied it: documents of at least ``min_tokens`` tokens were
+    used ``factor`` times as often as the other documents of their source."""
+
+    min_tokens: int
+    factor: float
 
 
 class MixReport(FrozenModel):
     """Per source use of the curated documents, decided before packing (``seed`` is None without a
-    ``pack.mix``: then every document is used once)."""
+    ``pack.mix`` or ``pack.upsample_long``: then every document is used once). ``own_shares``: the
+    targets are each source's share of the curated tokens (``pack.upsample_long`` without
+    ``pack.mix``). A source's ``tokens_by_length`` and ``tokens_used_by_length`` count its tokens
+    available and used per bucket of document length: bucket ``i`` holds documents of at least
+    ``length_edges[i - 1]`` (0 for the first) and fewer than ``length_edges[i]`` tokens (EOS/BOS
+    excluded; the last bucket has no upper end). Manifests written before these fields have none."""
 
     seed: int | None
     tokens_used: int
     sources: dict[str, SourceUse]
+    own_shares: bool = False
+    upsample_long: UpsampleUse | None = None
+    length_edges: list[int] = Field(default_factory=list)
 
 
 class Manifest(FrozenModel):

@@ -45,7 +45,15 @@ from longctx.packer.config import PackConfig
 from longctx.packer.curated import adopt_tokenizer, curated_source
 from longctx.packer.format import ShardHeader, TokenizerInfo
 from longctx.packer.manifest import CoverageError, Manifest, MixReport, coverage_refusal, load_manifest
-from longctx.packer.mix import MixPlan, MixSampler, check_dropped, format_mix_report, mix_report, plan_mix
+from longctx.packer.mix import (
+    MixPlan,
+    MixSampler,
+    check_dropped,
+    curated_shares,
+    format_mix_report,
+    mix_report,
+    plan_mix,
+)
 from longctx.packer.record import documents_fingerprint, plan_outputs, write_record
 from longctx.packer.remote import publish_shards
 from longctx.packer.stage import PackDocuments, WriteManifests, retokenized_documents
@@ -71,6 +79,7 @@ class PackPlan:
     configs: dict[int, dict[str, Any]]
     headers: list[ShardHeader]
     mix: MixPlan | None
+    targets: dict[str, float] | None
     planned_tokens: dict[str, int]
     report: MixReport | None
     data: dict[str, Any]
@@ -82,6 +91,7 @@ class PackPlan:
             {n: self.configs[n] for n in seq_lens},
             [h for h in self.headers if h.seq_len in seq_lens],
             self.mix,
+            self.targets,
             self.planned_tokens,
             self.report,
             self.data,
@@ -128,26 +138,34 @@ def make_plan(
         raise ConfigError(f"no tokenizer at {source.tokenizer}; run `longctx curate` first")
     info: TokenizerInfo = tokenizer_info(source.tokenizer, pack)
     catalogs = read_catalog(documents, info.sha256)
-    if pack.mix:  # the mix needs the counts, which a tokenizer replaced after curation invalidates
+    upsample = pack.upsampling()
+    key = "pack.mix" if pack.mix else "pack.upsample_long"
+    if pack.mix or upsample:  # they need the counts, which a tokenizer replaced after curation invalidates
         files = document_files(documents)
+        used = {name for name, fraction in pack.mix.items() if fraction > 0} if pack.mix else set(catalogs)
         stale = sorted(
-            {source_of(documents, f) for f in files if file_tokenizer(f) not in (None, info.sha256)}
-            & {name for name, fraction in pack.mix.items() if fraction > 0}
+            {source_of(documents, f) for f in files if file_tokenizer(f) not in (None, info.sha256)} & used
         )
         if stale:
             raise ConfigError(
-                f"pack.mix: the documents of {', '.join(stale)} were curated with another tokenizer than "
+                f"{key}: the documents of {', '.join(stale)} were curated with another tokenizer than "
                 f"{source.tokenizer}, so their token counts do not hold; curate them again with it, or "
-                "leave pack.mix out"
+                f"leave {key} out"
             )
     specials = 1 + (info.bos_id is not None)
-    mix = plan_mix(catalogs, pack.mix, pack.seed, specials, pack.mix_total_tokens) if pack.mix else None
+    # without pack.mix, upsampling keeps every source's own share of the curated tokens
+    targets = pack.mix if pack.mix or upsample is None else curated_shares(catalogs, specials)
+    mix = None
+    if targets is not None:
+        mix = plan_mix(catalogs, targets, pack.seed, specials, pack.mix_total_tokens, upsample)
     copies = {name: _copies(cat, mix) for name, cat in catalogs.items()}
     report = None
     if all(cat.counts_known for cat in catalogs.values()):
-        report = mix_report(catalogs, copies, specials, pack.mix, pack.seed if pack.mix else None)
-        if pack.mix:
-            check_dropped(report, pack.mix, pack.mix_max_dropped, catalogs, specials)
+        seed = pack.seed if mix is not None else None
+        own = mix is not None and not pack.mix
+        report = mix_report(catalogs, copies, specials, targets, seed, upsample, own_shares=own)
+        if targets is not None:
+            check_dropped(report, targets, pack.mix_max_dropped, catalogs, specials, key, upsample)
     seq_lens = pack.resolved_seq_lens(context.target)
     if not pack.allow_short_positions:
         check_planned_coverage(catalogs, copies, seq_lens, context.original, specials)
@@ -173,7 +191,7 @@ def make_plan(
         "tokenizer_sha256": info.sha256,
         "documents": documents_fingerprint(documents, document_files(documents)),
     }
-    return PackPlan(configs, headers, mix, planned, report, data, documents)
+    return PackPlan(configs, headers, mix, targets, planned, report, data, documents)
 
 
 def estimated_output_bytes(layout: RunLayout, plan: PackPlan) -> int:
@@ -260,7 +278,7 @@ def build_stages(pack: PackConfig, layout: RunLayout, plan: PackPlan) -> list[St
         plan.headers,
         plan.configs,
         pack.executor.tasks,
-        pack.mix,
+        plan.targets,
         plan.report,
         pack.allow_short_positions,
     )

@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--model",
-        help="preset (llama-3-8b, llama-3-70b, llama-3.1-405b, qwen2-7b, mistral-7b-v0.3), "
+        help="preset (llama-2-7b, llama-3-8b, llama-3-70b, llama-3.1-405b, qwen2-7b, mistral-7b-v0.3), "
         "a model folder or a config.json (default: the --config's train.model.hf_path)",
     )
     parser.add_argument("--lengths", help="comma-separated context lengths, e.g. 8K,32K,128K,1M")
@@ -220,7 +220,7 @@ def _config_defaults(path: Path) -> dict[str, object]:
             {
                 "number": s.number,
                 "length": s.seq_len,
-                "rope": _rope(s.rope_scaling),
+                "rope": _rope(s.rope_scaling, cfg.train.model.rope_theta),
                 "steps": s.steps,
                 "rows": s.config.global_batch_rows or cfg.train.global_batch_rows,
             }
@@ -229,9 +229,10 @@ def _config_defaults(path: Path) -> dict[str, object]:
     return defaults
 
 
-def _rope(scaling: dict[str, object] | None) -> str:
-    """A stage's RoPE scaling in a table cell: ``yarn x4``, or ``checkpoint's``."""
+def _rope(scaling: dict[str, object] | None, theta: float | None) -> str:
+    """A stage's RoPE scaling in a table cell: ``yarn x4``; without one, the base ``train.model.rope_theta``
+    sets (``theta 8e+06``), or ``checkpoint's``."""
     if scaling is None:
-        return "checkpoint's"
+        return f"theta {theta:g}" if theta is not None else "checkpoint's"
     kind = scaling.get("rope_type", scaling.get("type"))
     return f"{kind} x{scaling['factor']:g}" if "factor" in scaling else str(kind)

@@ -141,13 +141,21 @@ def test_cli_reports_config_errors_before_work(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(
-    "name", sorted(p.name for p in (Path(__file__).parents[2] / "configs").glob("*.yaml"))
+CONFIGS = Path(__file__).parents[2] / "configs"
+SHIPPED = sorted(
+    str(p.relative_to(CONFIGS)) for pattern in ("*.yaml", "recipes/*.yaml") for p in CONFIGS.glob(pattern)
 )
+
+
+def test_the_recipes_are_shipped() -> None:
+    assert {"recipes/prolong_64k.yaml", "recipes/fu_128k.yaml"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_are_valid(name: str) -> None:
-    path = Path(__file__).parents[2] / "configs" / name
-    # reading checks the structure only: paths (corpora absent on this machine) are the jobs' to check
-    parse_config(yaml.safe_load(path.read_text()), name)
+    # load_config reads as every command does (a key given twice is refused too); it checks the
+    # structure only: paths (corpora absent on this machine) are the jobs' to check
+    load_config(CONFIGS / name)
 
 
 def test_every_subcommand_has_help(capsys) -> None:

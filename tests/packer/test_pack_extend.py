@@ -140,6 +140,7 @@ WINDOW_CHANGES = {
 DATA_CHANGES = {
     "mix": {"mix": {"books": 0.6, "papers": 0.3, "anchor": 0.1}, "mix_max_dropped": 1.0},
     "mix_total_tokens": {"mix_total_tokens": 10_000},
+    "upsample_long": {"upsample_long": {"min_tokens": 1000, "factor": 3}, "mix_max_dropped": 1.0},
     "seed": {"seed": 5},
     "eos_token": {"eos_token": "<|pad|>"},
     "bos_token": {"bos_token": "<|bos|>"},

@@ -73,7 +73,7 @@ def test_workers_are_forked_only_when_none_tokenizes(tmp_path: Path) -> None:
 
 def test_small_packs_of_stored_ids_run_in_the_driver() -> None:
     def plan(tokens: dict[str, int], lengths: int = 1) -> PackPlan:
-        return PackPlan({}, [None] * lengths, None, tokens, None, {}, Path())  # type: ignore[list-item]
+        return PackPlan({}, [None] * lengths, None, None, tokens, None, {}, Path())  # type: ignore[list-item]
 
     limit = run_module.IN_DRIVER_TOKENS
     assert driver_stages(plan({"a": limit // 2, "b": limit // 2}), "fork") == {"pack"}

@@ -113,8 +113,8 @@ def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> Non
     eos = tokenizer.token_to_id("<|endoftext|>")
     found = segments_by_document(tmp_path / "shards" / "seq512")
     for doc_id, text in texts.items():
-        copies = plan.copies(doc_id.split("/")[0], doc_id)
         expected = reference_tokens(tokenizer, text, None, eos)
+        copies = plan.copies(doc_id.split("/")[0], doc_id, len(expected) - 1)
         placed = Counter()
         for offset, tokens, _ in found.get(doc_id, []):
             placed.update(range(offset, offset + len(tokens)))
@@ -123,7 +123,9 @@ def test_mix_reaches_target_fractions_with_seeded_repeats(tmp_path: Path) -> Non
             assert [(offset, len(tokens)) for offset, tokens, _ in found.get(doc_id, [])] == [
                 (0, len(expected))
             ] * copies
-    assert any(plan.copies("anchor", d) > 1 for d in texts if d.startswith("anchor"))  # anchor is upsampled
+    assert any(
+        plan.copies("anchor", d, 0) > 1 for d in texts if d.startswith("anchor")
+    )  # anchor is upsampled
     assert validate_folder(tmp_path / "shards" / "seq512") == []
 
 

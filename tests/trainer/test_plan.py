@@ -56,6 +56,17 @@ def test_llama3_8b_has_8_03b_parameters() -> None:
     assert flop_model.matmul_param_count(model) == expected - 128256 * 4096 - (2 * 32 + 1) * 4096
 
 
+def test_llama2_7b_has_6_74b_parameters() -> None:
+    """The preset of Fu et al.'s base model (configs/recipes/fu_128k.yaml): multi-head attention (32
+    KV heads), a 32000-token vocabulary, and the 6,738,415,616 parameters of Llama-2-7b-hf."""
+    model = plan.load_model_shape("llama-2-7b")
+    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    expected = 32 * per_layer + 4096 + 2 * 32000 * 4096
+    assert expected == 6_738_415_616
+    assert plan.param_count(model) == expected
+    assert model.num_kv_heads == model.num_heads == 32
+
+
 def test_405b_parameters() -> None:
     assert plan.param_count(plan.load_model_shape("llama-3.1-405b")) == pytest.approx(405.85e9, rel=1e-3)
 
@@ -646,3 +657,69 @@ def test_the_staged_config_plans_every_stage(capsys: pytest.CaptureFixture) -> N
         tokens += stage["steps"] * rows * length
     assert 0.99 * 800e9 <= tokens <= 1.01 * 800e9  # about 800B tokens, as the Llama 3 report says
     assert table[-1].startswith(f"total: {plan_report.human_count(tokens)} tokens")
+
+
+RECIPES = Path(__file__).parents[2] / "configs" / "recipes"
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "shape", "gpus", "rope", "paper_tokens"),
+    [
+        # Llama-3-8B: hidden 4096, KV dim 1024, MLP 14336, 32 layers, vocabulary 128256; ProLong's 20B
+        ("prolong_64k.yaml", "llama-3-8b", (4096, 1024, 14336, 32, 128256), 8, "theta 8e+06", 20e9),
+        # Llama-2-7B: hidden 4096, KV dim 4096 (no GQA), MLP 11008, 32 layers, vocabulary 32000; Fu's 5B
+        ("fu_128k.yaml", "llama-2-7b", (4096, 4096, 11008, 32, 32000), 16, "theta 5e+06", 5e9),
+    ],
+)
+def test_each_recipe_plans_its_stage_tokens_and_time(
+    name: str,
+    model: str,
+    shape: tuple[int, int, int, int, int],
+    gpus: int,
+    rope: str,
+    paper_tokens: float,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """``longctx plan --config configs/recipes/<name> --gpus N``: a row per stage whose tokens and
+    time per step and per stage are worked out here from the config's own numbers (rows x length
+    tokens a step; 6 N_matmul + 6 n q L causal training FLOPs per token, N_matmul counted by hand);
+    the stage's tokens are the paper's budget, and the pack's total is the stage's tokens."""
+    import yaml
+
+    path = RECIPES / name
+    config = yaml.safe_load(path.read_text())
+    stages = config["train"]["stages"]
+    argv = ["plan", "--config", str(path), "--model", model, "--gpus", str(gpus), "--gpu-memory", "80GB"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    table = out[
+        out.index(f"stages (train.stages) on {gpus} GPUs at 989 TFLOP/s peak x MFU 0.4:") :
+    ].splitlines()
+    hidden, kv, mlp, layers, vocab = shape
+    n_matmul = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp) + vocab * hidden
+    total_tokens = total_seconds = 0.0
+    for number, (stage, row) in enumerate(zip(stages, table[2:], strict=False), start=1):
+        rows, length, steps = stage["global_batch_rows"], stage["seq_len"], stage["steps"]
+        per_token = 6 * n_matmul + 6 * layers * hidden * length  # causal: half of PaLM's 12 n q L
+        step = rows * length * per_token / (gpus * 989e12 * 0.4)
+        cells = row.split()
+        width = len(rope.split())
+        assert cells[: 2 + width] == [str(number), f"{length // 1024}K", *rope.split()]
+        after = cells[2 + width :]  # steps, rows, tokens/step, tokens, memory (2), fits, time/step...
+        assert after[:4] == [
+            f"{steps:,}",
+            f"{rows:,}",
+            plan_report.human_count(rows * length),
+            plan_report.human_count(steps * rows * length),
+        ]
+        assert after[6] == "yes"  # fits 80 GB, as the recipe's comments say
+        times = f"{plan_report.human_seconds(step)} {plan_report.human_seconds(steps * step)}"
+        assert " ".join(after[7:]) == " ".join(times.split())  # time per step and per stage
+        total_tokens += steps * rows * length
+        total_seconds += steps * step
+    assert 0.95 * paper_tokens <= total_tokens <= 1.05 * paper_tokens
+    assert 0.95 * total_tokens <= config["pack"]["mix_total_tokens"] <= 1.05 * total_tokens
+    assert table[2 + len(stages)] == (
+        f"total: {plan_report.human_count(total_tokens)} tokens, {plan_report.human_seconds(total_seconds)} "
+        "of training"
+    )

@@ -60,6 +60,16 @@ KV_CACHE_FORMATS: dict[str, float] = {"fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
 """Bytes per cached key or value element for each KV-cache storage format."""
 
 PRESETS: dict[str, dict[str, Any]] = {
+    "llama-2-7b": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "tie_word_embeddings": False,
+    },
     "llama-3-8b": {
         "model_type": "llama",
         "hidden_size": 4096,
