@@ -6,11 +6,12 @@ Typical use, once per micro-batch and then in every attention layer::
     out = ring_attention(q, k, v, plan)                          # [tokens, heads, head_dim]
     plan.stats.compute_fraction                                  # share of block pairs computed
 
-The zigzag layout (rank ``r`` holds chunks ``r`` and ``2P-1-r`` of ``2P``) comes from ``zigzag``,
-which splits the trainer's packed rows too. Modules: ``zigzag`` (a window's share per rank),
-``masks`` (masks from indices and segment ids), ``plan`` (ring schedule and block skipping), ``comm``
-(asynchronous step transfers), ``merge`` (log-sum-exp merging), ``kernels``/``cuda_kernels`` (local
-block attention), ``select`` (which kernels run on a device), ``ring`` (the autograd function).
+Which tokens each rank holds is ``longctx.trainer.parallel.layout``'s (zigzag or balanced); masks
+depend only on global indices, so any layout is exact. Modules: ``masks`` (masks from indices and
+segment ids), ``plan`` (ring schedule and block skipping), ``comm`` (asynchronous step transfers),
+``merge`` (log-sum-exp merging), ``kernels``/``cuda_kernels`` (local block attention), ``select``
+(which kernels run on a device), ``ring`` (the autograd function), ``modes`` (``train.cp_mode``: the
+ring, an all-gather, Ulysses all-to-alls and the hybrid, each bound once per row).
 """
 
 from longctx.trainer.attention.comm import RingCommError
