@@ -540,20 +540,22 @@ def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None
 
 
 def test_driver_stages_follow_the_code_size(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
-    """Bucket searches run in the driver; the files stage too while the code input is small."""
+    """Bucket searches and the dependency scores run in the driver; the files stage too while the code
+    input is small."""
     from longctx.pipeline import curate as curate_mod
 
     build_input(tmp_path / "input")
     cfg = parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out"))
     sources = curate_mod.resolve_sources(cfg.curate, RunLayout(cfg.output, "curate"))
-    assert curate_mod.driver_stages(cfg.curate, sources) == {"files", "file_buckets", "buckets"}
+    light = {"file_buckets", "buckets", "dependency"}
+    assert curate_mod.driver_stages(cfg.curate, sources) == {"files", *light}
     code_bytes = sum(p.stat().st_size for p in (tmp_path / "input" / "code").rglob("*") if p.is_file())
     monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes - 1)
-    assert curate_mod.driver_stages(cfg.curate, sources) == {"file_buckets", "buckets"}
+    assert curate_mod.driver_stages(cfg.curate, sources) == light
     monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes)
     assert "files" in curate_mod.driver_stages(cfg.curate, sources)
     books_only = [s for s in sources if s.kind != "code"]
-    assert curate_mod.driver_stages(cfg.curate, books_only) == {"file_buckets", "buckets"}
+    assert curate_mod.driver_stages(cfg.curate, books_only) == light
 
 
 @pytest.mark.slow
@@ -577,7 +579,7 @@ def test_stages_run_in_the_driver_write_what_pooled_stages_write(
     jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "driver")))
     monkeypatch.setattr(curate_mod, "driver_stages", lambda curate, sources: frozenset())
     jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "pooled")))
-    assert sorted(seen.values()) == [frozenset(), {"files", "file_buckets", "buckets"}]
+    assert sorted(seen.values()) == [frozenset(), {"files", "file_buckets", "buckets", "dependency"}]
 
     def outputs(root: Path) -> dict[str, bytes]:
         return {
