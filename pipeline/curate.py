@@ -11,17 +11,16 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 2. ``buckets`` (locally N tasks, each for some of the MinHash buckets; one per bucket on Slurm and
    Ray): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
-   copy chosen by the keep policy.
-4. ``dependency`` (1 task, unless ``curate.dependency`` computes no score): each source's chance
-   similarity, every document's long-range dependency score and the ``curate.dependency.filters``
-   decisions (:mod:`longctx.pipeline.dependency`; the ``read`` stage measured what each document's
-   segments share).
-5. ``write`` (N tasks): the documents that are neither duplicates nor dropped by a dependency filter,
+   copy chosen by the keep policy; then (unless ``curate.dependency`` computes no score) each
+   source's chance similarity, every document's long-range dependency score and the
+   ``curate.dependency.filters`` decisions (:mod:`longctx.pipeline.dependency`; the ``read`` stage
+   measured what each document's segments share).
+4. ``write`` (N tasks): the documents that are neither duplicates nor dropped by a dependency filter,
    from the stage files' Arrow columns into curated files per source, with their scores; the kept,
    duplicate and dependency-filtered rows of the ledger.
-6. ``finalize`` (1 task): merged ledger checked against the inputs and the files under every folder
+5. ``finalize`` (1 task): merged ledger checked against the inputs and the files under every folder
    source, stats and figure.
-7. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
+6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
    built over the kept documents, written as one more source for the packer to mix.
 
 With ``curate.output``, the finished curation is then published there (:mod:`longctx.pipeline.publish`);
@@ -413,10 +412,9 @@ def file_dedup_stages(
     return stages, decisions
 
 
-LIGHT_STAGES = frozenset({"file_buckets", "buckets", "dependency"})
+LIGHT_STAGES = frozenset({"file_buckets", "buckets"})
 """Stages run in the driver locally, whatever their task count: searching MinHash buckets costs
-less (0.1 s on the bench's 20 MB) than starting a pool's workers for it (0.3-0.5 s), and so does
-scoring documents from what the ``read`` stage measured."""
+less (0.1 s on the bench's 20 MB) than starting a pool's workers for it (0.3-0.5 s)."""
 
 FILES_IN_DRIVER_BYTES = 6 << 20
 """Code inputs up to this size are split into files and signed (the ``files`` stage) in the driver,
@@ -490,17 +488,19 @@ def build_stages(
         inputs_folder=work / "inputs",
         keep=curate.dedup.keep,
     )
-    stages.append(("resolve", [resolver], 1))
+    resolve: list[PipelineStep] = [resolver]
     scores = None
     dependency = curate.dependency
-    if dependency.enabled or dependency.model is not None:
+    if dependency.enabled or dependency.model is not None:  # scored once duplicates are known
         filters = {name: (f.min_dependency, f.keep_top_fraction) for name, f in dependency.filters.items()}
         model_scores = work / "filtered" if dependency.model is not None else None
-        selection = DependencySelection(
-            work / "dependency", work / "dedup" / "decisions.parquet", filters, model_scores
+        resolve.append(
+            DependencySelection(
+                work / "dependency", work / "dedup" / "decisions.parquet", filters, model_scores
+            )
         )
-        stages.append(("dependency", [selection], 1))
         scores = work / "dependency" / "scores.parquet"
+    stages.append(("resolve", resolve, 1))
     write = WriteCuratedDocuments(
         work / "filtered",
         work / "dedup" / "decisions.parquet",

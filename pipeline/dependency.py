@@ -57,8 +57,9 @@ megabyte (``tests/benchmarks/bench_curate.py``, ``bench_dependency.py``).
 **Stages.** :class:`DependencyScorer`, in curation's ``read`` stage after the length filter, records
 ``near``, ``far`` and the segment count of each document (``<folder>/sharing/<rank>.parquet``) and the
 segments of its candidates for the background (``<folder>/background/<rank>.parquet``).
-:class:`DependencySelection`, a single task once duplicates are resolved, measures each source's
-background, scores every document, applies ``curate.dependency.filters`` and writes
+:class:`DependencySelection`, after the duplicate resolver in curation's single-task ``resolve``
+stage, measures each source's background, scores every document, applies
+``curate.dependency.filters`` and writes
 ``<folder>/scores.parquet`` (id, source, ``dependency``, ``dependency_model``, the filter's reason) and
 ``<folder>/background.json``. The ``write`` stage stores the scores as columns beside each kept
 document's text and in every ledger row, and records the documents the filters dropped.
@@ -440,7 +441,8 @@ def select(
 
 
 class DependencySelection(PipelineStep):
-    """Single task, once duplicates are resolved: each source's background
+    """Single task, once duplicates are resolved (after the resolver in its stage, or in a stage
+    after it): each source's background
     (:func:`source_backgrounds`), every document's ``dependency`` (:func:`dependency_score`) beside
     its ``dependency_model`` (from the stage files in ``stage_folder``, when given), and the filters'
     decisions (:func:`select`), into ``<folder>/scores.parquet`` (:data:`SCORES_SCHEMA`, ``reason``
@@ -465,6 +467,8 @@ class DependencySelection(PipelineStep):
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if world_size != 1:
             raise ValueError("DependencySelection runs as a single task")
+        if data:  # the steps before it (the duplicate resolver) run first
+            yield from data
         duplicates = set(read_decisions(self.decisions_file))
         sharing = _read_folder(self.folder / "sharing", SHARING_SCHEMA).to_pylist()
         backgrounds = source_backgrounds(
@@ -493,8 +497,6 @@ class DependencySelection(PipelineStep):
         }
         write_table(self.folder / "scores.parquet", pa.table(table, schema=SCORES_SCHEMA).sort_by("id"))
         write_json(self.folder / "background.json", dict(sorted(backgrounds.items())))
-        if data:
-            yield from data
 
 
 def read_scores(scores_file: str | os.PathLike) -> dict[str, tuple[float | None, float | None, str]]:

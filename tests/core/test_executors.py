@@ -54,8 +54,7 @@ def test_slurm_stages_are_chained_and_submitted_once(tmp_path: Path, monkeypatch
         ex = ex.depends
     chain.reverse()
     assert [e.job_name for e in chain] == [f"curate_{name}" for name, _, _ in stages]
-    # read, buckets (14 buckets in 3 tasks), resolve, dependency, write, finalize
-    assert [e.tasks for e in chain] == [3, 3, 1, 1, 3, 1]
+    assert [e.tasks for e in chain] == [3, 3, 1, 3, 1]  # the bucket stage's 14 buckets in 3 tasks
     assert all(e.partition == "cpu" and e.cpus_per_task == 4 for e in chain)
 
 

@@ -93,7 +93,7 @@ def test_killed_curate_leaves_no_process_nor_file_and_resumes(
     killed = tmp_path / "killed"
     config = _curate_config(tmp_path, killed)
     work = killed / "work" / "curate"
-    stage_logs = {"read": work / "logs" / "1_read", "write": work / "logs" / "5_write"}[stage]
+    stage_logs = {"read": work / "logs" / "1_read", "write": work / "logs" / "4_write"}[stage]
     system_tmp = tmp_path / "system_tmp"  # the command's TMPDIR: what it would leave in /tmp
     system_tmp.mkdir()
     env, mark = marked_env()

@@ -540,22 +540,20 @@ def test_huge_book_is_refused_not_loaded(tmp_path: Path, tokenizer_file) -> None
 
 
 def test_driver_stages_follow_the_code_size(tmp_path: Path, tokenizer_file, monkeypatch) -> None:
-    """Bucket searches and the dependency scores run in the driver; the files stage too while the code
-    input is small."""
+    """Bucket searches run in the driver; the files stage too while the code input is small."""
     from longctx.pipeline import curate as curate_mod
 
     build_input(tmp_path / "input")
     cfg = parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "out"))
     sources = curate_mod.resolve_sources(cfg.curate, RunLayout(cfg.output, "curate"))
-    light = {"file_buckets", "buckets", "dependency"}
-    assert curate_mod.driver_stages(cfg.curate, sources) == {"files", *light}
+    assert curate_mod.driver_stages(cfg.curate, sources) == {"files", "file_buckets", "buckets"}
     code_bytes = sum(p.stat().st_size for p in (tmp_path / "input" / "code").rglob("*") if p.is_file())
     monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes - 1)
-    assert curate_mod.driver_stages(cfg.curate, sources) == light
+    assert curate_mod.driver_stages(cfg.curate, sources) == {"file_buckets", "buckets"}
     monkeypatch.setattr(curate_mod, "FILES_IN_DRIVER_BYTES", code_bytes)
     assert "files" in curate_mod.driver_stages(cfg.curate, sources)
     books_only = [s for s in sources if s.kind != "code"]
-    assert curate_mod.driver_stages(cfg.curate, books_only) == light
+    assert curate_mod.driver_stages(cfg.curate, books_only) == {"file_buckets", "buckets"}
 
 
 @pytest.mark.slow
@@ -579,7 +577,7 @@ def test_stages_run_in_the_driver_write_what_pooled_stages_write(
     jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "driver")))
     monkeypatch.setattr(curate_mod, "driver_stages", lambda curate, sources: frozenset())
     jobs.curate(parse_config(make_config(tmp_path, tmp_path / "input", tokenizer_file, tmp_path / "pooled")))
-    assert sorted(seen.values()) == [frozenset(), {"files", "file_buckets", "buckets", "dependency"}]
+    assert sorted(seen.values()) == [frozenset(), {"files", "file_buckets", "buckets"}]
 
     def outputs(root: Path) -> dict[str, bytes]:
         return {
