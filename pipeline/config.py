@@ -209,6 +209,46 @@ class SyntheticConfig(StrictModel):
     _name = field_validator("source")(_folder_name)
 
 
+class DependencyFilter(StrictModel):
+    """Which documents of one source the dependency scores keep (``curate.dependency.filters``);
+    each dropped document is recorded in the ledger with its reason and score."""
+
+    min_dependency: float | None = Field(
+        default=None,
+        description="drop documents whose score (the model's where a document has one, else the "
+        "model-free one, for which 0 is chance) is below (ledger reason low_dependency)",
+    )
+    keep_top_fraction: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="keep this fraction (rounded up) of the source's scored documents that are not "
+        "duplicates, best scores first (ledger reason not_top_dependency)",
+    )
+
+
+class DependencyConfig(StrictModel):
+    """Long-range dependency scores of each curated document (ProLong-data, LongWanjuan): stored
+    beside its text, in the ledger and in stats; ``filters`` drop documents by them."""
+
+    enabled: bool = Field(
+        default=True,
+        description="compute the model-free score: token trigrams distant segments share, against "
+        "chance (about 2% of the tokenizer's CPU)",
+    )
+    model: str | None = Field(
+        default=None,
+        description="also score with this Hugging Face causal LM (a local folder, or a hub id already in "
+        "the cache: nothing is downloaded): the loss of later segments given a distant context against a "
+        "local one",
+    )
+    filters: dict[str, DependencyFilter] = Field(
+        default_factory=dict,
+        description="per source name (a source of the run): which documents the scores keep; documents "
+        "too short to be scored (under 4,096 tokens) are kept",
+    )
+
+
 class CurateConfig(StrictModel):
     """Curation: read sources, filter by token length, remove exact and near duplicates."""
 
@@ -241,6 +281,7 @@ class CurateConfig(StrictModel):
         "deduplicated per file, or skipped",
     )
     dedup: DedupConfig = Field(default_factory=DedupConfig)
+    dependency: DependencyConfig = Field(default_factory=DependencyConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     synthetic: SyntheticConfig | None = None
 

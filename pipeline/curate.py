@@ -11,9 +11,13 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
 2. ``buckets`` (locally N tasks, each for some of the MinHash buckets; one per bucket on Slurm and
    Ray): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
-   copy chosen by the keep policy.
-4. ``write`` (N tasks): the documents that are not duplicates, from the stage files' Arrow columns into
-   curated files per source; the kept and duplicate rows of the ledger.
+   copy chosen by the keep policy; then (unless ``curate.dependency`` computes no score) each
+   source's chance similarity, every document's long-range dependency score and the
+   ``curate.dependency.filters`` decisions (:mod:`longctx.pipeline.dependency`; the ``read`` stage
+   measured what each document's segments share).
+4. ``write`` (N tasks): the documents that are neither duplicates nor dropped by a dependency filter,
+   from the stage files' Arrow columns into curated files per source, with their scores; the kept,
+   duplicate and dependency-filtered rows of the ledger.
 5. ``finalize`` (1 task): merged ledger checked against the inputs and the files under every folder
    source, stats and figure.
 6. ``synthetic`` (1 task, when ``curate.synthetic`` is set): needle and variable-tracking tasks
@@ -69,6 +73,7 @@ from longctx.core.tokenizer import (
 )
 from longctx.pipeline.config import CurateConfig, SourceConfig
 from longctx.pipeline.dedup import DedupIndex, DuplicateResolver, GroupedMinhashBuckets
+from longctx.pipeline.dependency import DependencyScorer, DependencySelection, read_backgrounds
 from longctx.pipeline.docstore import StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
@@ -309,7 +314,9 @@ class FinalizeCuration(PipelineStep):
         check_file_counts(ledger, listed)
         ledger, update = mark_changes(self.layout, ledger)
         write_table(self.layout.ledger, ledger)
-        summary = summarize_ledger(ledger) | {"run": self.run_info}
+        summary = summarize_ledger(ledger, read_backgrounds(self.layout.work / "dependency")) | {
+            "run": self.run_info
+        }
         if update is not None:
             summary["update"] = update
         if self.file_decisions is not None:
@@ -346,12 +353,13 @@ def run_fingerprint(
 ) -> dict[str, Any]:
     """What determines the output's bytes: resolved sources (their dump leaves out the storage options,
     which hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
-    and file-level deduplication), reader limits, the tokenizer (its bytes, or its training
-    settings), the special tokens, and the task count."""
+    and file-level deduplication), the dependency scores and filters, reader limits, the tokenizer (its
+    bytes, or its training settings), the special tokens, and the task count."""
     return {
         "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
         "dedup": json.loads(curate.dedup.model_dump_json()),
+        "dependency": json.loads(curate.dependency.model_dump_json()),
         "synthetic": json.loads(curate.synthetic.model_dump_json()) if curate.synthetic else None,
         "max_file_bytes": curate.max_file_bytes,
         "max_book_bytes": curate.max_book_bytes,
@@ -460,6 +468,7 @@ def build_stages(
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
             concurrent_tasks=concurrent_tasks(curate.executor, curate.executor.tasks),
         ),
+        *([DependencyScorer(work / "dependency")] if curate.dependency.enabled else []),
         StageDocumentWriter(work / "filtered"),
         DedupIndex(work / "dedup" / "index"),
     ]
@@ -479,13 +488,26 @@ def build_stages(
         inputs_folder=work / "inputs",
         keep=curate.dedup.keep,
     )
-    stages.append(("resolve", [resolver], 1))
+    resolve: list[PipelineStep] = [resolver]
+    scores = None
+    dependency = curate.dependency
+    if dependency.enabled or dependency.model is not None:  # scored once duplicates are known
+        filters = {name: (f.min_dependency, f.keep_top_fraction) for name, f in dependency.filters.items()}
+        model_scores = work / "filtered" if dependency.model is not None else None
+        resolve.append(
+            DependencySelection(
+                work / "dependency", work / "dedup" / "decisions.parquet", filters, model_scores
+            )
+        )
+        scores = work / "dependency" / "scores.parquet"
+    stages.append(("resolve", resolve, 1))
     write = WriteCuratedDocuments(
         work / "filtered",
         work / "dedup" / "decisions.parquet",
         layout.documents,
         work / "ledger",
         tokenizer_sha256,
+        scores,
     )
     stages.append(("write", [write], tasks))
     folder_sources = {
@@ -526,6 +548,7 @@ def run_curation(
     check_output_folder(output)
     layout = RunLayout(output, "curate")
     sources = resolve_sources(curate, layout)
+    check_dependency_filters(curate, sources)
     check_outside_inputs(curate, sources, layout)  # before the lock, which would write there
     with run_lock(layout.work, "curate"):  # one curation per output folder
         return _run_curation(curate, context, tokenizer, layout, sources, specials, verbose, update)
@@ -592,6 +615,24 @@ def _run_curation(
         done = f"published {plural(len(sent), 'file')}" if sent else "already published, unchanged"
         print(f"{curate.output}: {done}", flush=True)
     return json.loads(layout.stats.read_text(encoding="utf-8"))
+
+
+def check_dependency_filters(curate: CurateConfig, sources: list[SourceConfig]) -> None:
+    """Refuse, before any work, ``curate.dependency.filters`` for a source the run does not have, or
+    filters when no dependency score is computed (``enabled: false`` and no ``model``)."""
+    dependency = curate.dependency
+    names = [s.name for s in sources]
+    for name in dependency.filters:
+        if name not in names:
+            raise ConfigError(
+                f"curate.dependency.filters.{name}: the run has no source named {name!r} "
+                f"(its sources: {', '.join(names)})"
+            )
+    if dependency.filters and not dependency.enabled and dependency.model is None:
+        raise ConfigError(
+            "curate.dependency.filters: no dependency score is computed to filter by "
+            "(curate.dependency.enabled is false and curate.dependency.model is not set)"
+        )
 
 
 def check_no_credentials_for_slurm(curate: CurateConfig) -> None:

@@ -1,10 +1,10 @@
 """The datatrove steps that write and read documents on disk, between and after stages.
 
 Files hold the columns of :data:`~longctx.pipeline.documents.DOCUMENT_SCHEMA` (``text``, ``id``,
-``source``, ``token_count``, ``metadata`` as JSON, and ``token_ids``). datatrove's own readers
-(``ParquetReader``) decode the JSON ``metadata`` column and merge the other columns into
-``Document.metadata``, so these files are ordinary datatrove input. Listing and reading the curated
-documents without datatrove is :mod:`longctx.pipeline.documents`; these steps build on it.
+``source``, ``token_count``, the dependency scores, ``metadata`` as JSON, and ``token_ids``).
+datatrove's own readers (``ParquetReader``) decode the JSON ``metadata`` column and merge the other
+columns into ``Document.metadata``, so these files are ordinary datatrove input. Listing and reading
+the curated documents without datatrove is :mod:`longctx.pipeline.documents`; these steps build on it.
 
 Inside a pipeline a document's ids travel as ``metadata["token_ids"]``, a uint32 numpy array: the
 writer stores them as one Arrow column built from the arrays (never as Python lists), and the readers

@@ -4,7 +4,8 @@ Besides the text, a curated document stores its token ids (``token_ids``, uint32
 encoded without special tokens by the run's tokenizer; null when absent) and every curated file
 names that tokenizer in its key-value metadata (:data:`TOKENIZER_KEY`, the sha256 of its
 ``tokenizer.json``), so that ``pack`` can reuse the ids instead of tokenizing again
-(:func:`file_tokenizer`, :func:`iter_token_ids`).
+(:func:`file_tokenizer`, :func:`iter_token_ids`). Its long-range dependency scores are columns too
+(``dependency``, ``dependency_model``: :mod:`longctx.pipeline.dependency`), null where it has none.
 
 Curation writes one folder per source; the folder names the source. Every reader of curated
 documents lists them here, with one glob, and reads their columns here: the packer's catalog and
@@ -40,13 +41,19 @@ DOCUMENT_SCHEMA = pa.schema(
         ("id", pa.string()),
         ("source", pa.string()),
         ("token_count", pa.int64()),
+        ("dependency", pa.float64()),
+        ("dependency_model", pa.float64()),
         ("metadata", pa.string()),
         ("token_ids", pa.large_list(pa.uint32())),
     ]
 )
-"""Columns of a curated file; ``metadata`` is a JSON string, since metadata keys differ between sources."""
+"""Columns of a curated file; ``metadata`` is a JSON string, since metadata keys differ between sources.
+``dependency`` and ``dependency_model`` are the document's long-range dependency scores, model-free and
+from a language model (:mod:`longctx.pipeline.dependency`; null where not scored)."""
 
-TOP_LEVEL_COLUMNS = ("source", "token_count", "token_ids")
+SCORE_COLUMNS = ("dependency", "dependency_model")
+"""Metadata fields of the dependency scores, stored as columns (floats, null when absent)."""
+TOP_LEVEL_COLUMNS = ("source", "token_count", *SCORE_COLUMNS, "token_ids")
 """Metadata fields stored as columns of their own, not inside the JSON ``metadata``."""
 
 TOKENIZER_KEY = b"longctx.tokenizer_sha256"
@@ -154,22 +161,25 @@ def iter_rows(
 
 def document_metadata(row: dict[str, Any]) -> dict[str, Any]:
     """A row's metadata: the decoded JSON ``metadata`` plus ``source``, ``token_count`` and, when
-    the row has them, ``token_ids``."""
+    the row has them, the dependency scores and ``token_ids``."""
     metadata = json.loads(row["metadata"]) if row.get("metadata") else {}
     metadata["source"] = row["source"]
     metadata["token_count"] = row["token_count"]
-    if row.get("token_ids") is not None:
-        metadata["token_ids"] = row["token_ids"]
+    for key in (*SCORE_COLUMNS, "token_ids"):
+        if row.get(key) is not None:
+            metadata[key] = row[key]
     return metadata
 
 
 def encode_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The columns of a document's metadata: ``source``, ``token_count``, ``token_ids`` (None when
-    absent) and the rest as JSON."""
+    """The columns of a document's metadata: ``source``, ``token_count``, the dependency scores and
+    ``token_ids`` (None when absent) and the rest as JSON."""
     rest = {k: v for k, v in metadata.items() if k not in TOP_LEVEL_COLUMNS and k != FILE_TOKENIZER}
+    scores = {key: None if metadata.get(key) is None else float(metadata[key]) for key in SCORE_COLUMNS}
     return {
         "source": str(metadata.get("source", "")),
         "token_count": int(metadata.get("token_count", -1)),
+        **scores,
         "metadata": json.dumps(rest, ensure_ascii=False, sort_keys=True),
         "token_ids": metadata.get("token_ids"),
     }

@@ -9,9 +9,12 @@ repository, the document's metadata says what became of each file: ``files`` (ke
 ``skipped_files`` (with a reason; a skipped folder counts the files below it) and
 ``duplicate_files`` (removed by file-level deduplication), which add up to the row's ``files``.
 
-Outcomes: ``kept``; ``filtered`` (read, then refused: unreadable, too short...); ``duplicate`` (of
-``duplicate_of``); ``skipped`` (never read). ``note`` records what a reader changed or declined to
-change (Gutenberg boilerplate that could not be stripped safely, files removed as duplicates).
+Outcomes: ``kept``; ``filtered`` (read, then refused: unreadable, too short, below a dependency
+filter...); ``duplicate`` (of ``duplicate_of``); ``skipped`` (never read). ``dependency`` and
+``dependency_model`` hold the document's dependency scores (:mod:`longctx.pipeline.dependency`) where
+it was scored: kept documents, duplicates and those the dependency filters dropped. ``note`` records
+what a reader changed or declined to change (Gutenberg boilerplate that could not be stripped safely,
+files removed as duplicates).
 
 Every place that removes a document writes its ledger rows through a :class:`LedgerWriter`
 (datatrove's exclusion-writer hook), and the last stage writes a row for every kept document.
@@ -33,6 +36,7 @@ from datatrove.pipeline.writers.parquet import ParquetWriter
 
 from longctx.core.atomic import write_table
 from longctx.core.text import plural
+from longctx.pipeline.documents import SCORE_COLUMNS
 from longctx.pipeline.parquet import read_parquet
 
 LEDGER_SCHEMA = pa.schema(
@@ -47,6 +51,8 @@ LEDGER_SCHEMA = pa.schema(
         ("chars", pa.int64()),
         ("files", pa.int64()),  # input files this row accounts for
         ("note", pa.string()),  # what the reader changed or declined to change; "" when nothing
+        ("dependency", pa.float64()),  # model-free long-range dependency score; null when not scored
+        ("dependency_model", pa.float64()),  # the language model's; null when not scored
     ]
 )
 OUTCOMES = ("kept", "filtered", "duplicate", "skipped")
@@ -98,6 +104,7 @@ def ledger_row(doc_id: str, meta: dict, outcome: str, chars: int) -> dict:
         "chars": chars,
         "files": int(meta.get("input_files", 0)),
         "note": ledger_note(meta),
+        **{key: None if meta.get(key) is None else float(meta[key]) for key in SCORE_COLUMNS},
     }
 
 

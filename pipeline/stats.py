@@ -1,6 +1,7 @@
-"""Summary of a curation run from its ledger: outcomes per source, token totals, and the
-distribution of kept document lengths (power-of-two buckets keyed by their lower edge, see
-``longctx.core.buckets``), as JSON and as a figure."""
+"""Summary of a curation run from its ledger: outcomes per source, token totals, the distribution
+of kept document lengths (power-of-two buckets keyed by their lower edge, see
+``longctx.core.buckets``) and of the dependency scores (:mod:`longctx.pipeline.dependency`), as JSON
+and as a figure."""
 
 from __future__ import annotations
 
@@ -8,17 +9,29 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from longctx.core.buckets import bucket_bounds, bucket_floor, bucket_of
 from longctx.core.figures import new_figure, write_figure
 from longctx.core.text import plural
+from longctx.pipeline.dependency import REASONS
+from longctx.pipeline.documents import SCORE_COLUMNS
 
 COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_tokens")
+QUANTILES = {"min": 0.0, "p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.9, "max": 1.0}
+"""The quantiles of each source's scores in ``stats.json`` (numpy's linear interpolation)."""
+SCORE_BIN = 0.05
+"""Width of the score histograms' bins; scores are clipped to [-1, 1] for them."""
 
 
-def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
-    """Per-source counts by outcome and reason, kept tokens and a length histogram.
+def summarize_ledger(
+    ledger: pa.Table, backgrounds: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Per-source counts by outcome and reason, kept tokens, a length histogram and, when the run
+    scored documents, their dependency scores (:func:`summarize_scores`; ``backgrounds``, each
+    source's chance similarity as :class:`~longctx.pipeline.dependency.DependencySelection` measured
+    it, go beside the model-free score's).
 
     ``totals`` checks itself: inputs == kept + filtered + duplicate + skipped for every source;
     ``files`` counts the input files the rows account for.
@@ -55,15 +68,64 @@ def summarize_ledger(ledger: pa.Table) -> dict[str, Any]:
             "reasons": dict(sorted(s["reasons"].items())),
             "length_histogram": {str(k): v for k, v in sorted(s["length_histogram"].items())},
         }
+    for key, per_source in summarize_scores(ledger).items():
+        for name, summary in per_source.items():
+            sources[name][key] = summary
+    for name, background in (backgrounds or {}).items():
+        if name in sources and "dependency" in sources[name]:
+            sources[name]["dependency"]["background"] = background
     totals = {k: sum(s[k] for s in sources.values()) for k in COUNTS}
     return {"sources": sources, "totals": totals}
 
 
+def summarize_scores(ledger: pa.Table) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{score column: {source: summary}}`` for each of :data:`SCORE_COLUMNS` that some ledger row
+    holds. A source's summary covers the documents its scores were for: those kept, and those a
+    dependency filter dropped (duplicates and documents refused earlier are left out): how many
+    have a score (``scored``) and how many not (``unscored``: too short to score), the
+    :data:`QUANTILES` and a histogram (bins of :data:`SCORE_BIN`, keyed by their lower edge)."""
+    columns = [
+        c for c in SCORE_COLUMNS if c in ledger.column_names and ledger.column(c).null_count < len(ledger)
+    ]
+    if not columns:
+        return {}
+    rows = ledger.select(["source", "outcome", "reason", *columns]).to_pylist()
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for column in columns:
+        values: dict[str, list[float]] = defaultdict(list)
+        unscored: Counter[str] = Counter()
+        for row in rows:
+            if row["outcome"] == "kept" or (row["outcome"] == "filtered" and row["reason"] in REASONS):
+                if row[column] is None:
+                    unscored[row["source"]] += 1
+                else:
+                    values[row["source"]].append(row[column])
+        result[column] = {
+            name: score_summary(values.get(name, []), unscored[name])
+            for name in sorted(set(values) | set(unscored))
+        }
+    return result
+
+
+def score_summary(values: list[float], unscored: int) -> dict[str, Any]:
+    """Counts, quantiles and histogram of one source's scores (see :func:`summarize_scores`)."""
+    summary: dict[str, Any] = {"scored": len(values), "unscored": unscored}
+    if values:
+        found = np.quantile(np.asarray(values, dtype=np.float64), list(QUANTILES.values()))
+        summary["quantiles"] = {name: round(float(v), 4) for name, v in zip(QUANTILES, found)}
+        bins = np.floor(np.clip(values, -1.0, 1.0 - SCORE_BIN / 2) / SCORE_BIN).astype(np.int64)
+        counts = Counter(bins.tolist())
+        summary["histogram"] = {f"{b * SCORE_BIN:.2f}": n for b, n in sorted(counts.items())}
+    return summary
+
+
 def plot_summary(summary: dict[str, Any], path: Path) -> None:
-    """Two panels: outcomes per source (stacked bars) and kept-length histograms (log2 buckets)."""
+    """Outcomes per source (stacked bars) and kept-length histograms (log2 buckets); then, for each
+    dependency score the run computed, its histogram per source."""
     sources = list(summary["sources"])
-    fig = new_figure(figsize=(12, 4.5))
-    ax_out, ax_len = fig.subplots(1, 2)
+    scores = [c for c in SCORE_COLUMNS if any(c in s for s in summary["sources"].values())]
+    fig = new_figure(figsize=(12 + 5 * len(scores), 4.5))
+    ax_out, ax_len, *ax_scores = fig.subplots(1, 2 + len(scores))
     bottom = [0] * len(sources)
     for outcome, colour in (
         ("kept", "tab:green"),
@@ -93,6 +155,24 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     ax_len.set_ylabel("documents")
     if sources:
         ax_len.legend()
+    for ax, column in zip(ax_scores, scores):
+        drawn = False
+        for name in sources:
+            hist = summary["sources"][name].get(column, {}).get("histogram", {})
+            if hist:
+                edges = [float(edge) for edge in hist]
+                ax.bar(edges, list(hist.values()), SCORE_BIN, align="edge", alpha=0.5, label=name)
+                drawn = True
+        if column == "dependency":
+            ax.axvline(0.0, color="black", linewidth=0.8)
+            ax.set_title("dependency (model-free): kept and dependency-filtered")
+            ax.set_xlabel("score (0: distant segments share no more than chance)")
+        else:
+            ax.set_title(f"{column}: kept and dependency-filtered")
+            ax.set_xlabel("score")
+        ax.set_ylabel("documents")
+        if drawn:
+            ax.legend()
     fig.tight_layout()
     write_figure(path, fig)
 
@@ -131,6 +211,15 @@ def format_summary(summary: dict[str, Any]) -> str:
         reasons = ", ".join(f"{r}={n}" for r, n in s["reasons"].items()) or "-"
         lines.append(f"{line(name, s)}  {reasons}")
     lines.append(line("total", summary["totals"]))
+    for column in SCORE_COLUMNS:
+        medians = [
+            f"{name} {s[column]['quantiles']['median']:.2f} ({s[column]['scored']} scored"
+            + (f", {s[column]['unscored']} too short)" if s[column]["unscored"] else ")")
+            for name, s in summary["sources"].items()
+            if "quantiles" in s.get(column, {})
+        ]
+        if medians:
+            lines.append(f"{column} score, median per source: {'; '.join(medians)}")
     update = summary.get("update")
     if update:
         units = update["units"]

@@ -27,6 +27,7 @@ from datatrove.pipeline.writers.parquet import DEFAULT_CDC_OPTIONS
 
 from longctx.core.atomic import atomic_path, write_table
 from longctx.pipeline.dedup import read_decisions
+from longctx.pipeline.dependency import read_scores
 from longctx.pipeline.docstore import (
     BATCH_CHARS,
     ROWS_PER_GROUP,
@@ -34,21 +35,25 @@ from longctx.pipeline.docstore import (
     stage_token_ids,
     token_ids_array,
 )
-from longctx.pipeline.documents import DOCUMENT_SCHEMA, TOKENIZER_KEY
+from longctx.pipeline.documents import DOCUMENT_SCHEMA, SCORE_COLUMNS, TOKENIZER_KEY
 from longctx.pipeline.ledger import LEDGER_SCHEMA, ledger_row
 
 
 class _SourceFile:
-    """One curated file being written: rows buffered as slices of the stage file's batches, written
-    as a row group once they reach :data:`ROWS_PER_GROUP` documents or :data:`BATCH_CHARS` characters."""
+    """One curated file being written: rows buffered as slices of the stage file's batches (and
+    their dependency scores), written as a row group once they reach :data:`ROWS_PER_GROUP` documents
+    or :data:`BATCH_CHARS` characters."""
 
     def __init__(self, writer: pq.ParquetWriter, schema: pa.Schema) -> None:
         self.writer, self.schema = writer, schema
         self.rows: list[pa.RecordBatch] = []
+        self.scores: list[tuple[float | None, ...]] = []
         self.chars = 0
 
-    def add(self, row: pa.RecordBatch, chars: int) -> None:
+    def add(self, row: pa.RecordBatch, chars: int, scores: tuple[float | None, ...]) -> None:
+        """Buffer ``row`` with its ``scores`` (one per :data:`SCORE_COLUMNS`)."""
         self.rows.append(row)
+        self.scores.append(scores)
         self.chars += chars
         if len(self.rows) >= ROWS_PER_GROUP or self.chars >= BATCH_CHARS:
             self.flush()
@@ -57,10 +62,13 @@ class _SourceFile:
         if not self.rows:
             return
         group = pa.Table.from_batches(self.rows).combine_chunks()
-        self.rows, self.chars = [], 0
+        scores = dict(zip(SCORE_COLUMNS, zip(*self.scores)))
+        self.rows, self.scores, self.chars = [], [], 0
         columns = [
             token_ids_array(stage_token_ids(group.column(name).chunk(0)))
             if name == "token_ids"
+            else pa.array(scores[name], pa.float64())
+            if name in scores
             else group.column(name).chunk(0)
             for name in self.schema.names
         ]
@@ -72,7 +80,12 @@ class WriteCuratedDocuments(PipelineStep):
     the resolver's ``decisions_file`` does not name, into ``<documents>/<source>/<rank>.parquet``
     (each written under a temporary name, then renamed); a ``kept`` ledger row for each of them and a
     ``duplicate`` row (with the kind of duplicate and ``duplicate_of``) for each of the others, into
-    ``<ledger_folder>/kept`` and ``<ledger_folder>/duplicate``."""
+    ``<ledger_folder>/kept`` and ``<ledger_folder>/duplicate``.
+
+    With a ``scores_file`` (:class:`~longctx.pipeline.dependency.DependencySelection`'s), every
+    document's dependency scores come from it, into the curated file's columns and every ledger row,
+    and a document it gives a reason is not written but gets a ``filtered`` row with that reason
+    (``<ledger_folder>/dependency``); a duplicate stays a duplicate, whatever its scores."""
 
     type = "💽 - WRITER"
     name = "📒 Curated documents"
@@ -84,19 +97,22 @@ class WriteCuratedDocuments(PipelineStep):
         documents: str | os.PathLike,
         ledger_folder: str | os.PathLike,
         tokenizer_sha256: str,
+        scores_file: str | os.PathLike | None = None,
     ) -> None:
         super().__init__()
         self.stage_folder = Path(stage_folder)
         self.decisions_file = Path(decisions_file)
         self.documents = Path(documents)
         self.ledger_folder = Path(ledger_folder)
+        self.scores_file = Path(scores_file) if scores_file is not None else None
         self.schema = DOCUMENT_SCHEMA.with_metadata({TOKENIZER_KEY: tokenizer_sha256.encode("ascii")})
 
     def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         if data:
             yield from data
         decisions = read_decisions(self.decisions_file)
-        rows: dict[str, list[dict]] = {"kept": [], "duplicate": []}
+        scores = read_scores(self.scores_file) if self.scores_file is not None else None
+        rows: dict[str, list[dict]] = {"kept": [], "duplicate": [], "dependency": []}
         path = self.stage_folder / f"{rank:05d}.parquet"
         with contextlib.ExitStack() as files:
             outputs: dict[str, _SourceFile] = {}
@@ -113,14 +129,27 @@ class WriteCuratedDocuments(PipelineStep):
             batches = pq.ParquetFile(path).iter_batches(batch_size=16) if path.exists() else ()
             for batch in batches:
                 chars = pc.utf8_length(batch.column("text")).to_pylist()
-                columns = {name: batch.column(name).to_pylist() for name in ("id", "source", "token_count")}
+                columns = {
+                    name: batch.column(name).to_pylist()
+                    for name in ("id", "source", "token_count", *SCORE_COLUMNS)
+                }
                 for i, meta_json in enumerate(batch.column("metadata").to_pylist()):
                     doc_id, source = columns["id"][i], columns["source"][i]
                     meta = json.loads(meta_json) if meta_json else {}
                     meta["source"], meta["token_count"] = source, columns["token_count"][i]
+                    if scores is None:
+                        doc_scores, reason = tuple(columns[k][i] for k in SCORE_COLUMNS), ""
+                    else:
+                        *found, reason = scores.get(doc_id, (None, None, ""))
+                        doc_scores = tuple(found)
+                    meta.update(zip(SCORE_COLUMNS, doc_scores))
                     decision = decisions.get(doc_id)
-                    if decision is None:
-                        output(source).add(batch.slice(i, 1), chars[i])
+                    if decision is None and reason:
+                        meta["filter_reason"] = reason
+                        rows["dependency"].append(ledger_row(doc_id, meta, "filtered", chars[i]))
+                        self.stat_update("filtered", f"dropped_{reason}")
+                    elif decision is None:
+                        output(source).add(batch.slice(i, 1), chars[i], doc_scores)
                         rows["kept"].append(ledger_row(doc_id, meta, "kept", chars[i]))
                         self.stat_update("kept")
                     else:
@@ -129,7 +158,7 @@ class WriteCuratedDocuments(PipelineStep):
                         self.stat_update("duplicate", f"dropped_{decision[1]}")
             for source_file in outputs.values():
                 source_file.flush()
-        for outcome, part in rows.items():
+        for folder, part in rows.items():
             if part:
                 table = pa.Table.from_pylist(part, schema=LEDGER_SCHEMA)
-                write_table(self.ledger_folder / outcome / f"{rank:05d}.parquet", table)
+                write_table(self.ledger_folder / folder / f"{rank:05d}.parquet", table)

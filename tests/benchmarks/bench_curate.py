@@ -18,6 +18,9 @@ printed as median [min-max] of CPU and wall seconds:
   two-task curation, end to end against the bare tokenizer on 2 cores (goal: 0.75x its throughput);
 * ``signatures``: MinHash signatures plus exact hashes of the same texts, against the one-thread
   tokenizer (goal: at most 0.15x);
+* ``dependency``: the model-free long-range dependency score (``longctx.pipeline.dependency``) of
+  the same texts' token ids, against the one-thread tokenizer (goal: at most 0.10x; the ids are made
+  first and not timed, as curation's length filter hands them over);
 * optionally (``--one-line-mb``) the peak memory of curating one generated one-line book.
 
 Every child process is timed from outside (``resource.getrusage(RUSAGE_CHILDREN)``, so worker
@@ -58,6 +61,8 @@ import yaml
 from benchtools import CORPUS, become_subreaper, fmt, require_corpus
 
 REPO = Path(__file__).resolve().parents[2]
+DEPENDENCY = "dependency score, 1 core"
+"""The model-free dependency score's measures of every document (its ids made beforehand)."""
 TOKENIZER_PROCESSES = "tokenizer, 2 processes of 1 thread"
 """The tokenizer as curation's tasks run it: one process per core, one thread each, half the texts
 each (split by length as curation splits its inputs)."""
@@ -289,6 +294,25 @@ def child_signatures(texts_file: str) -> None:
     print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}))
 
 
+def child_dependency(texts_file: str, tokenizer: str) -> None:
+    """Child: the dependency score's measures of the texts' token ids (made first, not timed), every
+    document's background segments taken too, as for the first documents of a source in a task."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from longctx.pipeline.dependency import SEGMENT_TOKENS, document_sharing
+
+    texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
+    encoded = Tokenizer.from_file(tokenizer).encode_batch_fast(texts, add_special_tokens=False)
+    ids = [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
+    del encoded
+    document_sharing(np.arange(8 * SEGMENT_TOKENS, dtype=np.uint32), background=True)  # warm up
+    cpu, wall = time.process_time(), time.perf_counter()
+    for one in ids:
+        document_sharing(one, background=True)
+    print(json.dumps({"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}))
+
+
 def run_child(args: list[str], cores: set[int], env: dict | None = None) -> tuple[float, float, str]:
     """CPU (this child and all its descendants, reaped here) and wall seconds of a command on
     ``cores``, and its stdout."""
@@ -447,6 +471,12 @@ def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
         f"{tok1['wall'] / tok2['wall']:.2f}x"
     )
     print(f"MinHash + exact hash / tokenizer (1 thread, CPU): {sig['cpu'] / tok1['cpu']:.3f}")
+    # per repetition: the score and the tokenizer ran on the same texts one after the other
+    ratios = [d / t for d, t in zip(rows[DEPENDENCY]["cpu"], rows["tokenizer, 1 thread on 1 core"]["cpu"])]
+    print(
+        f"dependency score / tokenizer (1 thread, CPU; goal at most 0.10), per repetition: "
+        f"{statistics.median(ratios):.4f} [{min(ratios):.4f}-{max(ratios):.4f}]"
+    )
 
 
 def print_marginal(
@@ -545,7 +575,12 @@ def main() -> int:
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        {"tokenize": child_tokenize, "signatures": child_signatures}[args.child[0]](*args.child[1:])
+        children = {
+            "tokenize": child_tokenize,
+            "signatures": child_signatures,
+            "dependency": child_dependency,
+        }
+        children[args.child[0]](*args.child[1:])
         return 0
     require_corpus(args.corpus, "bench_curate")
     if min(args.copies) < 1:
@@ -611,6 +646,9 @@ def main() -> int:
                 _, _, out = run_child(py + ["signatures", str(texts_file)], one)
                 inner = json.loads(out)  # timed inside: without reading the texts and importing
                 record(rows[copies], "MinHash + exact hash, 1 core", inner["cpu"], inner["wall"])
+                _, _, out = run_child(py + ["dependency", str(texts_file), str(tokenizer)], one, one_thread)
+                inner = json.loads(out)  # timed inside: without tokenizing, reading and importing
+                record(rows[copies], DEPENDENCY, inner["cpu"], inner["wall"])
             print(f"  repetition {rep + 1}/{args.reps} done", flush=True)
 
         with open("/proc/loadavg") as f:

@@ -27,7 +27,8 @@ def test_the_checked_in_page_is_the_models_rendered() -> None:
 
 def schema_sections() -> dict[str, dict[str, Any]]:
     """``{dotted path: {key: property schema}}`` for every section the JSON schema reaches (lists of
-    sections as ``path[]``), deprecated keys left out; a required key's schema gets ``required``."""
+    sections as ``path[]``; a mapping's sections, its ``additionalProperties``, as ``path``), deprecated
+    keys left out; a required key's schema gets ``required``."""
     schema = RootConfig.model_json_schema()
     defs = schema.get("$defs", {})
     out: dict[str, dict[str, Any]] = {}
@@ -38,6 +39,8 @@ def schema_sections() -> dict[str, dict[str, Any]]:
             found.append((prop["$ref"].split("/")[-1], False))
         if "items" in prop:
             found += [(name, True) for name, _ in refs(prop["items"])]
+        if isinstance(prop.get("additionalProperties"), dict):
+            found += refs(prop["additionalProperties"])
         for alternative in prop.get("anyOf", []):
             found += refs(alternative)
         return found

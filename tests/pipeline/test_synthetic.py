@@ -17,6 +17,7 @@ from longctx.core.tokenizer import load_tokenizer
 from longctx.packer.catalog import read_catalog
 from longctx.pipeline.bpe import train_bpe
 from longctx.pipeline.docstore import DocumentWriter
+from longctx.pipeline.documents import SCORE_COLUMNS
 from longctx.pipeline.readers.base import read_text_file
 from longctx.pipeline.synthetic.kinds import DEFAULT_KINDS
 from longctx.pipeline.synthetic.stage import (
@@ -265,14 +266,14 @@ def run_stage(step: SyntheticTasks, haystack, rank: int = 0, world_size: int = 1
 
 def as_records(docs: list[Document]) -> dict[str, tuple[str, dict]]:
     """Text and metadata by id, without the ``file_path`` that datatrove's readers add, nor the null
-    ``token_ids`` column they read back from documents written without ids."""
+    ``token_ids`` and dependency score columns they read back from documents written without them."""
     return {
         d.id: (
             d.text,
             {
                 k: v
                 for k, v in d.metadata.items()
-                if k != "file_path" and not (k == "token_ids" and v is None)
+                if k != "file_path" and not (k in ("token_ids", *SCORE_COLUMNS) and v is None)
             },
         )
         for d in docs

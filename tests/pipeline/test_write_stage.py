@@ -15,6 +15,7 @@ from datatrove.data import Document
 
 from longctx.pipeline import docstore, write_stage
 from longctx.pipeline.dedup import DECISIONS_SCHEMA
+from longctx.pipeline.dependency import SCORES_SCHEMA
 from longctx.pipeline.docstore import DocumentWriter, StageDocumentWriter
 from longctx.pipeline.ledger import LEDGER_SCHEMA, LedgerWriter
 from longctx.pipeline.write_stage import WriteCuratedDocuments
@@ -158,3 +159,78 @@ def test_write_stage_killed_midway_leaves_no_partial_file(
     assert sorted(ids) == sorted(d.id for d in docs)
     meta = json.loads(pq.read_table(out / "docs" / "books" / "00000.parquet").column("metadata")[0].as_py())
     assert "token_ids" not in meta and meta["input_files"] >= 1
+
+
+def test_write_stage_with_dependency_scores_equals_datatrove_writers(tmp_path: Path) -> None:
+    """Given the dependency stage's scores, the kept documents carry them in their columns, byte for
+    byte as datatrove's writer stores them from metadata, and those the scores file gives a reason
+    are ledger rows of their own (``filtered``, with the reason and the scores), not curated; a
+    duplicate stays a duplicate."""
+    docs = _documents(120, seed=2)
+    rank = 0
+    with StageDocumentWriter(tmp_path / "stage") as writer:
+        for doc in docs:
+            writer.write(_copy(doc), rank)
+    duplicates = {docs[5].id: (docs[0].id, "exact_duplicate")}
+    pq.write_table(
+        pa.table(
+            {"id": list(duplicates), "duplicate_of": [docs[0].id], "kind": ["exact_duplicate"]},
+            schema=DECISIONS_SCHEMA,
+        ),
+        tmp_path / "decisions.parquet",
+    )
+    rng = random.Random(0)
+    scores = {}
+    for k, doc in enumerate(docs):
+        if k % 4:  # a quarter unscored
+            model = rng.random() if k % 3 == 0 else None
+            reason = "low_dependency" if k % 10 == 1 else "not_top_dependency" if k % 10 == 5 else ""
+            scores[doc.id] = (doc.metadata["source"], rng.uniform(-0.2, 0.9), model, reason)
+    table = {
+        "id": list(scores),
+        "source": [v[0] for v in scores.values()],
+        "dependency": [v[1] for v in scores.values()],
+        "dependency_model": [v[2] for v in scores.values()],
+        "reason": [v[3] for v in scores.values()],
+    }
+    pq.write_table(pa.table(table, schema=SCORES_SCHEMA), tmp_path / "scores.parquet")
+    step = WriteCuratedDocuments(
+        tmp_path / "stage",
+        tmp_path / "decisions.parquet",
+        tmp_path / "out" / "documents",
+        tmp_path / "out" / "ledger",
+        SHA,
+        tmp_path / "scores.parquet",
+    )
+    assert list(step.run(rank=rank, world_size=1)) == []
+
+    ref = tmp_path / "ref"
+    with (
+        DocumentWriter(ref / "documents", "${source}/${rank}.parquet", tokenizer_sha256=SHA) as writer,
+        LedgerWriter(ref / "ledger" / "kept", "kept") as kept,
+        LedgerWriter(ref / "ledger" / "duplicate", "duplicate") as dropped,
+        LedgerWriter(ref / "ledger" / "dependency", "filtered") as filtered,
+    ):
+        for doc in docs:
+            doc = _copy(doc)
+            _, free, model, reason = scores.get(doc.id, (None, None, None, ""))
+            doc.metadata["dependency"], doc.metadata["dependency_model"] = free, model
+            if doc.id in duplicates:
+                doc.metadata["duplicate_of"], doc.metadata["filter_reason"] = duplicates[doc.id]
+                dropped.write(doc, rank)
+            elif reason:
+                doc.metadata["filter_reason"] = reason
+                filtered.write(doc, rank)
+            else:
+                writer.write(_copy(doc), rank)
+                kept.write(doc, rank)
+    for source in ("books", "code"):
+        name = f"{source}/{rank:05d}.parquet"
+        assert (tmp_path / "out" / "documents" / name).read_bytes() == (ref / "documents" / name).read_bytes()
+    for folder in ("kept", "duplicate", "dependency"):
+        ours = pq.read_table(tmp_path / "out" / "ledger" / folder / f"{rank:05d}.parquet")
+        theirs = pq.read_table(ref / "ledger" / folder / f"{rank:05d}.parquet")
+        assert ours.cast(LEDGER_SCHEMA).equals(theirs.cast(LEDGER_SCHEMA)), folder
+    filtered_rows = pq.read_table(tmp_path / "out" / "ledger" / "dependency").to_pylist()
+    assert {r["reason"] for r in filtered_rows} == {"low_dependency", "not_top_dependency"}
+    assert all(r["outcome"] == "filtered" and r["dependency"] is not None for r in filtered_rows)
