@@ -233,7 +233,8 @@ class DependencyConfig(StrictModel):
     model: str | None = Field(
         default=None,
         description="also score with this Hugging Face causal LM (a local folder, or a hub id already in the "
-        "cache: nothing is downloaded): the loss of later segments given a distant context against a local one",
+        "cache: nothing is downloaded): the loss of later segments given a distant context against a local "
+        "one",
     )
     filters: dict[str, DependencyFilter] = Field(
         default_factory=dict, description="per source name: which documents the scores keep"
