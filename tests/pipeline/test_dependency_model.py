@@ -17,13 +17,18 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 
 transformers = pytest.importorskip("transformers")
 
 from datatrove.data import Document  # noqa: E402
 
+from longctx import jobs  # noqa: E402
+from longctx.cli import main  # noqa: E402
+from longctx.config import parse_config  # noqa: E402
 from longctx.core.config import TokenizerConfig  # noqa: E402
 from longctx.core.errors import ConfigError  # noqa: E402
 from longctx.core.tokenizer import resolve_tokenizer  # noqa: E402
@@ -330,3 +335,76 @@ def test_settings_the_model_cannot_serve_are_refused_in_one_line(random_model: P
         TokenizerConfig(path=str(random_model)),
         resolve_tokenizer(str(random_model)),
     )
+
+
+def test_curate_refuses_a_missing_model_before_writing(tmp_path: Path, random_model: Path, capsys) -> None:
+    (tmp_path / "input" / "books").mkdir(parents=True)
+    (tmp_path / "input" / "books" / "a.txt").write_text(text(np.arange(64) % 64))
+    config = {
+        "output": str(tmp_path / "run"),
+        "context": {"original": 64, "target": 256},
+        "tokenizer": {"path": str(random_model)},
+        "curate": {"input": str(tmp_path / "input"), "dependency": {"model": str(tmp_path / "nowhere")}},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    assert main(["curate", "--config", str(tmp_path / "run.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("longctx curate: curate.dependency.model: ") and "\n" not in err
+    assert not list((tmp_path / "run").rglob("run.json"))
+
+
+def _documents(output: Path) -> dict[str, dict]:
+    rows = {}
+    for file in sorted((output / "documents").rglob("*.parquet")):
+        for row in pq.read_table(file).to_pylist():
+            rows[row["id"]] = row
+    return rows
+
+
+@pytest.mark.slow
+def test_curate_stores_the_scores_and_resumes_to_the_same(tmp_path: Path, copy_model: Path, loaded) -> None:
+    """``curate`` with a model: every kept document carries its score, the one the step computes
+    alone; a run whose read and write tasks 1 were lost redoes them to the same documents."""
+    rng = np.random.default_rng(21)
+    books = tmp_path / "input" / "books"
+    books.mkdir(parents=True)
+    refers_back = {}
+    for i in range(8):
+        first, other = rng.integers(0, len(WORDS), (2, HALF))
+        refers = i % 2 == 0
+        ids = np.concatenate([first, edited(rng, first if refers else other)])
+        (books / f"book{i}.txt").write_text(text(ids) + "\n")
+        refers_back[f"book{i}.txt"] = refers
+    config = {
+        "output": str(tmp_path / "run"),
+        "context": {"original": 64, "target": 256},
+        "tokenizer": {"path": str(copy_model)},
+        "curate": {
+            "input": str(tmp_path / "input"),
+            "min_fraction_of_target": 0.25,
+            "dependency": {"model": str(copy_model), **DEPENDENCY},
+            "executor": {"tasks": 2, "workers": 2},
+        },
+    }
+    cfg = parse_config(config)
+    jobs.curate(cfg)
+    documents = _documents(tmp_path / "run")
+    assert len(documents) == 8
+    for row in documents.values():
+        metadata = json.loads(row["metadata"])
+        ids = np.asarray(row["token_ids"], dtype=np.int64)
+        assert metadata[METADATA_KEY] == pytest.approx(
+            score_documents(loaded, [ids], SETTINGS, "cpu", None)[0], abs=1e-5
+        )
+        assert (metadata[METADATA_KEY] > 0) == refers_back[Path(metadata["path"]).name]
+
+    logs = tmp_path / "run" / "work" / "curate" / "logs"
+    for stage in ("read", "write"):
+        (next(logs.glob(f"*_{stage}")) / "completions" / "00001").unlink()
+    shutil.rmtree(next(logs.glob("*_finalize")))
+    for file in (tmp_path / "run" / "documents").rglob("00001.parquet"):
+        file.unlink()
+    (tmp_path / "run" / "ledger.parquet").unlink()
+    jobs.curate(cfg)
+    assert (next(logs.glob("*_read")) / "completions" / "00001").exists()  # read task 1 scored again
+    assert _documents(tmp_path / "run") == documents
