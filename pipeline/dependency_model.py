@@ -183,8 +183,8 @@ def segment_losses(
 def score_documents(
     model: Any, documents: Sequence[np.ndarray], settings: ScoreSettings, device: str, bos: int | None
 ) -> list[float]:
-    """The score of each document (its token ids in the model's vocabulary), its views batched with
-    those of the other documents."""
+    """The score of each document (its token ids in the model's vocabulary), rounded to 6 decimals, its
+    views batched with those of the other documents."""
     views = [document_views(ids, settings, bos) for ids in documents]
     flat = [view for pairs in views for pair in pairs for view in pair]
     losses = iter(segment_losses(model, flat, settings, device))
