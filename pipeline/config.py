@@ -247,6 +247,35 @@ class DependencyConfig(StrictModel):
         description="per source name (a source of the run): which documents the scores keep; documents "
         "too short to be scored (under 4,096 tokens) are kept",
     )
+    model_segment_tokens: int = Field(
+        default=128, gt=0, description="model score: tokens of each later segment whose loss is compared"
+    )
+    model_local_tokens: int = Field(
+        default=128,
+        gt=0,
+        description="model score: the short view's context, the tokens just before a segment (the long "
+        "view reads them too)",
+    )
+    model_context_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="model score: the long view's context, the tokens before a segment (distant, then "
+        "local); null: 4096, or fewer to fit the model's max_position_embeddings",
+    )
+    model_segments: int = Field(
+        default=8,
+        gt=0,
+        description="model score: segments scored per document, evenly spaced where each has the whole "
+        "context before it",
+    )
+    model_batch_size: int = Field(
+        default=8, gt=0, description="model score: sequences per forward pass (and documents per batch)"
+    )
+    model_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="model score: auto is a GPU when torch sees one (the tasks of a machine take its GPUs "
+        "in turn), else the CPU",
+    )
 
 
 class CurateConfig(StrictModel):

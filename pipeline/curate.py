@@ -6,8 +6,9 @@ Stages (each a datatrove executor; completed tasks are skipped when the job runs
    (:mod:`longctx.pipeline.filededup`): ``files`` (N tasks), ``file_buckets`` (over the MinHash
    bands, tasks as for ``buckets`` below) and ``file_resolve`` (1 task) decide which files
    repositories lose as copies of another's.
-1. ``read`` (N tasks): readers, input tally, skipped/copied/unreadable and length filters,
-   intermediate documents, dedup index and MinHash signatures.
+1. ``read`` (N tasks): readers, input tally, skipped/copied/unreadable and length filters, the
+   model-based dependency score (with ``curate.dependency.model``), intermediate documents, dedup
+   index and MinHash signatures.
 2. ``buckets`` (locally N tasks, each for some of the MinHash buckets; one per bucket on Slurm and
    Ray): datatrove's LSH candidate pairs.
 3. ``resolve`` (1 task): exact-hash and MinHash pairs -> which document duplicates which, the kept
@@ -74,6 +75,11 @@ from longctx.core.tokenizer import (
 from longctx.pipeline.config import CurateConfig, SourceConfig
 from longctx.pipeline.dedup import DedupIndex, DuplicateResolver, GroupedMinhashBuckets
 from longctx.pipeline.dependency import DependencyScorer, DependencySelection, read_backgrounds
+from longctx.pipeline.dependency_model import (
+    check_dependency_model,
+    dependency_model_identity,
+    dependency_model_steps,
+)
 from longctx.pipeline.docstore import StageDocumentWriter
 from longctx.pipeline.filters import ReadableFilter, TokenLengthFilter
 from longctx.pipeline.input_filters import RepositoryCopyFilter, SkippedInputFilter
@@ -354,7 +360,8 @@ def run_fingerprint(
     """What determines the output's bytes: resolved sources (their dump leaves out the storage options,
     which hold credentials and do not change what is read), bounds, dedup settings (with the keep policy
     and file-level deduplication), the dependency scores and filters, reader limits, the tokenizer (its
-    bytes, or its training settings), the special tokens, and the task count."""
+    bytes, or its training settings), the special tokens, the task count, and the dependency score's
+    model (its files' identity) when one is set."""
     return {
         "sources": [json.loads(s.model_dump_json()) for s in sources],
         "bounds": {k: list(v) for k, v in length_bounds(curate, target, sources).items()},
@@ -367,6 +374,7 @@ def run_fingerprint(
         "tasks": curate.executor.tasks,
         "tokenizer": tokenizer,
         "specials": specials,
+        **dependency_model_identity(curate.dependency),
     }
 
 
@@ -468,6 +476,7 @@ def build_stages(
             exclusion_writer=LedgerWriter(work / "ledger" / "length", "filtered"),
             concurrent_tasks=concurrent_tasks(curate.executor, curate.executor.tasks),
         ),
+        *dependency_model_steps(curate, tokenizer_path),
         *([DependencyScorer(work / "dependency")] if curate.dependency.enabled else []),
         StageDocumentWriter(work / "filtered"),
         DedupIndex(work / "dedup" / "index"),
@@ -569,6 +578,7 @@ def _run_curation(
     if curate.output is not None:
         check_publish_destination(curate.output, layout, curate.storage_options)
     files = find_tokenizer(tokenizer)
+    check_dependency_model(curate, tokenizer, files)
     resolved_specials = check_specials(files, dict(specials or {}))
     fingerprint = run_fingerprint(
         curate, context.target, sources, tokenizer_identity(tokenizer, files), resolved_specials
