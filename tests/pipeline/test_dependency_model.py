@@ -393,10 +393,9 @@ def test_curate_stores_the_scores_and_resumes_to_the_same(tmp_path: Path, copy_m
     for row in documents.values():
         metadata = json.loads(row["metadata"])
         ids = np.asarray(row["token_ids"], dtype=np.int64)
-        assert metadata[METADATA_KEY] == pytest.approx(
-            score_documents(loaded, [ids], SETTINGS, "cpu", None)[0], abs=1e-5
-        )
-        assert (metadata[METADATA_KEY] > 0) == refers_back[Path(metadata["path"]).name]
+        score = row[METADATA_KEY]  # a column of its own beside the text (pipeline/documents.py)
+        assert score == pytest.approx(score_documents(loaded, [ids], SETTINGS, "cpu", None)[0], abs=1e-5)
+        assert (score > 0) == refers_back[Path(metadata["path"]).name]
 
     logs = tmp_path / "run" / "work" / "curate" / "logs"
     for stage in ("read", "write"):
