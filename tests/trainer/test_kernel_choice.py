@@ -10,8 +10,10 @@ takes minutes on two cores).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -179,11 +181,15 @@ def _compile_check(folder: str) -> None:
 
 
 @pytest.mark.slow
-def test_compiled_blocks_give_the_loss_and_gradients_of_eager_ones(tmp_path: Path) -> None:
-    """In a fresh interpreter whose TMPDIR is the test's, so that what Inductor writes outside the run's
-    cache (its C++ precompiled headers, under ``$TMPDIR/torchinductor_<user>``) stays in the test's folder."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_compiled_blocks_give_the_loss_and_gradients_of_eager_ones(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """In a fresh interpreter whose TMPDIR is the test's own folder, so that what Inductor writes outside
+    the run's cache (its C++ precompiled headers, under ``$TMPDIR/torchinductor_<user>``) stays there. The
+    folder is a short one in /tmp: the process group's forkserver puts its Unix socket in TMPDIR, and under
+    pytest-xdist the test's tmp_path is too deep for a socket path (107 bytes)."""
+    tmp = Path(tempfile.mkdtemp(prefix="lc-compile-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
     env["TMPDIR"] = str(tmp)
     code = (
