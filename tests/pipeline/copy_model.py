@@ -16,6 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from longctx import jobs
 from longctx.config import parse_config
+from tests.pipeline.dependency_cases import auc  # noqa: F401 - re-exported for the model score's tests
 
 WORDS = [a + b for a in "bcdfghkl" for b in "aeiouymn"]
 EOS = "</s>"
@@ -92,9 +93,3 @@ def train_copy_model(work: Path, tokenizer: Path, *, documents: int = 400, steps
     jobs.pack(cfg)
     jobs.train(cfg, progress=False)
     return work / "copy_run" / "train" / "final"
-
-
-def auc(positives: list[float], negatives: list[float]) -> float:
-    """The share of (positive, negative) pairs the scores order right, ties counting half."""
-    pairs = [(p > n) + 0.5 * (p == n) for p in positives for n in negatives]
-    return sum(pairs) / len(pairs)
