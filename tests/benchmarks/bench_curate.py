@@ -372,8 +372,9 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
         script = (
             "import resource, runpy, sys; sys.argv = ['longctx', 'curate', '--config', sys.argv[1]]\n"
             "try:\n    runpy.run_module('longctx.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "r = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, "
-            "resource.RUSAGE_CHILDREN))\nprint(r)"
+            # VmHWM, not RUSAGE_SELF: Linux carries ru_maxrss across exec (the parent's size)
+            "own = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+            "print(max(own, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))"
         )
         _, _, out = run_child([sys.executable, "-c", script, str(config)], os.sched_getaffinity(0))
         peaks.append(int(out.strip().splitlines()[-1]) / 1024)

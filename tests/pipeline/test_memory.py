@@ -1,11 +1,13 @@
 """Memory per document stays within a small multiple of the document's size.
 
 A 50 MB book on one line (no line breaks at all, as some scanned books come) is curated in a child
-process; its peak resident memory (``ru_maxrss``, the interpreter and its imports included, about
-150 MB) must stay under 40x the book's size. Run alone it measures about 16x (770-810 MB); once, in a
-full-suite run on a loaded machine, it measured 33x (1.66 GB), cause not found (the same child
-process, code and input; allocator behaviour under load is suspected). Tokenizing such a text whole
-used to take about 150x its size, which the bound still catches.
+process; its peak resident memory (``VmHWM``, the interpreter and its imports included, about
+150 MB) must stay under 40x the book's size. It measures about 14x (670-730 MB). Tokenizing such a
+text whole used to take about 150x its size, which the bound still catches.
+
+The child reads its own ``VmHWM``, not ``ru_maxrss``: Linux carries ``ru_maxrss`` across ``exec``, so
+a child started by a large process (a pytest worker that has run the trainer's tests, 2 GB) reports
+its parent's size, which failed this test under xdist.
 
 The tokenizer is trained on the book's words so that a token holds about 5 characters, as English
 prose with a real tokenizer (4-5): most of the memory left is per token (the ids, and about 21 bytes
@@ -35,7 +37,8 @@ import json, resource, sys, yaml
 from longctx import jobs
 from longctx.config import parse_config
 summary = jobs.curate(parse_config(yaml.safe_load(open(sys.argv[1]))))
-peak_kb = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+own_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+peak_kb = max(own_kb, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 print(json.dumps({"peak_mb": peak_kb / 1024, "kept": summary["totals"]["kept"]}))
 """
 
