@@ -14,8 +14,12 @@ printed as median [min-max] of CPU and wall seconds:
 * ``curate``: ``longctx curate`` (read, clean, tokenize and store ids, MinHash, exact hash, dedup,
   write, ledger) with 2 tasks on the cores given, and with 1 task on 1 core: the scaling of two tasks
   on two cores over one task on one;
+* ``tokenizer in pieces``: curation's own tokenizer calls (``TokenEncoder``: pieces cut at safe
+  positions, the same ids) as its two tasks make them, two one-thread processes pinned to a core each,
+  half the texts each: the second baseline (see ``curate_report.py``);
 * ``curate + pack``: ``longctx pack`` (windows of 4096, reusing the ids curation stored) after the
-  two-task curation, end to end against the bare tokenizer on 2 cores (goal: 0.75x its throughput);
+  two-task curation, end to end against both baselines (goals against the whole-document tokenizer
+  on 2 cores: 0.75x its throughput for the whole run, 0.85x per extra megabyte);
 * ``signatures``: MinHash signatures plus exact hashes of the same texts, against the one-thread
   tokenizer (goal: at most 0.15x);
 * ``dependency``: the model-free long-range dependency score (``longctx.pipeline.dependency``) of
@@ -34,7 +38,12 @@ against the tokenizer's (what a curation of gigabytes runs at) and the size from
 the load of a shared machine moves far less than wall time.
 
     .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4]
-        [--input corpus|mixed] [--one-line-mb 50]
+        [--input corpus|mixed] [--one-line-mb 50] [--report FILE.json] [--check RECORDED.json]
+
+``--report`` writes every repetition's seconds and the throughputs against both baselines as JSON
+(``tests/benchmarks/results/<date>-curate.json``). ``--check`` compares this run's throughputs with a
+recorded report of the same input and exits with status 1, naming each figure, when one of them is
+more than 5% below the recorded one: a change that costs more than that fails loudly.
 
 ``--input mixed`` grows the code with the books and papers (installed Python packages as
 repositories, see :func:`build_input`): an input unlike the shared corpus alone, on which code
@@ -59,10 +68,22 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 from benchtools import CORPUS, become_subreaper, fmt, require_corpus
+from curate_report import (
+    BASELINES,
+    END_TO_END,
+    goal_lines,
+    per_extra_mb,
+    regressions,
+    throughputs,
+    whole_run,
+)
+from curate_report import slopes as marginal_slopes
 
 REPO = Path(__file__).resolve().parents[2]
 DEPENDENCY = "dependency score, 1 core"
 """The model-free dependency score's measures of every document (its ids made beforehand)."""
+TOKENIZER_PIECES = BASELINES["pieces"]
+"""Curation's own tokenizer calls, split and pinned as :data:`TOKENIZER_PROCESSES`."""
 TOKENIZER_PROCESSES = "tokenizer, 2 processes of 1 thread"
 """The tokenizer as curation's tasks run it: one process per core, one thread each, half the texts
 each (split by length as curation splits its inputs)."""
@@ -279,6 +300,17 @@ def child_tokenize(texts_file: str, tokenizer: str) -> None:
     print(json.dumps({"tokens": tokens}))
 
 
+def child_pieces(texts_file: str, tokenizer: str) -> None:
+    """Child: curation's ``TokenEncoder`` over the texts (read before tokenizing). Prints the tokens."""
+    from tokenizers import Tokenizer
+
+    from longctx.pipeline.tokens import TokenEncoder
+
+    texts = pa.ipc.open_file(texts_file).read_all().column("text").to_pylist()
+    tokens = sum(len(ids) for ids in TokenEncoder(Tokenizer.from_file(tokenizer)).encode(texts))
+    print(json.dumps({"tokens": tokens}))
+
+
 def child_signatures(texts_file: str) -> None:
     """Child: MinHash signatures and exact hashes of the texts (curation's defaults)."""
     from datatrove.pipeline.dedup.minhash import MinhashConfig
@@ -384,6 +416,15 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 # --- report ----------------------------------------------------------------------------------------
 
 
+def machine() -> dict[str, object]:
+    """What ran the benchmark: the CPU model, the cores given, Python."""
+    with open("/proc/cpuinfo") as f:
+        model = next(
+            (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown"
+        )
+    return {"cpu": model, "cores": len(os.sched_getaffinity(0)), "python": sys.version.split()[0]}
+
+
 def write_texts(texts: list[str], path: Path) -> Path:
     """``texts`` as an Arrow file of one column, ``text``, for the tokenizer and signature children."""
     table = pa.table({"text": pa.array(texts, pa.large_string())})
@@ -431,9 +472,9 @@ def record(rows: dict[str, dict[str, list[float]]], name: str, cpu: float, wall:
 def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
     """The table and ratios of one input size."""
     print(f"seconds, median [min-max] of {reps}:")
-    print(f"{'':36s}{'CPU':>26s}{'wall':>26s}")
+    print(f"{'':46s}{'CPU':>26s}{'wall':>26s}")
     for name, v in rows.items():
-        print(f"{name:36s}{fmt(v['cpu']):>26s}{fmt(v['wall']):>26s}")
+        print(f"{name:46s}{fmt(v['cpu']):>26s}{fmt(v['wall']):>26s}")
     med = {name: {k: statistics.median(x) for k, x in v.items()} for name, v in rows.items()}
     tok1, tok2 = med["tokenizer, 1 thread on 1 core"], med["tokenizer, 2 cores"]
     cur2, cur1 = med["curate, 2 task(s) on 2 core(s)"], med["curate, 1 task(s) on 1 core(s)"]
@@ -448,14 +489,18 @@ def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
         "  throughput of curate relative to the bare tokenizer (wall, 2 cores): "
         f"{tok2['wall'] / cur2['wall']:.2f}x"
     )
-    e2e = med["curate + pack, 2 tasks on 2 cores"]
+    e2e = med[END_TO_END]
     print(
         f"curate + pack (2 tasks, 2 cores) / tokenizer (2 cores)     {e2e['cpu'] / tok2['cpu']:6.2f}  "
         f"{e2e['wall'] / tok2['wall']:6.2f}"
     )
     print(
-        "  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75): "
-        f"{tok2['wall'] / e2e['wall']:.2f}x"
+        "  throughput of curate + pack relative to the bare tokenizer (wall, 2 cores; goal 0.75), per "
+        f"repetition: {fmt(throughputs(rows, 'whole'))}x"
+    )
+    print(
+        "  ... relative to curation's own tokenizer calls in pieces, 2 processes of 1 thread (the tighter "
+        f"bound): {fmt(throughputs(rows, 'pieces'))}x"
     )
     print(
         "  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the "
@@ -489,10 +534,10 @@ def print_marginal(
     stats figure) that a larger input spreads thinner. A curation of gigabytes runs at the marginal
     throughput; the fixed cost is the intercept at 0 MB. Each repetition ran both sizes one after
     the other, so every figure is computed per repetition and printed as median [min-max]."""
-    (mb1, rows1), (mb2, rows2) = small, large
+    (mb1, rows1), (mb2, _) = small, large
 
     def slopes(name: str, kind: str = "wall") -> list[float]:
-        return [(b - a) / (mb2 - mb1) for a, b in zip(rows1[name][kind], rows2[name][kind])]
+        return marginal_slopes(small, large, name, kind)
 
     def fixed(name: str) -> list[float]:
         return [a - s * mb1 for a, s in zip(rows1[name]["wall"], slopes(name))]
@@ -502,19 +547,23 @@ def print_marginal(
 
     tok2, tok1 = "tokenizer, 2 cores", "tokenizer, 1 thread on 1 core"
     e2e, cur2, cur1 = (
-        "curate + pack, 2 tasks on 2 cores",
+        END_TO_END,
         "curate, 2 task(s) on 2 core(s)",
         "curate, 1 task(s) on 1 core(s)",
     )
     print(f"\nmarginal, from {mb1:.1f} MB to {mb2:.1f} MB (wall; per repetition, median [min-max]):")
-    for name in (tok2, e2e):
+    for name in (tok2, BASELINES["pieces"], e2e):
         print(
-            f"  {name:36s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept "
+            f"  {name:46s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept "
             f"at 0 MB) {fmt(fixed(name))} s"
         )
     print(
-        "  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.75): "
+        "  marginal throughput of curate + pack relative to the bare tokenizer (goal 0.85): "
         f"{fmt(ratios(tok2, e2e))}x; curate alone {fmt(ratios(tok2, cur2))}x"
+    )
+    print(
+        "  ... relative to curation's own tokenizer calls in pieces, 2 processes of 1 thread: "
+        f"{fmt(ratios(BASELINES['pieces'], e2e))}x"
     )
     print(
         "  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): "
@@ -573,17 +622,32 @@ def main() -> int:
     parser.add_argument(
         "--one-line-mb", type=float, default=0, help="also measure peak memory on a one-line book"
     )
+    parser.add_argument("--report", type=Path, help="write the figures as JSON to this file")
+    parser.add_argument(
+        "--check",
+        type=Path,
+        help="a recorded report of the same input: exit with status 1 when a figure is more than 5%% "
+        "below it",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         children = {
             "tokenize": child_tokenize,
+            "pieces": child_pieces,
             "signatures": child_signatures,
             "dependency": child_dependency,
         }
         children[args.child[0]](*args.child[1:])
         return 0
     require_corpus(args.corpus, "bench_curate")
+    recorded = None
+    if args.check is not None:
+        try:
+            recorded = json.loads(args.check.read_text())
+        except (OSError, ValueError) as err:
+            print(f"bench_curate: --check {args.check}: {err}", file=sys.stderr)
+            return 2
     if min(args.copies) < 1:
         print("bench_curate: --copies must be at least 1", file=sys.stderr)
         return 2
@@ -624,6 +688,11 @@ def main() -> int:
                 if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
                     sys.exit("bench: the two halves of the texts do not hold all of their tokens")
                 record(rows[copies], TOKENIZER_PROCESSES, cpu, wall)
+                pinned = [(py + ["pieces", str(h), str(tokenizer)], {core}) for h, core in zip(halves, two)]
+                cpu, wall, outs = run_children(pinned, one_thread)
+                if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
+                    sys.exit("bench: curation's tokenizer calls do not give the tokens of the whole texts")
+                record(rows[copies], TOKENIZER_PIECES, cpu, wall)
                 for tasks, given in ((2, two), (1, one)):
                     output = work / f"out{tasks}"
                     shutil.rmtree(output, ignore_errors=True)
@@ -638,7 +707,7 @@ def main() -> int:
                             [sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given
                         )
                         record(rows[copies], "pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
-                        record(rows[copies], "curate + pack, 2 tasks on 2 cores", cpu + pcpu, wall + pwall)
+                        record(rows[copies], END_TO_END, cpu + pcpu, wall + pwall)
                         logs = "".join(
                             p.read_text(errors="replace") for p in (output / "work").rglob("*.log")
                         )
@@ -665,8 +734,47 @@ def main() -> int:
             )
             megabytes[copies] = n_bytes / 1e6
             print_size(rows[copies], args.reps)
+        report = {
+            "what": "curate + pack against the tokenizer on the same texts",
+            "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(["tests/benchmarks/bench_curate.py", *sys.argv[1:]]),
+            "machine": machine(),
+            "load_average": load,
+            "reps": args.reps,
+            "sizes": [
+                {
+                    "copies": copies,
+                    "megabytes": megabytes[copies],
+                    "tokens": tokens[copies],
+                    "what": inputs[copies][5],
+                    "seconds": rows[copies],
+                    "throughput": whole_run(rows[copies]),
+                }
+                for copies in sizes
+            ],
+        }
         if len(sizes) > 1:
-            print_marginal(*((megabytes[c], rows[c]) for c in (sizes[0], sizes[-1])))
+            ends = [(megabytes[c], rows[c]) for c in (sizes[0], sizes[-1])]
+            print_marginal(*ends)
+            report["per_extra_mb"] = per_extra_mb(*ends)
+        print()
+        for line in goal_lines(report):
+            print(line)
+        if args.report is not None:
+            args.report.write_text(json.dumps(report, indent=1) + "\n")
+            print(f"report: {args.report}")
+        if recorded is not None:
+            try:
+                slower = regressions(recorded, report)
+            except ValueError as err:
+                print(f"bench_curate: --check {args.check}: {err}", file=sys.stderr)
+                return 2
+            if slower:
+                print(f"\nbench_curate: SLOWER than {args.check} by more than 5%:", file=sys.stderr)
+                for line in slower:
+                    print(f"  {line}", file=sys.stderr)
+                return 1
+            print(f"check: no figure more than 5% below {args.check}")
         if args.one_line_mb:
             small, big = peak_memory(args.one_line_mb, tokenizer, work)
             print(

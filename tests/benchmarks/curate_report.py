@@ -1,0 +1,120 @@
+"""``bench_curate.py``'s figures against its two baselines, its JSON report, and the check of a new run
+against a recorded report (a change that costs more than :data:`TOLERANCE` fails loudly).
+
+The baselines tokenize exactly the texts curation tokenizes, on the same two cores, in the same run:
+
+* ``whole``: the bare ``Tokenizer.encode_batch_fast`` on whole documents, one process on 2 cores
+  (the tokenizer's own threads);
+* ``pieces``: curation's own calls (``TokenEncoder``: pieces cut at safe positions, the same ids), as
+  curation's tasks run them: 2 processes of one thread, each pinned to a core, half the texts each.
+  Pieces are kinder to the caches than whole documents, so this baseline is the faster, and the
+  tighter bound.
+
+A figure is a throughput: the baseline's wall seconds over curate + pack's, for the whole run at each
+size, and per extra megabyte between the smallest and the largest size (each repetition's slopes).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+BASELINES = {
+    "whole": "tokenizer, 2 cores",
+    "pieces": "tokenizer in pieces, 2 processes of 1 thread",
+}
+"""Baseline name -> the contender that measures it."""
+END_TO_END = "curate + pack, 2 tasks on 2 cores"
+GOALS = {"whole_run": 0.75, "per_extra_mb": 0.85}
+"""Throughput of curate + pack against the ``whole`` baseline: the whole run at the largest size, and
+each extra megabyte (issue 38)."""
+TOLERANCE = 0.05
+"""A guarded figure more than this fraction below the recorded one fails the check."""
+
+Rows = dict[str, dict[str, list[float]]]
+"""Contender -> ``{"cpu": [...], "wall": [...]}``, one value per repetition."""
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, min and max of repeated values."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def throughputs(rows: Rows, baseline: str) -> list[float]:
+    """Per repetition: the baseline's wall seconds over curate + pack's."""
+    return [b / e for b, e in zip(rows[BASELINES[baseline]]["wall"], rows[END_TO_END]["wall"], strict=True)]
+
+
+def whole_run(rows: Rows) -> dict[str, dict[str, float]]:
+    """Per baseline: :func:`throughputs`, summarized."""
+    return {name: summary(throughputs(rows, name)) for name in BASELINES}
+
+
+def slopes(
+    small: tuple[float, Rows], large: tuple[float, Rows], contender: str, kind: str = "wall"
+) -> list[float]:
+    """Seconds per extra megabyte of ``contender`` between two sizes, per repetition."""
+    (mb1, rows1), (mb2, rows2) = small, large
+    return [
+        (b - a) / (mb2 - mb1) for a, b in zip(rows1[contender][kind], rows2[contender][kind], strict=True)
+    ]
+
+
+def per_extra_mb(small: tuple[float, Rows], large: tuple[float, Rows]) -> dict[str, dict[str, float]]:
+    """Per baseline: its seconds per extra megabyte over curate + pack's, per repetition (summarized)."""
+    e2e = slopes(small, large, END_TO_END)
+    return {
+        name: summary([b / e for b, e in zip(slopes(small, large, contender), e2e, strict=True)])
+        for name, contender in BASELINES.items()
+    }
+
+
+def guarded(report: dict[str, Any]) -> dict[str, float]:
+    """The figures a change must not lower, by name (sizes named by rank, so that two runs of the
+    same input compare even where its size differs slightly): the whole-run throughput at every size
+    and the per-megabyte one, against each baseline (medians)."""
+    out = {}
+    sizes = sorted(report["sizes"], key=lambda s: s["megabytes"])
+    for k, size in enumerate(sizes):
+        for name, figure in size["throughput"].items():
+            out[f"whole run, size {k + 1} of {len(sizes)}, against {name}"] = figure["median"]
+    for name, figure in report.get("per_extra_mb", {}).items():
+        out[f"per extra MB against {name}"] = figure["median"]
+    return out
+
+
+def goal_lines(report: dict[str, Any]) -> list[str]:
+    """One line per goal of :data:`GOALS`: the figure, and whether it is met."""
+    largest = max(report["sizes"], key=lambda s: s["megabytes"])
+    figures = {"whole_run": largest["throughput"]["whole"]["median"]}
+    if "per_extra_mb" in report:
+        figures["per_extra_mb"] = report["per_extra_mb"]["whole"]["median"]
+    lines = []
+    for goal, value in figures.items():
+        what = f"whole run at {largest['megabytes']:.1f} MB" if goal == "whole_run" else "per extra MB"
+        met = "met" if value >= GOALS[goal] else "NOT MET"
+        lines.append(
+            f"goal: {what} at least {GOALS[goal]:.2f}x of the whole-document tokenizer: {value:.2f}x, {met}"
+        )
+    return lines
+
+
+def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
+    """What got slower: one line per guarded figure of ``recorded`` that ``current`` has more than
+    ``tolerance`` below it. Raises ValueError when the two did not measure the same input (sizes that
+    differ by more than 1%, or figures one of them lacks): their figures cannot be compared."""
+    old_mb = sorted(s["megabytes"] for s in recorded["sizes"])
+    new_mb = sorted(s["megabytes"] for s in current["sizes"])
+    if len(old_mb) != len(new_mb) or any(abs(a - b) > 0.01 * a for a, b in zip(old_mb, new_mb)):
+        raise ValueError(
+            f"the recorded report measured {', '.join(f'{m:.1f}' for m in old_mb)} MB, this run "
+            f"{', '.join(f'{m:.1f}' for m in new_mb)} MB: run it with the report's --input and --copies"
+        )
+    old, new = guarded(recorded), guarded(current)
+    if set(old) != set(new):
+        raise ValueError(f"the figures differ: recorded {sorted(old)}, this run {sorted(new)}")
+    return [
+        f"{name}: {new[name]:.3f}x, recorded {before:.3f}x ({new[name] / before - 1:+.1%})"
+        for name, before in old.items()
+        if new[name] < before * (1 - tolerance)
+    ]

@@ -1,0 +1,88 @@
+"""``curate_report.py``: throughputs against both baselines, the goals, and the check that fails a run
+more than 5% slower than a recorded report (and refuses to compare different inputs)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import curate_report as cr
+
+
+def _rows(e2e: list[float], whole: list[float], pieces: list[float]) -> cr.Rows:
+    return {
+        cr.END_TO_END: {"wall": e2e, "cpu": [2 * x for x in e2e]},
+        cr.BASELINES["whole"]: {"wall": whole, "cpu": whole},
+        cr.BASELINES["pieces"]: {"wall": pieces, "cpu": pieces},
+    }
+
+
+def _report() -> dict:
+    small = (20.0, _rows([10.0, 11.0, 12.0], [6.0, 6.0, 6.0], [5.0, 5.5, 5.0]))
+    large = (80.0, _rows([28.0, 29.0, 30.0], [21.0, 21.0, 21.0], [18.0, 18.5, 18.0]))
+    return {
+        "sizes": [
+            {"megabytes": mb, "throughput": cr.whole_run(rows), "seconds": rows}
+            for mb, rows in (small, large)
+        ],
+        "per_extra_mb": cr.per_extra_mb(small, large),
+    }
+
+
+def test_throughputs_are_each_repetitions_baseline_over_curate_and_pack() -> None:
+    rows = _rows([10.0, 12.0], [6.0, 6.0], [5.0, 4.0])
+    assert cr.throughputs(rows, "whole") == [0.6, 0.5]
+    assert cr.throughputs(rows, "pieces") == [0.5, 4.0 / 12.0]
+    assert cr.whole_run(rows)["whole"] == {"median": 0.55, "min": 0.5, "max": 0.6}
+
+
+def test_per_extra_mb_compares_slopes_per_repetition() -> None:
+    report = _report()
+    # whole: (21 - 6) / 60 over (28 - 10) / 60, (29 - 11) / 60, (30 - 12) / 60: 15 / 18 each time
+    assert report["per_extra_mb"]["whole"]["median"] == pytest.approx(15 / 18)
+    assert report["per_extra_mb"]["pieces"]["min"] == pytest.approx(13 / 18)
+
+
+def test_a_figure_more_than_5_percent_lower_is_named() -> None:
+    recorded = _report()
+    current = copy.deepcopy(recorded)
+    current["sizes"][1]["throughput"]["pieces"]["median"] *= 0.94
+    current["per_extra_mb"]["whole"]["median"] *= 0.96  # within the tolerance
+    (line,) = cr.regressions(recorded, current)
+    assert line.startswith("whole run, size 2 of 2, against pieces:")
+    assert "-6.0%" in line
+    assert cr.regressions(recorded, recorded) == []
+
+
+def test_reports_of_different_inputs_are_not_compared() -> None:
+    recorded = _report()
+    other = copy.deepcopy(recorded)
+    other["sizes"][1]["megabytes"] = 100.0
+    with pytest.raises(ValueError, match=re.escape("measured 20.0, 80.0 MB, this run 20.0, 100.0 MB")):
+        cr.regressions(recorded, other)
+    one_size = copy.deepcopy(recorded)
+    del one_size["per_extra_mb"]
+    one_size["sizes"] = one_size["sizes"][:1]
+    with pytest.raises(ValueError, match="--copies"):
+        cr.regressions(recorded, one_size)
+    # the same input, slightly larger on another machine's Python: compared by size rank
+    nearby = copy.deepcopy(recorded)
+    nearby["sizes"][1]["megabytes"] = 80.5
+    assert cr.regressions(recorded, nearby) == []
+
+
+def test_goals_are_against_the_whole_document_tokenizer_at_the_largest_size() -> None:
+    lines = cr.goal_lines(_report())
+    # largest size: 21 / 29 = 0.72 < 0.75; per extra MB: 15 / 18 = 0.83 < 0.85
+    assert lines == [
+        "goal: whole run at 80.0 MB at least 0.75x of the whole-document tokenizer: 0.72x, NOT MET",
+        "goal: per extra MB at least 0.85x of the whole-document tokenizer: 0.83x, NOT MET",
+    ]
+    faster = _report()
+    faster["sizes"][1]["throughput"]["whole"]["median"] = 0.8
+    assert cr.goal_lines(faster)[0].endswith("0.80x, met")
