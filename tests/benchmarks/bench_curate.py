@@ -416,6 +416,26 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 # --- report ----------------------------------------------------------------------------------------
 
 
+def commit() -> str | None:
+    """The checkout's commit (None outside a git checkout), with ``+changes`` when files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
+
+
 def machine() -> dict[str, object]:
     """What ran the benchmark: the CPU model, the cores given, Python."""
     with open("/proc/cpuinfo") as f:
@@ -738,6 +758,7 @@ def main() -> int:
             "what": "curate + pack against the tokenizer on the same texts",
             "date": time.strftime("%Y-%m-%d"),
             "command": " ".join(["tests/benchmarks/bench_curate.py", *sys.argv[1:]]),
+            "commit": commit(),
             "machine": machine(),
             "load_average": load,
             "reps": args.reps,
