@@ -38,12 +38,13 @@ against the tokenizer's (what a curation of gigabytes runs at) and the size from
 the load of a shared machine moves far less than wall time.
 
     .venv/bin/python tests/benchmarks/bench_curate.py [--reps 3] [--corpus DIR] [--copies 1 4]
-        [--input corpus|mixed] [--one-line-mb 50] [--report FILE.json] [--check RECORDED.json]
+        [--input corpus|mixed] [--one-line-mb 50] [--report FILE.json] [--check RECORDED.json | --no-check]
 
 ``--report`` writes every repetition's seconds and the throughputs against both baselines as JSON
-(``tests/benchmarks/results/<date>-curate.json``). ``--check`` compares this run's throughputs with a
-recorded report of the same input and exits with status 1, naming each figure, when one of them is
-more than 5% below the recorded one: a change that costs more than that fails loudly.
+(``tests/benchmarks/results/<date>-curate.json``). Every run then compares its throughputs with the
+newest recorded report of the same input (or the one ``--check`` names; ``--no-check``: none) and
+exits with status 1, naming each figure, when one of them is more than 5% below the recorded one: a
+change that costs more than that fails loudly.
 
 ``--input mixed`` grows the code with the books and papers (installed Python packages as
 repositories, see :func:`build_input`): an input unlike the shared corpus alone, on which code
@@ -72,6 +73,7 @@ from curate_report import (
     BASELINES,
     END_TO_END,
     goal_lines,
+    newest_comparable,
     per_extra_mb,
     regressions,
     throughputs,
@@ -80,6 +82,8 @@ from curate_report import (
 from curate_report import slopes as marginal_slopes
 
 REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "tests" / "benchmarks" / "results"
+"""Where recorded reports are kept (``<date>-curate.json``), the default reference of the check."""
 DEPENDENCY = "dependency score, 1 core"
 """The model-free dependency score's measures of every document (its ids made beforehand)."""
 TOKENIZER_PIECES = BASELINES["pieces"]
@@ -647,8 +651,9 @@ def main() -> int:
         "--check",
         type=Path,
         help="a recorded report of the same input: exit with status 1 when a figure is more than 5%% "
-        "below it",
+        "below it (default: the newest report of the same input in tests/benchmarks/results)",
     )
+    parser.add_argument("--no-check", action="store_true", help="compare with no recorded report")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -781,27 +786,33 @@ def main() -> int:
         print()
         for line in goal_lines(report):
             print(line)
-        if args.report is not None:
-            args.report.write_text(json.dumps(report, indent=1) + "\n")
-            print(f"report: {args.report}")
-        if recorded is not None:
-            try:
-                slower = regressions(recorded, report)
-            except ValueError as err:
-                print(f"bench_curate: --check {args.check}: {err}", file=sys.stderr)
-                return 2
-            if slower:
-                print(f"\nbench_curate: SLOWER than {args.check} by more than 5%:", file=sys.stderr)
-                for line in slower:
-                    print(f"  {line}", file=sys.stderr)
-                return 1
-            print(f"check: no figure more than 5% below {args.check}")
         if args.one_line_mb:
             small, big = peak_memory(args.one_line_mb, tokenizer, work)
             print(
                 f"\npeak RSS of curate on a {args.one_line_mb:g} MB one-line book: {big:.0f} MB "
                 f"({(big - small) / args.one_line_mb:.1f}x its size above the {small:.0f} MB of a 1 MB book)"
             )
+        if args.report is not None:
+            args.report.write_text(json.dumps(report, indent=1) + "\n")
+            print(f"report: {args.report}")
+        against, slower = args.check, []
+        if recorded is not None:
+            try:
+                slower = regressions(recorded, report)
+            except ValueError as err:
+                print(f"bench_curate: --check {args.check}: {err}", file=sys.stderr)
+                return 2
+        elif not args.no_check:
+            against, slower = newest_comparable(RESULTS, report)
+        if against is None and not args.no_check:
+            print(f"check: no report of this input in {RESULTS} to compare with (--report records one)")
+        elif against is not None and slower:
+            print(f"\nbench_curate: SLOWER than {against} by more than 5%:", file=sys.stderr)
+            for line in slower:
+                print(f"  {line}", file=sys.stderr)
+            return 1
+        elif against is not None:
+            print(f"check: no figure more than 5% below {against}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -16,7 +16,9 @@ size, and per extra megabyte between the smallest and the largest size (each rep
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 from typing import Any
 
 BASELINES = {
@@ -118,3 +120,15 @@ def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: fl
         for name, before in old.items()
         if new[name] < before * (1 - tolerance)
     ]
+
+
+def newest_comparable(folder: Path, current: dict[str, Any]) -> tuple[Path | None, list[str]]:
+    """The newest ``*-curate.json`` report in ``folder`` (by name: they start with their date) that
+    measured the same input as ``current``, and :func:`regressions` against it; ``(None, [])`` when
+    there is none. Reports that do not parse are passed over."""
+    for path in sorted(folder.glob("*-curate.json"), reverse=True):
+        try:
+            return path, regressions(json.loads(path.read_text()), current)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None, []

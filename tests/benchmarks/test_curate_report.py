@@ -4,6 +4,7 @@ more than 5% slower than a recorded report (and refuses to compare different inp
 from __future__ import annotations
 
 import copy
+import json
 import re
 import sys
 from pathlib import Path
@@ -86,3 +87,22 @@ def test_goals_are_against_the_whole_document_tokenizer_at_the_largest_size() ->
     faster = _report()
     faster["sizes"][1]["throughput"]["whole"]["median"] = 0.8
     assert cr.goal_lines(faster)[0].endswith("0.80x, met")
+
+
+def test_the_default_reference_is_the_newest_report_of_the_same_input(tmp_path: Path) -> None:
+    recorded = _report()
+    other_input = copy.deepcopy(recorded)
+    other_input["sizes"][1]["megabytes"] = 200.0
+    faster = copy.deepcopy(recorded)
+    faster["per_extra_mb"]["pieces"]["median"] *= 1.2
+    (tmp_path / "2026-12-01-curate.json").write_text(json.dumps(recorded))
+    (tmp_path / "2026-12-02-curate.json").write_text(json.dumps(faster))
+    (tmp_path / "2026-12-03-curate.json").write_text(json.dumps(other_input))
+    (tmp_path / "2026-12-04-curate.json").write_text("{not json")
+    path, slower = cr.newest_comparable(tmp_path, recorded)
+    assert path == tmp_path / "2026-12-02-curate.json"
+    assert slower == [
+        f"per extra MB against pieces: {recorded['per_extra_mb']['pieces']['median']:.3f}x, "
+        f"recorded {faster['per_extra_mb']['pieces']['median']:.3f}x (-16.7%)"
+    ]
+    assert cr.newest_comparable(tmp_path / "none", recorded) == (None, [])
