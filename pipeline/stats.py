@@ -22,7 +22,8 @@ COUNTS = ("inputs", "files", "kept", "filtered", "duplicate", "skipped", "kept_t
 QUANTILES = {"min": 0.0, "p10": 0.1, "p25": 0.25, "median": 0.5, "p75": 0.75, "p90": 0.9, "max": 1.0}
 """The quantiles of each source's scores in ``stats.json`` (numpy's linear interpolation)."""
 SCORE_BIN = 0.05
-"""Width of the score histograms' bins; scores are clipped to [-1, 1] for them."""
+"""Width of the score histograms' bins; scores are clipped to [-1, 1] for them (a score beyond is
+counted in the edge bin, and in the summary's ``outside``)."""
 
 
 def summarize_ledger(
@@ -116,6 +117,10 @@ def score_summary(values: list[float], unscored: int) -> dict[str, Any]:
         bins = np.floor(np.clip(values, -1.0, 1.0 - SCORE_BIN / 2) / SCORE_BIN).astype(np.int64)
         counts = Counter(bins.tolist())
         summary["histogram"] = {f"{b * SCORE_BIN:.2f}": n for b, n in sorted(counts.items())}
+        # far segments sharing more than adjacent ones (above 1) happen; say that the edge bins hold them
+        outside = {"below_-1": sum(v < -1.0 for v in values), "from_1": sum(v >= 1.0 for v in values)}
+        if any(outside.values()):
+            summary["outside"] = outside
     return summary
 
 
@@ -163,6 +168,13 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
                 edges = [float(edge) for edge in hist]
                 ax.bar(edges, list(hist.values()), SCORE_BIN, align="edge", alpha=0.5, label=name)
                 drawn = True
+        outside = [summary["sources"][name].get(column, {}).get("outside", {}) for name in sources]
+        below, above = sum(o.get("below_-1", 0) for o in outside), sum(o.get("from_1", 0) for o in outside)
+        if below or above:
+            note = ", ".join(
+                text for n, text in ((above, f"{above} at 1 or above"), (below, f"{below} below -1")) if n
+            )
+            ax.text(0.02, 0.98, f"{note}: in the edge bins", transform=ax.transAxes, va="top", fontsize=8)
         if column == "dependency":
             ax.axvline(0.0, color="black", linewidth=0.8)
             ax.set_title("dependency (model-free): kept and dependency-filtered")

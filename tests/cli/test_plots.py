@@ -255,3 +255,27 @@ def test_every_models_line_stays_visible_when_their_scores_coincide(
     first, second = xs.values()
     for a, b, n in zip(first, second, (256, 512, 1024)):
         assert a < n < b  # shifted apart around the true length
+
+
+def test_scores_beyond_the_histograms_range_are_counted_and_said(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from longctx.pipeline import stats
+
+    values = [1.6, 1.0, 0.999, 0.2, -1.5]
+    block = stats.score_summary(values, unscored=0)
+    assert block["outside"] == {"below_-1": 1, "from_1": 2}
+    assert block["histogram"] == {"-1.00": 1, "0.20": 1, "0.95": 3}  # the edge bins hold the scores beyond
+    assert "outside" not in stats.score_summary([0.2, 0.5], unscored=1)
+
+    summary = {
+        "sources": {
+            "books": {"kept": 5, "filtered": 0, "duplicate": 0, "skipped": 0, "length_histogram": {"8192": 5}}
+            | {"dependency": block}
+        }
+    }
+    drawn = []
+    monkeypatch.setattr(stats, "write_figure", lambda path, figure, **kwargs: drawn.append(figure))
+    stats.plot_summary(summary, tmp_path / "unused.png")
+    notes = [t.get_text() for t in drawn[0].axes[2].texts]
+    assert notes == ["2 at 1 or above, 1 below -1: in the edge bins"]
