@@ -43,8 +43,9 @@ the load of a shared machine moves far less than wall time.
 ``--report`` writes every repetition's seconds and the throughputs against both baselines as JSON
 (``tests/benchmarks/results/<date>-curate.json``). Every run then compares its throughputs with the
 newest recorded report of the same input (or the one ``--check`` names; ``--no-check``: none) and
-exits with status 1, naming each figure, when one of them is more than 5% below the recorded one: a
-change that costs more than that fails loudly.
+exits with status 1, naming each figure, when a throughput against curation's own tokenizer calls is
+more than 5% below the recorded one (``curate_report.regressions``): a change that costs more than
+that fails loudly.
 
 ``--input mixed`` grows the code with the books and papers (installed Python packages as
 repositories, see :func:`build_input`): an input unlike the shared corpus alone, on which code

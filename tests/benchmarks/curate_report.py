@@ -32,6 +32,10 @@ GOALS = {"whole_run": 0.75, "per_extra_mb": 0.85}
 each extra megabyte (issue 38)."""
 TOLERANCE = 0.05
 """A guarded figure more than this fraction below the recorded one fails the check."""
+GUARDED_BASELINE = "pieces"
+"""The baseline of the guarded figures. Against the other, the same code measured 5-8% apart in two
+runs 40 minutes apart (the whole-document tokenizer's own two threads scale differently from run to
+run); against this one, which splits its work as curation's tasks do, within 4%."""
 
 Rows = dict[str, dict[str, list[float]]]
 """Contender -> ``{"cpu": [...], "wall": [...]}``, one value per repetition."""
@@ -71,17 +75,18 @@ def per_extra_mb(small: tuple[float, Rows], large: tuple[float, Rows]) -> dict[s
     }
 
 
-def guarded(report: dict[str, Any]) -> dict[str, float]:
+def guarded(report: dict[str, Any]) -> dict[str, dict[str, float]]:
     """The figures a change must not lower, by name (sizes named by rank, so that two runs of the
     same input compare even where its size differs slightly): the whole-run throughput at every size
-    and the per-megabyte one, against each baseline (medians)."""
+    and the per-megabyte one, against :data:`GUARDED_BASELINE` (their :func:`summary`)."""
     out = {}
     sizes = sorted(report["sizes"], key=lambda s: s["megabytes"])
     for k, size in enumerate(sizes):
-        for name, figure in size["throughput"].items():
-            out[f"whole run, size {k + 1} of {len(sizes)}, against {name}"] = figure["median"]
-    for name, figure in report.get("per_extra_mb", {}).items():
-        out[f"per extra MB against {name}"] = figure["median"]
+        out[f"whole run, size {k + 1} of {len(sizes)}, against {GUARDED_BASELINE}"] = size["throughput"][
+            GUARDED_BASELINE
+        ]
+    if "per_extra_mb" in report:
+        out[f"per extra MB against {GUARDED_BASELINE}"] = report["per_extra_mb"][GUARDED_BASELINE]
     return out
 
 
@@ -102,9 +107,11 @@ def goal_lines(report: dict[str, Any]) -> list[str]:
 
 
 def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
-    """What got slower: one line per guarded figure of ``recorded`` that ``current`` has more than
-    ``tolerance`` below it. Raises ValueError when the two did not measure the same input (sizes that
-    differ by more than 1%, or figures one of them lacks): their figures cannot be compared."""
+    """What got slower: one line per :func:`guarded` figure whose median in ``current`` is more than
+    ``tolerance`` below the recorded median, and whose best repetition does not reach it either (one
+    slow repetition on a loaded machine moves a median of 3; a slower change moves them all). Raises
+    ValueError when the two did not measure the same input (sizes that differ by more than 1%, or
+    figures one of them lacks): their figures cannot be compared."""
     old_mb = sorted(s["megabytes"] for s in recorded["sizes"])
     new_mb = sorted(s["megabytes"] for s in current["sizes"])
     if len(old_mb) != len(new_mb) or any(abs(a - b) > 0.01 * a for a, b in zip(old_mb, new_mb)):
@@ -115,11 +122,15 @@ def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: fl
     old, new = guarded(recorded), guarded(current)
     if set(old) != set(new):
         raise ValueError(f"the figures differ: recorded {sorted(old)}, this run {sorted(new)}")
-    return [
-        f"{name}: {new[name]:.3f}x, recorded {before:.3f}x ({new[name] / before - 1:+.1%})"
-        for name, before in old.items()
-        if new[name] < before * (1 - tolerance)
-    ]
+    lines = []
+    for name, before in old.items():
+        now = new[name]
+        if now["median"] < before["median"] * (1 - tolerance) and now["max"] < before["median"]:
+            lines.append(
+                f"{name}: {now['median']:.3f}x [{now['min']:.3f}-{now['max']:.3f}], recorded "
+                f"{before['median']:.3f}x ({now['median'] / before['median'] - 1:+.1%})"
+            )
+    return lines
 
 
 def newest_comparable(folder: Path, current: dict[str, Any]) -> tuple[Path | None, list[str]]:
