@@ -69,7 +69,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from benchtools import CORPUS, become_subreaper, fmt, require_corpus
+from benchtools import CORPUS, become_subreaper, commit, fmt, require_corpus
 from curate_report import (
     BASELINES,
     END_TO_END,
@@ -419,26 +419,6 @@ def peak_memory(one_line_mb: float, tokenizer: Path, work: Path) -> tuple[float,
 
 
 # --- report ----------------------------------------------------------------------------------------
-
-
-def commit() -> str | None:
-    """The checkout's commit (None outside a git checkout), with ``+changes`` when files differ from it."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+changes" if dirty else "")
 
 
 def machine() -> dict[str, object]:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchtools import CORPUS, REPO, require_corpus
+from benchtools import CORPUS, REPO, commit, require_corpus
 
 sys.path.insert(0, str(REPO))
 
@@ -249,9 +249,7 @@ def main() -> int:
             "cost": cost_case(args.corpus, work / "tokenizer.json", work, args.reps),
             "seconds": 0.0,
             "python": platform.python_version(),
-            "commit": subprocess.run(
-                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-            ).stdout.strip(),
+            "commit": commit(),
         }
         report["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report, indent=2))

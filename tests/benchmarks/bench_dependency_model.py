@@ -43,7 +43,9 @@ from longctx.pipeline.dependency_model import METADATA_KEY, DependencyModelScore
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from tests.pipeline.copy_model import (
+    DEPENDENCY,
     HALF,
+    SETTINGS,
     WORDS,
     auc,
     edited,
@@ -52,8 +54,6 @@ from tests.pipeline.copy_model import (
     train_copy_model,
     write_books,
 )
-
-SETTINGS = ScoreSettings(segment=16, local=16, context=96, segments=4, batch_size=8)
 
 
 def evaluation_documents(pairs: int) -> tuple[dict[str, np.ndarray], dict[str, bool]]:
@@ -73,15 +73,7 @@ def evaluation_documents(pairs: int) -> tuple[dict[str, np.ndarray], dict[str, b
 def curated_scores(work: Path, tokenizer: Path, model: Path, documents: dict[str, np.ndarray]) -> dict:
     """Curate ``documents`` with the model's score; each document's stored score by name."""
     write_books(work / "eval_input" / "books", documents)
-    dependency = {
-        "model": str(model),
-        "model_segment_tokens": SETTINGS.segment,
-        "model_local_tokens": SETTINGS.local,
-        "model_context_tokens": SETTINGS.context,
-        "model_segments": SETTINGS.segments,
-        "model_batch_size": SETTINGS.batch_size,
-        "model_device": "cpu",
-    }
+    dependency = {"model": str(model), **DEPENDENCY}
     config = {
         "output": str(work / "eval_run"),
         "context": {"original": 128, "target": 256},

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,25 @@ CORPUS = Path(os.environ.get("LONGCTX_SHARED_CORPUS", REPO.parent / "shared" / "
 """The shared corpus, found like the tests find it."""
 
 T = TypeVar("T")
+
+
+def commit() -> str | None:
+    """For reports: the checkout's commit (None outside a git checkout), with ``+changes`` when
+    tracked files differ from it."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    try:
+        head, dirty = (
+            git("rev-parse", "--short", "HEAD").strip(),
+            git("status", "--porcelain", "-uno").strip(),
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if dirty else "")
 
 
 def require_corpus(corpus: Path, script: str) -> None:

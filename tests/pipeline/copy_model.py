@@ -16,12 +16,24 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from longctx import jobs
 from longctx.config import parse_config
+from longctx.pipeline.dependency_model import ScoreSettings
 from tests.pipeline.dependency_cases import auc  # noqa: F401 - re-exported for the model score's tests
 
 WORDS = [a + b for a in "bcdfghkl" for b in "aeiouymn"]
 EOS = "</s>"
 HALF = 64
 """Tokens in each half of a document: the distance the model learns to copy from."""
+SETTINGS = ScoreSettings(segment=16, local=16, context=96, segments=4, batch_size=8)
+"""Segments of the second half; the long view reaches back past the half's start, the short one does not."""
+DEPENDENCY = {
+    "model_segment_tokens": SETTINGS.segment,
+    "model_local_tokens": SETTINGS.local,
+    "model_context_tokens": SETTINGS.context,
+    "model_segments": SETTINGS.segments,
+    "model_batch_size": SETTINGS.batch_size,
+    "model_device": "cpu",
+}
+""":data:`SETTINGS` as ``curate.dependency``'s keys (with ``model``: a whole section)."""
 
 
 def save_word_tokenizer(folder: Path) -> Path:

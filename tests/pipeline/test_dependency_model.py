@@ -36,7 +36,6 @@ from longctx.pipeline.config import CurateConfig  # noqa: E402
 from longctx.pipeline.dependency_model import (  # noqa: E402
     METADATA_KEY,
     DependencyModelScore,
-    ScoreSettings,
     check_dependency_model,
     document_views,
     relative_fall,
@@ -45,7 +44,9 @@ from longctx.pipeline.dependency_model import (  # noqa: E402
     segment_starts,
 )
 from tests.pipeline.copy_model import (  # noqa: E402
+    DEPENDENCY,
     HALF,
+    SETTINGS,
     WORDS,
     auc,
     edited,
@@ -53,17 +54,6 @@ from tests.pipeline.copy_model import (  # noqa: E402
     text,
     train_copy_model,
 )
-
-SETTINGS = ScoreSettings(segment=16, local=16, context=96, segments=4, batch_size=8)
-"""Segments of the second half; the long view reaches back past the half's start, the short one does not."""
-DEPENDENCY = {
-    "model_segment_tokens": SETTINGS.segment,
-    "model_local_tokens": SETTINGS.local,
-    "model_context_tokens": SETTINGS.context,
-    "model_segments": SETTINGS.segments,
-    "model_batch_size": SETTINGS.batch_size,
-    "model_device": "cpu",
-}
 
 
 def llama_config(max_positions: int = 256) -> transformers.LlamaConfig:
