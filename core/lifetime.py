@@ -137,7 +137,6 @@ def die_with_driver() -> None:
     (its direct child): die as soon as the driver does, and make every process forked from this one
     die with this one. Exits at once when the driver is already gone; nothing to do in any other
     process (the driver itself, a process started by a worker)."""
-    global _active
     driver = os.environ.get(DRIVER_ENV, "")
     if not driver.isdigit() or int(driver) == os.getpid():
         return
@@ -145,7 +144,15 @@ def die_with_driver() -> None:
         if not process_exists(int(driver)):  # re-parented: the driver died before we got here
             os._exit(1)
         return
-    die_with_parent(int(driver))
+    serve_driver(int(driver))
+
+
+def serve_driver(driver: int) -> None:
+    """In a helper process of the driver ``driver`` (its direct child: the job's forkserver, started
+    from a fresh interpreter or forked from the driver): die as soon as the driver does, and make every
+    process forked from this one die with this one."""
+    global _active
+    die_with_parent(driver)
     _active += 1  # for the rest of this process's life: its children die with it
 
 

@@ -36,12 +36,15 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import multiprocess.connection
 import multiprocess.forkserver
 import multiprocess.process
 import multiprocess.resource_tracker
@@ -220,10 +223,67 @@ def _start_tracker(tracker: Any) -> None:
         tracker._fd, tracker._pid = write, pid
 
 
-def start_forkserver() -> None:
+def start_forkserver(*, fork: bool = False) -> None:
     """Start this process's forkserver now (it inherits file descriptor 2 as it is now) rather than
-    when a pool first needs it."""
-    multiprocess.forkserver.ensure_running()
+    when a pool first needs it: from a fresh interpreter that imports the preloaded modules (about
+    1 s of CPU and of wall time before the first worker starts), or with ``fork`` as a fork of this
+    process, which has most of them imported already (:func:`_fork_forkserver`)."""
+    if fork:
+        _fork_forkserver()
+    else:
+        multiprocess.forkserver.ensure_running()
+
+
+def _fork_forkserver() -> None:
+    """Start the forkserver as a fork of this process: it serves as multiprocess's own
+    (``multiprocess.forkserver.main``, on a listening socket in the job's temporary folder and the
+    pipe that tells it when every client is gone), after importing only the preloaded modules this
+    process has not. What a fresh forkserver would not have is left out or made harmless: it holds
+    neither the write end of that pipe nor the resource tracker's (the workers get theirs with each
+    request), never collects this process's garbage (whose finalizers could act on this process's
+    files), takes SIGTERM's default action, and dies with this process, its workers with it
+    (:func:`longctx.core.lifetime.serve_driver`).
+
+    Only for a process that has run no thread pool of a library its workers use (the tokenizer's,
+    torch's): a forked child finds such a pool unusable. The threads a process has from its imports
+    alone (jemalloc's and OpenBLAS's) are safe to fork: both libraries prepare for it."""
+    server = multiprocess.forkserver._forkserver
+    preload = [m for m in server._preload_modules if m != "__main__" and m not in sys.modules]
+    tracker_fd = multiprocess.resource_tracker._resource_tracker._fd
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = multiprocess.connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        driver = os.getpid()
+        for stream in (sys.stdout, sys.stderr):  # what is buffered is written once, here
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                stream.flush()
+        with warnings.catch_warnings():  # Python 3.12+ warns of any thread; those here are safe (above)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the forkserver: never returns
+            code = 1
+            try:
+                gc.freeze()
+                os.close(alive_w)
+                if tracker_fd is not None:
+                    os.close(tracker_fd)
+                    multiprocess.resource_tracker._resource_tracker._fd = None
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                lifetime.serve_driver(driver)
+                multiprocess.forkserver.main(listener.fileno(), alive_r, preload)
+            except SystemExit:  # every client is gone
+                code = 0
+            except BaseException:
+                sys.excepthook(*sys.exc_info())
+            finally:
+                os._exit(code)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
 
 
 @contextlib.contextmanager

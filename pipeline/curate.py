@@ -427,7 +427,9 @@ less (0.1 s on the bench's 20 MB) than starting a pool's workers for it (0.3-0.5
 FILES_IN_DRIVER_BYTES = 6 << 20
 """Code inputs up to this size are split into files and signed (the ``files`` stage) in the driver,
 while the forkserver starts on another core: about 0.6 s per MB there, against 0.3 s per MB on two
-workers that first wait ~2 s for the forkserver (measured on the bench's 2.7 MB of code)."""
+workers that first wait ~2 s for a forkserver started from a fresh interpreter (measured on the bench's
+2.7 MB of code). A forkserver forked from the driver is ready in ~0.2 s; on 3.1 MB of code, the stage
+took the same wall time either way (6.9-7.2 s for the whole curation, 3 runs each)."""
 
 
 def driver_stages(curate: CurateConfig, sources: list[SourceConfig]) -> frozenset[str]:
@@ -596,6 +598,8 @@ def _run_curation(
             from longctx.pipeline.default_corpus import build_default_corpus
 
             build_default_corpus(layout.default_corpus)
+        # training the tokenizer runs its thread pool here, and checking a model imports torch
+        fork_server = (files is not None or layout.tokenizer.exists()) and curate.dependency.model is None
         with contextlib.nullcontext() if verbose else stderr_to_file(layout.console_log):
             tokenizer_path = prepare_tokenizer(tokenizer, files, curate, layout, sources)
         run_info = {
@@ -613,7 +617,16 @@ def _run_curation(
         # workers from a forkserver (the default): with "fork", one of ~14 two-task runs under load
         # failed (the next stage's Manager found work/curate/tmp gone); cause not found
         in_driver = driver_stages(curate, sources)
-        if not run_stages(curate.executor, stages, layout.work, "curate", verbose, in_driver=in_driver):
+        done = run_stages(
+            curate.executor,
+            stages,
+            layout.work,
+            "curate",
+            verbose,
+            in_driver=in_driver,
+            fork_server=fork_server,
+        )
+        if not done:
             return None
     except OSError as err:
         fault = disk_fault(err, None if err.filename else output)

@@ -47,7 +47,8 @@ def _book(seed: int, words: int) -> str:
     return "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(words // 12))
 
 
-def _curate_config(tmp_path: Path, output: Path) -> Path:
+def _curate_config(tmp_path: Path, output: Path, trained: bool = False) -> Path:
+    """A curation of 8 small books; with ``trained``, the run trains its own tokenizer."""
     books = tmp_path / "input" / "books"
     if not books.is_dir():
         books.mkdir(parents=True)
@@ -57,7 +58,7 @@ def _curate_config(tmp_path: Path, output: Path) -> Path:
     config = {
         "output": str(output),
         "context": {"original": 64, "target": 256},
-        "tokenizer": {"path": str(tmp_path / "tokenizer.json")},
+        "tokenizer": {"train_vocab_size": 300} if trained else {"path": str(tmp_path / "tokenizer.json")},
         "curate": {"input": str(tmp_path / "input"), "executor": {"tasks": 4, "workers": 2}},
     }
     path = tmp_path / f"{output.name}.yaml"
@@ -139,15 +140,33 @@ def _command_lines(pids: list[int]) -> list[str]:
     return found
 
 
+def _parents(pids: list[int]) -> dict[int, int]:
+    """pid -> parent pid, of those of ``pids`` still alive."""
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
-def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tokenizer", ["given", "trained"])
+def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
+    tmp_path: Path, tokenizer: str
+) -> None:
     """kill -9 of `longctx curate` while its read stage runs: the forkserver (which has imported the
     job's modules), its pool workers and multiprocess's resource tracker are gone within
     :data:`AT_ONCE_SECONDS` (they used to outlive it by 0.2-4.2 s: the forkserver tore down its
-    modules before exiting, and the workers and the tracker waited for it)."""
+    modules before exiting, and the workers and the tracker waited for it).
+
+    With the tokenizer given, the forkserver is a fork of the command (its command line); a run that
+    trains its tokenizer has run the tokenizer's thread pool, which forked workers would find unusable,
+    so its forkserver is a fresh interpreter's."""
     output = tmp_path / "killed"
-    config = _curate_config(tmp_path, output)
+    config = _curate_config(tmp_path, output, trained=tokenizer == "trained")
     completions = output / "work" / "curate" / "logs" / "1_read" / "completions"
     env, mark = marked_env()
     process = subprocess.Popen(
@@ -159,7 +178,9 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(tmp
     wait_for(
         lambda: completions.is_dir() and any(completions.iterdir()), process, 180, "a read task completed"
     )
-    helpers = _command_lines([p for p in marked_processes(mark) if p != process.pid])
+    helper_pids = [p for p in marked_processes(mark) if p != process.pid]
+    lines = {pid: _command_lines([pid]) for pid in helper_pids}
+    helpers, parents = [line for found in lines.values() for line in found], _parents(helper_pids)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     deadline = time.monotonic() + AT_ONCE_SECONDS
@@ -167,9 +188,14 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(tmp
         time.sleep(0.01)
     names = _command_lines(alive)
     kill_survivors(survivors_after(mark, GRACE_SECONDS))
-    # what the kill must take with it: the tracker, the forkserver and its workers (same command line)
+    # what the kill must take with it: the tracker, the forkserver and its workers (forked from it)
     assert sum("resource_tracker" in h for h in helpers) == 1, helpers
-    assert sum("multiprocess.forkserver" in h for h in helpers) >= 2, helpers
+    servers = {parent for parent in parents.values() if parent != process.pid}
+    assert len(servers) == 1 and parents[next(iter(servers))] == process.pid, (parents, helpers)
+    server = next(iter(servers))
+    assert sum(parent == server for parent in parents.values()) >= 2, (parents, helpers)  # its workers
+    fresh = any("multiprocess.forkserver" in line for line in lines[server])
+    assert fresh == (tokenizer == "trained"), (server, lines)
     assert not alive, f"alive {AT_ONCE_SECONDS} s after the kill: {names}"
     assert _semaphores(output / "work" / "curate") == []  # the tracker unlinked them on its way out
 

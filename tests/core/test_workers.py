@@ -12,6 +12,7 @@ from pathlib import Path
 import multiprocess
 import multiprocess.forkserver
 import multiprocess.process
+import multiprocess.resource_tracker
 import pytest
 
 from longctx.core import workers
@@ -56,6 +57,50 @@ def test_workers_preload_the_jobs_modules_and_keep_sockets_in_the_run(tmp_path: 
         assert not _pool_sees("xml.dom.minidom")
     finally:
         multiprocess.forkserver._forkserver._stop()
+
+
+def _write_ends(pid: int) -> set[str]:
+    """The pipes (``pipe:[inode]``) process ``pid`` holds open for writing."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+            flags = next(line for line in info if line.startswith("flags:"))
+        except OSError:
+            continue
+        if link.startswith("pipe:") and int(flags.split()[1], 8) & os.O_ACCMODE == os.O_WRONLY:
+            found.add(link)
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forkserver, Unix sockets and /proc: Linux")
+def test_a_forkserver_forked_from_the_driver_serves_the_job_as_a_fresh_one_would(tmp_path: Path) -> None:
+    """``start_forkserver(fork=True)``: the forkserver is a child of this process with its command
+    line, its pool workers are its children and run what they are sent, its socket is in the job's
+    folder, it holds neither the write end of the pipe that tells it every client is gone nor the
+    resource tracker's (a fresh forkserver holds neither), and it is stopped with the job."""
+    from xml.dom.minidom import Document
+
+    work = tmp_path / "work" / "job"
+    with job_processes([[Document()]], work) as folder:
+        workers.start_resource_tracker(workers.semaphore_prefix(work))
+        workers.start_forkserver(fork=True)
+        server = multiprocess.forkserver._forkserver
+        pid = server._forkserver_pid
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        assert int(stat[1]) == os.getpid()
+        assert Path(f"/proc/{pid}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes()
+        assert Path(server._forkserver_address).parent == folder
+        with multiprocess.get_context("forkserver").Pool(2) as pool:
+            parents = pool.map(eval, ["__import__('os').getppid()"] * 4)
+            assert pool.apply(eval, ("'xml.dom.minidom' in __import__('sys').modules",))
+        assert set(parents) == {pid}
+        tracker = multiprocess.resource_tracker._resource_tracker._fd
+        ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (server._forkserver_alive_fd, tracker)}
+        assert not ours & _write_ends(pid), (ours, _write_ends(pid))
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(pid, 0)
 
 
 def test_preloaded_modules_are_those_of_the_steps() -> None:
