@@ -49,10 +49,13 @@ def check(cfg: RootConfig, *names: str) -> None:
     check_world(cfg, sections)
 
 
-def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> dict[str, Any] | None:
+def curate(
+    cfg: RootConfig, *, verbose: bool = False, update: bool = False, fresh_process: bool = False
+) -> dict[str, Any] | None:
     """``longctx curate``: see :func:`longctx.pipeline.curate.run_curation` (``update``: curate the
-    run anew over inputs changed since it started). The special tokens the run's ``pack`` section
-    asks for are checked before curation starts."""
+    run anew over inputs changed since it started; ``fresh_process``: this process has run nothing
+    before, as the command). The special tokens the run's ``pack`` section asks for are checked
+    before curation starts."""
     check(cfg, "curate")  # before the job's modules are imported
     from longctx.packer.config import PackConfig
     from longctx.pipeline.curate import run_curation
@@ -67,6 +70,7 @@ def curate(cfg: RootConfig, *, verbose: bool = False, update: bool = False) -> d
         specials=specials,
         verbose=verbose,
         update=update,
+        fresh_process=fresh_process,
     )
 
 

@@ -542,6 +542,7 @@ def run_curation(
     specials: dict[str, Any] | None = None,
     verbose: bool = False,
     update: bool = False,
+    fresh_process: bool = False,
 ) -> dict[str, Any] | None:
     """Run (or resume) curation into the run folder ``output``.
 
@@ -552,6 +553,12 @@ def run_curation(
     (``eos``, ``bos``, ``pad``; None or missing: what the tokenizer declares); they are checked
     before any work. Returns the summary written to ``stats.json`` once the stages have run (local
     and Ray executors); None when they were submitted to Slurm.
+
+    ``fresh_process``: this process has run nothing before the job (the ``longctx curate`` command),
+    so that, locally, the job's forkserver may be forked from it (``run_stages``' ``fork_server``)
+    unless the run itself runs a thread pool here first: it trains its tokenizer, or checks a
+    dependency model (torch). A Python session may have tokenized already: by default the
+    forkserver starts from a fresh interpreter.
     """
     check_no_credentials_for_slurm(curate)  # the config's own fault first, then the machine's
     check_engine(curate.executor, "curate.executor", verbose=verbose)
@@ -562,7 +569,9 @@ def run_curation(
     check_dependency_filters(curate, sources)
     check_outside_inputs(curate, sources, layout)  # before the lock, which would write there
     with run_lock(layout.work, "curate"):  # one curation per output folder
-        return _run_curation(curate, context, tokenizer, layout, sources, specials, verbose, update)
+        return _run_curation(
+            curate, context, tokenizer, layout, sources, specials, verbose, update, fresh_process
+        )
 
 
 def _run_curation(
@@ -574,6 +583,7 @@ def _run_curation(
     specials: dict[str, Any] | None,
     verbose: bool,
     update: bool,
+    fresh_process: bool,
 ) -> dict[str, Any] | None:
     """:func:`run_curation` of ``sources`` once the run holds the output folder's lock."""
     output = layout.root
@@ -598,8 +608,8 @@ def _run_curation(
             from longctx.pipeline.default_corpus import build_default_corpus
 
             build_default_corpus(layout.default_corpus)
-        # training the tokenizer runs its thread pool here, and checking a model imports torch
-        fork_server = (files is not None or layout.tokenizer.exists()) and curate.dependency.model is None
+        trains = files is None and not layout.tokenizer.exists()  # the tokenizer's thread pool, here
+        fork_server = fresh_process and not trains and curate.dependency.model is None
         with contextlib.nullcontext() if verbose else stderr_to_file(layout.console_log):
             tokenizer_path = prepare_tokenizer(tokenizer, files, curate, layout, sources)
         run_info = {

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
             publish=cfg.curate.output,
         )
     start = time.monotonic()
-    summary = jobs.curate(cfg, verbose=args.verbose, update=args.update)
+    summary = jobs.curate(cfg, verbose=args.verbose, update=args.update, fresh_process=True)
     if summary is None:
         print(
             f"results will be in {cfg.output}; once the jobs have finished, run the same command again "

@@ -153,24 +153,34 @@ def _parents(pids: list[int]) -> dict[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
-@pytest.mark.parametrize("tokenizer", ["given", "trained"])
+@pytest.mark.parametrize(
+    ("tokenizer", "caller", "forked"),
+    [("given", "command", True), ("trained", "command", False), ("given", "python", False)],
+)
 def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
-    tmp_path: Path, tokenizer: str
+    tmp_path: Path, tokenizer: str, caller: str, forked: bool
 ) -> None:
     """kill -9 of `longctx curate` while its read stage runs: the forkserver (which has imported the
     job's modules), its pool workers and multiprocess's resource tracker are gone within
     :data:`AT_ONCE_SECONDS` (they used to outlive it by 0.2-4.2 s: the forkserver tore down its
     modules before exiting, and the workers and the tracker waited for it).
 
-    With the tokenizer given, the forkserver is a fork of the command (its command line); a run that
-    trains its tokenizer has run the tokenizer's thread pool, which forked workers would find unusable,
-    so its forkserver is a fresh interpreter's."""
+    The command, with the tokenizer given, forks the forkserver from itself (it has the command's
+    command line). A run that trains its tokenizer has run the tokenizer's thread pool, which forked
+    workers would find unusable, and a Python session calling ``jobs.curate`` may have run it before:
+    both start the forkserver from a fresh interpreter."""
     output = tmp_path / "killed"
     config = _curate_config(tmp_path, output, trained=tokenizer == "trained")
     completions = output / "work" / "curate" / "logs" / "1_read" / "completions"
     env, mark = marked_env()
+    session = (
+        "from longctx import jobs; from longctx.config import load_config; "
+        f"jobs.curate(load_config({str(config)!r}))"
+    )
     process = subprocess.Popen(
-        longctx_command("curate", "--config", str(config)),
+        longctx_command("curate", "--config", str(config))
+        if caller == "command"
+        else [sys.executable, "-c", session],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -195,7 +205,7 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
     server = next(iter(servers))
     assert sum(parent == server for parent in parents.values()) >= 2, (parents, helpers)  # its workers
     fresh = any("multiprocess.forkserver" in line for line in lines[server])
-    assert fresh == (tokenizer == "trained"), (server, lines)
+    assert fresh != forked, (server, lines)
     assert not alive, f"alive {AT_ONCE_SECONDS} s after the kill: {names}"
     assert _semaphores(output / "work" / "curate") == []  # the tracker unlinked them on its way out
 
