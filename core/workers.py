@@ -51,7 +51,7 @@ import multiprocess.resource_tracker
 import multiprocess.spawn
 import multiprocess.util
 
-from longctx.core import lifetime
+from longctx.core import lifetime, nopandas
 
 # What every task imports on its first Parquet read or write (pyarrow imports pandas, when installed,
 # to look for pandas metadata): imported once in the forkserver rather than in each worker.
@@ -238,17 +238,19 @@ def _fork_forkserver() -> None:
     """Start the forkserver as a fork of this process: it serves as multiprocess's own
     (``multiprocess.forkserver.main``, on a listening socket in the job's temporary folder and the
     pipe that tells it when every client is gone), after importing only the preloaded modules this
-    process has not. What a fresh forkserver would not have is left out or made harmless: it holds
-    neither the write end of that pipe nor the resource tracker's (the workers get theirs with each
-    request), never collects this process's garbage (whose finalizers could act on this process's
-    files), takes SIGTERM's default action, and dies with this process, its workers with it
+    process has not (pandas not at all where pyarrow works without it: :mod:`longctx.core.nopandas`).
+    What a fresh forkserver would not have is left out or made harmless: it holds neither the write
+    end of that pipe nor the resource tracker's (the workers get theirs with each request), never
+    collects this process's garbage (whose finalizers could act on this process's files), takes
+    SIGTERM's default action, and dies with this process, its workers with it
     (:func:`longctx.core.lifetime.serve_driver`).
 
     Only for a process that has run no thread pool of a library its workers use (the tokenizer's,
     torch's): a forked child finds such a pool unusable. The threads a process has from its imports
     alone (jemalloc's and OpenBLAS's) are safe to fork: both libraries prepare for it."""
     server = multiprocess.forkserver._forkserver
-    preload = [m for m in server._preload_modules if m != "__main__" and m not in sys.modules]
+    unused = {"__main__", *([nopandas.PANDAS] if nopandas.active() else [])}
+    preload = [m for m in server._preload_modules if m not in unused and m not in sys.modules]
     tracker_fd = multiprocess.resource_tracker._resource_tracker._fd
     with socket.socket(socket.AF_UNIX) as listener:
         address = multiprocess.connection.arbitrary_address("AF_UNIX")

@@ -55,6 +55,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from longctx.core.nopandas import pyarrow_without_pandas
+
+    pyarrow_without_pandas()  # this process and its workers never use pandas
     from longctx import jobs
     from longctx.commands import local_path
     from longctx.config import load_config

@@ -140,6 +140,14 @@ def _command_lines(pids: list[int]) -> list[str]:
     return found
 
 
+def _maps_pandas(pid: int) -> bool:
+    """Whether process ``pid`` has pandas' compiled modules mapped (it imported pandas)."""
+    try:
+        return "/pandas/_libs/" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def _parents(pids: list[int]) -> dict[int, int]:
     """pid -> parent pid, of those of ``pids`` still alive."""
     found = {}
@@ -168,7 +176,8 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
     The command, with the tokenizer given, forks the forkserver from itself (it has the command's
     command line). A run that trains its tokenizer has run the tokenizer's thread pool, which forked
     workers would find unusable, and a Python session calling ``jobs.curate`` may have run it before:
-    both start the forkserver from a fresh interpreter."""
+    both start the forkserver from a fresh interpreter. The command and every process forked from it
+    never import pandas (:mod:`longctx.core.nopandas`); a fresh forkserver does, for its workers."""
     output = tmp_path / "killed"
     config = _curate_config(tmp_path, output, trained=tokenizer == "trained")
     completions = output / "work" / "curate" / "logs" / "1_read" / "completions"
@@ -190,6 +199,7 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
     )
     helper_pids = [p for p in marked_processes(mark) if p != process.pid]
     lines = {pid: _command_lines([pid]) for pid in helper_pids}
+    with_pandas = [pid for pid in [process.pid, *helper_pids] if _maps_pandas(pid)]
     helpers, parents = [line for found in lines.values() for line in found], _parents(helper_pids)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
@@ -206,6 +216,10 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
     assert sum(parent == server for parent in parents.values()) >= 2, (parents, helpers)  # its workers
     fresh = any("multiprocess.forkserver" in line for line in lines[server])
     assert fresh != forked, (server, lines)
+    if forked:  # the command and the processes forked from it: pyarrow without pandas (core.nopandas)
+        assert with_pandas == [], (with_pandas, lines)
+    else:  # the reference: a fresh forkserver imports pandas for its workers
+        assert server in with_pandas, (with_pandas, lines)
     assert not alive, f"alive {AT_ONCE_SECONDS} s after the kill: {names}"
     assert _semaphores(output / "work" / "curate") == []  # the tracker unlinked them on its way out
 
