@@ -53,15 +53,22 @@ def survivors_after(mark: str, seconds: float) -> list[int]:
     return alive
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (None when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
+
+
 def describe(pids: list[int]) -> str:
     lines = []
     for pid in pids:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
         except OSError:
             continue
-        lines.append(f"pid {pid} (parent {ppid}): {cmd[:200]}")
+        lines.append(f"pid {pid} (parent {parent_pid(pid)}): {cmd[:200]}")
     return "\n".join(lines)
 
 

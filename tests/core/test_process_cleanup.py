@@ -35,6 +35,7 @@ from tests.core.processes import (
     longctx_command,
     marked_env,
     marked_processes,
+    parent_pid,
     survivors_after,
     wait_for,
 )
@@ -149,17 +150,6 @@ def _maps_pandas(pid: int) -> bool:
         return False
 
 
-def _parents(pids: list[int]) -> dict[int, int]:
-    """pid -> parent pid, of those of ``pids`` still alive."""
-    found = {}
-    for pid in pids:
-        try:
-            found[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_PROC, reason="finding a killed command's children needs Linux /proc")
 @pytest.mark.parametrize(
@@ -201,7 +191,8 @@ def test_curate_killed_in_its_read_stage_takes_every_process_with_it_at_once(
     helper_pids = [p for p in marked_processes(mark) if p != process.pid]
     lines = {pid: _command_lines([pid]) for pid in helper_pids}
     with_pandas = [pid for pid in [process.pid, *helper_pids] if _maps_pandas(pid)]
-    helpers, parents = [line for found in lines.values() for line in found], _parents(helper_pids)
+    helpers = [line for found in lines.values() for line in found]
+    parents = {pid: parent for pid in helper_pids if (parent := parent_pid(pid)) is not None}
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     deadline = time.monotonic() + AT_ONCE_SECONDS

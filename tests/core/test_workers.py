@@ -17,6 +17,7 @@ import pytest
 
 from longctx.core import workers
 from longctx.core.workers import job_processes, preload_modules, temporary_folder
+from tests.core.processes import parent_pid
 
 
 def _pool_sees(module: str) -> bool:
@@ -88,8 +89,7 @@ def test_a_forkserver_forked_from_the_driver_serves_the_job_as_a_fresh_one_would
         workers.start_forkserver(fork=True)
         server = multiprocess.forkserver._forkserver
         pid = server._forkserver_pid
-        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        assert int(stat[1]) == os.getpid()
+        assert parent_pid(pid) == os.getpid()
         assert Path(f"/proc/{pid}/cmdline").read_bytes() == Path("/proc/self/cmdline").read_bytes()
         assert Path(server._forkserver_address).parent == folder
         with multiprocess.get_context("forkserver").Pool(2) as pool:
