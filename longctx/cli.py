@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module of ``longctx.commands`` exposing ``add_parser(subparsers)``
 and ``run(args) -> int``; they keep heavy imports (datatrove, torch) inside ``run`` so that
-``longctx --help`` is instant. User errors (:class:`~longctx.core.errors.LongctxError`) print one
+``longctx --help`` is instant. The commands that tokenize (``curate``, ``pack``) first
+execute themselves again with a faster ``malloc`` when one is installed (:mod:`longctx.core.allocator`).
+User errors (:class:`~longctx.core.errors.LongctxError`) print one
 line and exit with status 2, without a traceback. When the reader of the output stops reading
 (``longctx inspect ... | head``), the command stops quietly, with status 141 as a Unix tool that
 SIGPIPE ended.
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if argv is None and getattr(args, "fast_allocator", False):
+            from longctx.core.allocator import reexec_with_allocator
+
+            reexec_with_allocator(sys.argv[1:])  # returns only when it did not execute the command again
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # what is still buffered: a reader that has gone is met here, not at exit
         return status

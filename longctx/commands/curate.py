@@ -51,7 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run nothing: show which tasks of the run are done (and on Slurm, which of its jobs are queued)",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, fast_allocator=True)  # see longctx.core.allocator
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from longctx import jobs
     from longctx.commands import local_path
     from longctx.config import load_config
+    from longctx.core.allocator import allocator_note, keep_from_children
     from longctx.core.layout import RunLayout
     from longctx.pipeline.stats import format_summary
 
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
             "curate.executor.workers": "--workers",
         },
     )
+    if cfg.curate.executor.kind != "local":
+        keep_from_children()  # the jobs run on machines that may not have this process's allocator
     if args.status:
         return show_status(
             RunLayout(cfg.output, "curate").work,
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\ncurated documents: {layout.documents}\nledger: {layout.ledger}\n"
         f"stats: {layout.stats} and {layout.plot}\n"
-        f"tokenizer: {layout.tokenizer}\n({time.monotonic() - start:.1f} s)"
+        f"tokenizer: {layout.tokenizer}\n({time.monotonic() - start:.1f} s{allocator_note()})"
     )
     # the command ends here: the interpreter's last collections need not scan what is alive now
     # (the job's modules and data; ~0.3 s of the ~0.7 s this process took to exit)

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run nothing: show which tasks of the run are done (and on Slurm, which of its jobs are queued)",
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, fast_allocator=True)  # see longctx.core.allocator
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from longctx import jobs
     from longctx.commands import local_path
     from longctx.config import load_config
+    from longctx.core.allocator import allocator_note, keep_from_children
     from longctx.core.layout import RunLayout
     from longctx.packer.mix import format_fractions
     from longctx.packer.report import format_manifest
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
             "pack.executor.workers": "--workers",
         },
     )
+    if cfg.pack is not None and cfg.pack.executor.kind != "local":
+        keep_from_children()  # the jobs run on machines that may not have this process's allocator
     if args.status:
         from longctx.commands.curate import show_status
         from longctx.core.jobstate import STAGES_FILE
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 format_fractions(targets, {n: s.tokens for n, s in manifest.sources.items()}, "mix reached:")
             )
-    print(f"\n({time.monotonic() - start:.1f} s)")
+    print(f"\n({time.monotonic() - start:.1f} s{allocator_note()})")
     # the command ends here: the interpreter's last collections need not scan what is alive now
     # (the job's modules and data; as in `longctx curate`)
     gc.freeze()

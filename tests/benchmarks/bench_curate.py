@@ -16,7 +16,12 @@ printed as median [min-max] of CPU and wall seconds:
   on two cores over one task on one;
 * ``tokenizer in pieces``: curation's own tokenizer calls (``TokenEncoder``: pieces cut at safe
   positions, the same ids) as its two tasks make them, two one-thread processes pinned to a core each,
-  half the texts each: the second baseline (see ``curate_report.py``);
+  half the texts each, with the ``malloc`` curation runs with: the second baseline (see
+  ``curate_report.py``);
+* ``tokenizer, 2 cores, curation's allocator``: when curation preloads a faster ``malloc``
+  (``longctx.core.allocator``: mimalloc or jemalloc, when installed; ``LONGCTX_ALLOCATOR``), the
+  whole-document tokenizer with it too, so that what the allocator does for the tokenizer alone shows
+  apart from curation (the other whole-document contenders run as a plain Python process does);
 * ``curate + pack``: ``longctx pack`` (windows of 4096, reusing the ids curation stored) after the
   two-task curation, end to end against both baselines (goals against the whole-document tokenizer
   on 2 cores: 0.75x its throughput for the whole run, 0.85x per extra megabyte);
@@ -81,6 +86,9 @@ from curate_report import (
     whole_run,
 )
 from curate_report import slopes as marginal_slopes
+
+from longctx.core.allocator import MARKER, allocator_to_preload
+from longctx.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "tests" / "benchmarks" / "results"
@@ -507,6 +515,11 @@ def print_size(rows: dict[str, dict[str, list[float]]], reps: int) -> None:
         "  ... relative to curation's own tokenizer calls in pieces, 2 processes of 1 thread (the tighter "
         f"bound): {fmt(throughputs(rows, 'pieces'))}x"
     )
+    if BASELINES["whole_allocator"] in rows:
+        print(
+            "  ... relative to the bare tokenizer with curation's allocator (wall, 2 cores): "
+            f"{fmt(throughputs(rows, 'whole_allocator'))}x"
+        )
     print(
         "  ... relative to the one-thread tokenizer's wall time halved (perfect use of 2 cores, which the "
         f"tokenizer's own threads do not reach): {tok1['wall'] / 2 / e2e['wall']:.2f}x"
@@ -557,7 +570,9 @@ def print_marginal(
         "curate, 1 task(s) on 1 core(s)",
     )
     print(f"\nmarginal, from {mb1:.1f} MB to {mb2:.1f} MB (wall; per repetition, median [min-max]):")
-    for name in (tok2, BASELINES["pieces"], e2e):
+    for name in (tok2, BASELINES["whole_allocator"], BASELINES["pieces"], e2e):
+        if name not in rows1:
+            continue
         print(
             f"  {name:46s} {fmt(slopes(name))} s per extra MB; fixed cost (intercept "
             f"at 0 MB) {fmt(fixed(name))} s"
@@ -570,6 +585,11 @@ def print_marginal(
         "  ... relative to curation's own tokenizer calls in pieces, 2 processes of 1 thread: "
         f"{fmt(ratios(BASELINES['pieces'], e2e))}x"
     )
+    if BASELINES["whole_allocator"] in rows1:
+        print(
+            "  ... relative to the bare tokenizer with curation's allocator: "
+            f"{fmt(ratios(BASELINES['whole_allocator'], e2e))}x"
+        )
     print(
         "  marginal scaling, curate 1 task on 1 core / 2 tasks on 2 cores (goal 1.8): "
         f"{fmt(ratios(cur1, cur2))}x; the tokenizer's own, 1 thread / 2 processes of 1 thread: "
@@ -647,6 +667,14 @@ def main() -> int:
         children[args.child[0]](*args.child[1:])
         return 0
     require_corpus(args.corpus, "bench_curate")
+    try:  # the allocator `longctx curate` and `longctx pack` will execute themselves with
+        library = allocator_to_preload(
+            {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", MARKER)}
+        )
+    except ConfigError as err:
+        print(f"bench_curate: {err}", file=sys.stderr)
+        return 2
+    print(f"curation's malloc: {library or 'the system allocator'}")
     recorded = None
     if args.check is not None:
         try:
@@ -672,7 +700,10 @@ def main() -> int:
         del texts
 
         py = [sys.executable, __file__, "--child"]
-        one_thread = dict(os.environ, TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
+        plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", MARKER)}
+        one_thread = dict(plain, TOKENIZERS_PARALLELISM="false", RAYON_NUM_THREADS="1")
+        # curation's own processes (and the baselines that run as they do) with its allocator
+        preload = {} if library is None else {"LD_PRELOAD": str(library)}
         rows: dict[int, dict[str, dict[str, list[float]]]] = {copies: {} for copies in sizes}
         tokens: dict[int, int] = {}
 
@@ -687,15 +718,20 @@ def main() -> int:
                 )
                 record(rows[copies], "tokenizer, 1 thread on 1 core", cpu, wall)
                 tokens[copies] = json.loads(out)["tokens"]
-                cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two)
+                cpu, wall, _ = run_child(py + ["tokenize", str(texts_file), str(tokenizer)], two, plain)
                 record(rows[copies], "tokenizer, 2 cores", cpu, wall)
+                if preload:
+                    cpu, wall, _ = run_child(
+                        py + ["tokenize", str(texts_file), str(tokenizer)], two, plain | preload
+                    )
+                    record(rows[copies], BASELINES["whole_allocator"], cpu, wall)
                 pinned = [(py + ["tokenize", str(h), str(tokenizer)], {core}) for h, core in zip(halves, two)]
                 cpu, wall, outs = run_children(pinned, one_thread)
                 if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
                     sys.exit("bench: the two halves of the texts do not hold all of their tokens")
                 record(rows[copies], TOKENIZER_PROCESSES, cpu, wall)
                 pinned = [(py + ["pieces", str(h), str(tokenizer)], {core}) for h, core in zip(halves, two)]
-                cpu, wall, outs = run_children(pinned, one_thread)
+                cpu, wall, outs = run_children(pinned, one_thread | preload)
                 if sum(json.loads(out)["tokens"] for out in outs) != tokens[copies]:
                     sys.exit("bench: curation's tokenizer calls do not give the tokens of the whole texts")
                 record(rows[copies], TOKENIZER_PIECES, cpu, wall)
@@ -705,12 +741,14 @@ def main() -> int:
                     config = work / f"curate{tasks}.yaml"
                     config.write_text(yaml.safe_dump(curate_config(input_dir, output, tokenizer, tasks)))
                     cpu, wall, _ = run_child(
-                        [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given
+                        [sys.executable, "-m", "longctx.cli", "curate", "--config", str(config)], given, plain
                     )
                     record(rows[copies], f"curate, {tasks} task(s) on {len(given)} core(s)", cpu, wall)
                     if tasks == 2:
                         pcpu, pwall, out = run_child(
-                            [sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)], given
+                            [sys.executable, "-m", "longctx.cli", "pack", "--config", str(config)],
+                            given,
+                            plain,
                         )
                         record(rows[copies], "pack (stored ids), 2 tasks on 2 cores", pcpu, pwall)
                         record(rows[copies], END_TO_END, cpu + pcpu, wall + pwall)
@@ -747,6 +785,7 @@ def main() -> int:
             "commit": commit(),
             "machine": machine(),
             "load_average": load,
+            "allocator": library.name if library is not None else "system",
             "reps": args.reps,
             "sizes": [
                 {

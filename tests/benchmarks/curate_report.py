@@ -6,9 +6,15 @@ The baselines tokenize exactly the texts curation tokenizes, on the same two cor
 * ``whole``: the bare ``Tokenizer.encode_batch_fast`` on whole documents, one process on 2 cores
   (the tokenizer's own threads);
 * ``pieces``: curation's own calls (``TokenEncoder``: pieces cut at safe positions, the same ids), as
-  curation's tasks run them: 2 processes of one thread, each pinned to a core, half the texts each.
-  Pieces are kinder to the caches than whole documents, so this baseline is the faster, and the
-  tighter bound.
+  curation's tasks run them: 2 processes of one thread, each pinned to a core, half the texts each,
+  with the ``malloc`` curation runs with (``longctx.core.allocator``). Pieces are kinder to the caches
+  than whole documents, so this baseline is the faster, and the tighter bound;
+* ``whole_allocator``, only when curation preloads an allocator: ``whole`` with that allocator too,
+  so that what the allocator does for the tokenizer alone is seen apart from what curation adds.
+
+``whole`` runs as a plain Python process does, on the system's ``malloc``: the goals are against it.
+A report records the allocator curation ran with (``allocator``: the library's file name, or
+``system``); reports of different allocators are not compared.
 
 A figure is a throughput: the baseline's wall seconds over curate + pack's, for the whole run at each
 size, and per extra megabyte between the smallest and the largest size (each repetition's slopes).
@@ -24,8 +30,10 @@ from typing import Any
 BASELINES = {
     "whole": "tokenizer, 2 cores",
     "pieces": "tokenizer in pieces, 2 processes of 1 thread",
+    "whole_allocator": "tokenizer, 2 cores, curation's allocator",
 }
-"""Baseline name -> the contender that measures it."""
+"""Baseline name -> the contender that measures it (``whole_allocator`` only in a run whose curation
+preloaded an allocator)."""
 END_TO_END = "curate + pack, 2 tasks on 2 cores"
 GOALS = {"whole_run": 0.75, "per_extra_mb": 0.85}
 """Throughput of curate + pack against the ``whole`` baseline: the whole run at the largest size, and
@@ -52,8 +60,10 @@ def throughputs(rows: Rows, baseline: str) -> list[float]:
 
 
 def whole_run(rows: Rows) -> dict[str, dict[str, float]]:
-    """Per baseline: :func:`throughputs`, summarized."""
-    return {name: summary(throughputs(rows, name)) for name in BASELINES}
+    """Per baseline the run measured: :func:`throughputs`, summarized."""
+    return {
+        name: summary(throughputs(rows, name)) for name, contender in BASELINES.items() if contender in rows
+    }
 
 
 def slopes(
@@ -72,7 +82,15 @@ def per_extra_mb(small: tuple[float, Rows], large: tuple[float, Rows]) -> dict[s
     return {
         name: summary([b / e for b, e in zip(slopes(small, large, contender), e2e, strict=True)])
         for name, contender in BASELINES.items()
+        if contender in small[1]
     }
+
+
+def allocator_kind(report: dict[str, Any]) -> str:
+    """``mimalloc``, ``jemalloc`` or ``system``: the allocator curation ran with in a report (reports
+    from before the field ran on the system's)."""
+    library = str(report.get("allocator", "system"))
+    return next((kind for kind in ("mimalloc", "jemalloc", "tcmalloc") if kind in library), library)
 
 
 def guarded(report: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -96,6 +114,9 @@ def goal_lines(report: dict[str, Any]) -> list[str]:
     figures = {"whole_run": largest["throughput"]["whole"]["median"]}
     if "per_extra_mb" in report:
         figures["per_extra_mb"] = report["per_extra_mb"]["whole"]["median"]
+    same = {"whole_run": largest["throughput"].get("whole_allocator")}
+    if "per_extra_mb" in report:
+        same["per_extra_mb"] = report["per_extra_mb"].get("whole_allocator")
     lines = []
     for goal, value in figures.items():
         what = f"whole run at {largest['megabytes']:.1f} MB" if goal == "whole_run" else "per extra MB"
@@ -103,6 +124,11 @@ def goal_lines(report: dict[str, Any]) -> list[str]:
         lines.append(
             f"goal: {what} at least {GOALS[goal]:.2f}x of the whole-document tokenizer: {value:.2f}x, {met}"
         )
+        if same.get(goal):
+            lines.append(
+                f"  (against the whole-document tokenizer with curation's allocator, "
+                f"{allocator_kind(report)}: {same[goal]['median']:.2f}x)"
+            )
     return lines
 
 
@@ -111,7 +137,13 @@ def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: fl
     ``tolerance`` below the recorded median, and whose best repetition does not reach it either (one
     slow repetition on a loaded machine moves a median of 3; a slower change moves them all). Raises
     ValueError when the two did not measure the same input (sizes that differ by more than 1%, or
-    figures one of them lacks): their figures cannot be compared."""
+    figures one of them lacks, or curation ran with different allocators): their figures cannot be
+    compared."""
+    if allocator_kind(recorded) != allocator_kind(current):
+        raise ValueError(
+            f"the recorded report ran curation with the {allocator_kind(recorded)} allocator, this run with "
+            f"{allocator_kind(current)} (see longctx.core.allocator)"
+        )
     old_mb = sorted(s["megabytes"] for s in recorded["sizes"])
     new_mb = sorted(s["megabytes"] for s in current["sizes"])
     if len(old_mb) != len(new_mb) or any(abs(a - b) > 0.01 * a for a, b in zip(old_mb, new_mb)):
@@ -135,8 +167,8 @@ def regressions(recorded: dict[str, Any], current: dict[str, Any], tolerance: fl
 
 def newest_comparable(folder: Path, current: dict[str, Any]) -> tuple[Path | None, list[str]]:
     """The newest ``*-curate.json`` report in ``folder`` (by name: they start with their date) that
-    measured the same input as ``current``, and :func:`regressions` against it; ``(None, [])`` when
-    there is none. Reports that do not parse are passed over."""
+    measured the same input as ``current`` with the same allocator, and :func:`regressions` against it;
+    ``(None, [])`` when there is none. Reports that do not parse are passed over."""
     for path in sorted(folder.glob("*-curate.json"), reverse=True):
         try:
             return path, regressions(json.loads(path.read_text()), current)

@@ -132,3 +132,48 @@ def test_the_default_reference_is_the_newest_report_of_the_same_input(tmp_path: 
     (line,) = slower
     assert line.startswith("per extra MB against pieces:") and line.endswith("(-16.7%)")
     assert cr.newest_comparable(tmp_path / "none", recorded) == (None, [])
+
+
+def _with_allocator(report: dict, library: str) -> dict:
+    """``report`` as a run whose curation preloaded ``library``: its whole-document baseline with the
+    same allocator measured too (here 1.3x as fast as the plain one)."""
+    out = copy.deepcopy(report)
+    out["allocator"] = library
+    for size in out["sizes"]:
+        rows = size["seconds"]
+        rows[cr.BASELINES["whole_allocator"]] = {
+            k: [x / 1.3 for x in v] for k, v in rows[cr.BASELINES["whole"]].items()
+        }
+        size["throughput"] = cr.whole_run(rows)
+    small, large = ((s["megabytes"], s["seconds"]) for s in out["sizes"])
+    out["per_extra_mb"] = cr.per_extra_mb(small, large)
+    return out
+
+
+def test_the_allocator_baseline_is_reported_only_where_it_was_measured() -> None:
+    plain = _report()
+    assert set(plain["sizes"][0]["throughput"]) == set(plain["per_extra_mb"]) == {"whole", "pieces"}
+    fast = _with_allocator(plain, "libmimalloc.so.2.0")
+    assert set(fast["per_extra_mb"]) == {"whole", "pieces", "whole_allocator"}
+    assert fast["per_extra_mb"]["whole_allocator"]["median"] == pytest.approx(15 / 18 / 1.3)
+    assert cr.allocator_kind(fast) == "mimalloc" and cr.allocator_kind(plain) == "system"
+    # the goals stay against the plain tokenizer; the same-allocator figure is shown under each
+    assert cr.goal_lines(fast) == [
+        cr.goal_lines(plain)[0],
+        "  (against the whole-document tokenizer with curation's allocator, mimalloc: 0.56x)",
+        cr.goal_lines(plain)[1],
+        "  (against the whole-document tokenizer with curation's allocator, mimalloc: 0.64x)",
+    ]
+
+
+def test_reports_of_different_allocators_are_not_compared(tmp_path: Path) -> None:
+    plain = _report()
+    fast = _with_allocator(plain, "libmimalloc.so.2.0")
+    with pytest.raises(ValueError, match="ran curation with the system allocator, this run with mimalloc"):
+        cr.regressions(plain, fast)
+    assert cr.regressions(fast, _with_allocator(plain, "/usr/lib/libmimalloc.so.2.1")) == []
+    # the newest report of the same allocator is the reference, however new a report of another one
+    (tmp_path / "2026-12-01-curate.json").write_text(json.dumps(plain))
+    (tmp_path / "2026-12-05-curate.json").write_text(json.dumps(fast))
+    assert cr.newest_comparable(tmp_path, plain) == (tmp_path / "2026-12-01-curate.json", [])
+    assert cr.newest_comparable(tmp_path, fast) == (tmp_path / "2026-12-05-curate.json", [])
