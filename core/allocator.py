@@ -40,6 +40,9 @@ MARKER = "LONGCTX_ALLOCATOR_PRELOADED"
 LIBRARIES = ("libmimalloc.so.2", "libmimalloc.so", "libjemalloc.so.2", "libjemalloc.so")
 """The allocators looked for, best first (Debian/Ubuntu: ``libmimalloc2.0``, ``libjemalloc2``;
 conda: ``mimalloc``, ``jemalloc``)."""
+STARTED_WITH = os.environ.get(MARKER) or None
+"""The library this process was executed with (read when this module is first imported: before
+:func:`keep_from_children` takes it out of the environment)."""
 _ALLOCATOR_NAMES = ("mimalloc", "jemalloc", "tcmalloc")
 """A library in ``LD_PRELOAD`` whose file name holds one of these is an allocator already."""
 
@@ -128,9 +131,9 @@ def reexec_with_allocator(argv: Sequence[str]) -> None:
 
 
 def preloaded_allocator() -> str | None:
-    """The allocator library this process was started with (:data:`MARKER`'s path), when it is
+    """The allocator library this process was executed with (:data:`STARTED_WITH`), when it is
     mapped in the process; None otherwise (the system's allocator)."""
-    library = os.environ.get(MARKER)
+    library = STARTED_WITH
     if not library:
         return None
     try:

@@ -159,9 +159,13 @@ def test_jobs_elsewhere_do_not_inherit_the_library(monkeypatch) -> None:
 
 
 def test_the_note_names_only_a_library_that_is_mapped(monkeypatch) -> None:
-    monkeypatch.setenv(MARKER, "/no/such/libmimalloc.so.2.0")
+    monkeypatch.setattr(allocator, "STARTED_WITH", "/no/such/libmimalloc.so.2.0")
     assert allocator.preloaded_allocator() is None and allocator.allocator_note() == ""
-    monkeypatch.delenv(MARKER)
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    mapped = next(line.split()[-1] for line in maps if line.split()[-1].endswith(".so"))
+    monkeypatch.setattr(allocator, "STARTED_WITH", mapped)
+    assert allocator.allocator_note() == f"; malloc: {mapped}"
+    monkeypatch.setattr(allocator, "STARTED_WITH", None)
     assert allocator.allocator_note() == ""
 
 
@@ -231,3 +235,31 @@ def test_curate_and_pack_with_the_allocator_write_the_same_bytes(tmp_path: Path)
     assert outputs["auto"].keys() == outputs["system"].keys()
     different = [p for p in outputs["auto"] if outputs["auto"][p] != outputs["system"][p]]
     assert different == []
+
+
+@pytest.mark.parametrize("command", ["curate", "pack"])
+@pytest.mark.parametrize("kind", ["local", "slurm", "ray"])
+def test_jobs_run_by_another_executor_do_not_inherit_it(
+    command: str, kind: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The command takes the library out of the environment when its stages run elsewhere (sbatch
+    exports the submitter's environment to the jobs), and leaves it for local workers."""
+    executor = {"kind": kind, "tasks": 2} | ({"slurm": {"partition": "debug"}} if kind == "slurm" else {})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(tmp_path / "run"),
+                "context": {"original": 32, "target": 64},
+                "curate": {"executor": executor},
+                "pack": {"seq_lens": [64], "executor": executor},
+            }
+        )
+    )
+    monkeypatch.setenv(MARKER, "/opt/lib/libmimalloc.so.2.0")
+    monkeypatch.setenv("LD_PRELOAD", "/opt/lib/libmimalloc.so.2.0")
+    assert cli.main([command, "--config", str(cfg), "--status"]) == 0
+    if kind == "local":
+        assert os.environ[MARKER] == os.environ["LD_PRELOAD"] == "/opt/lib/libmimalloc.so.2.0"
+    else:
+        assert MARKER not in os.environ and "LD_PRELOAD" not in os.environ
