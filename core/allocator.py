@@ -2,8 +2,9 @@
 
 ``tokenizers`` allocates and frees several small buffers per word and per token (the pieces of the
 normalized text, the token strings of every encoding). Under glibc's allocator, ``perf`` puts a third
-of a curation's CPU in ``malloc`` and ``free``; the same tokenizer calls take about 0.68x of that CPU
-with mimalloc and 0.86x with jemalloc (``tests/benchmarks/bench_curate.py`` reports both allocators).
+of a curation's CPU in ``malloc`` and ``free``; curation's tokenizer calls take about 0.68x of their
+CPU with mimalloc and 0.86x with jemalloc (one thread, the same texts; ``bench_curate.py`` times the
+tokenizer on the system's allocator and on the one curation runs with, and curation on it).
 An allocator must be chosen before a process allocates anything, so ``longctx curate`` and
 ``longctx pack`` execute themselves once more, at their start, with the library in ``LD_PRELOAD``: the
 way PyTorch's ``torch.backends.xeon.run_cpu`` launcher preloads jemalloc or tcmalloc. Every process of
