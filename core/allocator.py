@@ -53,14 +53,10 @@ def library_dirs(environ: Mapping[str, str] | None = None) -> list[Path]:
     ``lib``, then the system's (``/usr/local/lib``, the multiarch folder such as
     ``/usr/lib/x86_64-linux-gnu``, ``/usr/lib64``, ``/usr/lib``)."""
     env = os.environ if environ is None else environ
+    multiarch = sysconfig.get_config_var("MULTIARCH") or ""
     dirs = [Path(env["CONDA_PREFIX"]) / "lib"] if env.get("CONDA_PREFIX") else []
-    dirs.append(Path(sys.base_prefix) / "lib")
-    multiarch = sysconfig.get_config_var("MULTIARCH")
-    for base in ("/usr/local/lib", "/usr/lib"):
-        if multiarch:
-            dirs.append(Path(base) / multiarch)
-        dirs.append(Path(base))
-    dirs.insert(-1, Path("/usr/lib64"))
+    dirs += [Path(sys.base_prefix) / "lib", Path("/usr/local/lib", multiarch), Path("/usr/local/lib")]
+    dirs += [Path("/usr/lib", multiarch), Path("/usr/lib64"), Path("/usr/lib")]
     return list(dict.fromkeys(dirs))
 
 
@@ -80,25 +76,21 @@ def allocator_to_preload(environ: Mapping[str, str], dirs: Sequence[Path] | None
     installed. Raises :class:`ConfigError` for a value of ``LONGCTX_ALLOCATOR`` that is neither
     ``auto``, ``system`` nor a file."""
     choice = environ.get(ENV, "auto").strip() or "auto"
-    if choice not in ("auto", "system"):
-        path = Path(choice).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"{ENV}={choice}: no such library file (use auto, system or the path of a shared library "
-                "such as /usr/lib/x86_64-linux-gnu/libmimalloc.so.2)"
-            )
-    if not sys.platform.startswith("linux") or environ.get(MARKER) or choice == "system":
-        return None
-    preloaded = environ.get("LD_PRELOAD", "")
-    if any(
-        name in Path(entry).name for entry in preloaded.replace(":", " ").split() for name in _ALLOCATOR_NAMES
+    chosen = None if choice in ("auto", "system") else Path(choice).expanduser()
+    if chosen is not None and not chosen.is_file():
+        raise ConfigError(
+            f"{ENV}={choice}: no such library file (use auto, system or the path of a shared library "
+            "such as /usr/lib/x86_64-linux-gnu/libmimalloc.so.2)"
+        )
+    preloaded = [Path(entry).name for entry in environ.get("LD_PRELOAD", "").replace(":", " ").split()]
+    if (
+        choice == "system"
+        or not sys.platform.startswith("linux")
+        or environ.get(MARKER)
+        or any(name in entry for entry in preloaded for name in _ALLOCATOR_NAMES)
     ):
         return None
-    found = (
-        Path(choice).expanduser()
-        if choice != "auto"
-        else find_allocator(library_dirs(environ) if dirs is None else dirs)
-    )
+    found = chosen or find_allocator(library_dirs(environ) if dirs is None else dirs)
     return None if found is None else found.resolve()  # the file the loader maps (not a symbolic link)
 
 
@@ -106,7 +98,7 @@ def is_command_process(argv: Sequence[str]) -> bool:
     """Whether ``argv`` (the arguments being run) are this process's own command line: the process is
     the ``longctx`` command (its console script or ``python -m longctx.cli``), not a Python session
     or a test calling the CLI's ``main`` with arguments of its own."""
-    own = list(getattr(sys, "orig_argv", []))
+    own = sys.orig_argv
     return bool(argv) and len(own) > len(argv) and own[-len(argv) :] == list(argv)
 
 
